@@ -1,0 +1,1 @@
+"""Adapters: inbound records (our envelope or a vendor's own stream events) to internal chunks."""

@@ -1,0 +1,1 @@
+"""Versioned tool contracts: loading, compiling once, linting and compatibility checks."""

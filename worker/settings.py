@@ -1,0 +1,208 @@
+"""The one settings object: environment `CALLGATE_*` (nested with `__`), an optional file, defaults.
+
+Loaded once in the entry point (`load_settings`) and passed down; nothing else reads the
+environment. Every model is frozen.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from worker.errors import ConfigError
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def _split_csv(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class KafkaSettings(BaseModel):
+    model_config = _FROZEN
+
+    bootstrap_servers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="host:port list, comma-separated; empty means the embedded broker (demo only)",
+    )
+    client_id: str = "callgate"
+    group_id: str = "callgate"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_password: SecretStr | None = None
+    fetch_max_records: int = Field(2000, ge=1, description="records per getmany() batch")
+    fetch_timeout_ms: int = Field(200, ge=1)
+    session_timeout_ms: int = Field(10_000, ge=1000)
+    max_poll_interval_ms: int = Field(300_000, ge=1000)
+    linger_ms: int = Field(5, ge=0)
+    max_pending_produces: int = Field(
+        20_000, ge=1, description="unacknowledged outcome events before fetching pauses"
+    )
+
+    _split = field_validator("bootstrap_servers", mode="before")(_split_csv)
+
+    @model_validator(mode="after")
+    def _security_is_complete(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL"):
+            missing = [
+                name
+                for name in ("sasl_mechanism", "sasl_username", "sasl_password")
+                if getattr(self, name) is None
+            ]
+            if missing:
+                raise ValueError(f"{self.security_protocol} needs {', '.join(missing)}")
+        elif self.sasl_mechanism is not None:
+            raise ValueError("sasl_mechanism is set but security_protocol is not SASL_*")
+        return self
+
+
+class TopicSettings(BaseModel):
+    model_config = _FROZEN
+
+    input: str = Field(
+        "model-output",
+        description="comma-separated topic names, or a regex when it starts with '^'",
+    )
+    accepted: str = "tool-calls.validated"
+    rejected: str = "tool-calls.rejected"
+    incomplete: str = "tool-calls.incomplete"
+
+    @property
+    def input_pattern(self) -> str | None:
+        return self.input if self.input.startswith("^") else None
+
+    @property
+    def input_topics(self) -> list[str]:
+        return [] if self.input_pattern else [t.strip() for t in self.input.split(",") if t.strip()]
+
+    @field_validator("input")
+    @classmethod
+    def _valid_input(cls, value: str) -> str:
+        if value.startswith("^"):
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"input topic regex does not compile: {exc}") from exc
+        elif not value.strip(" ,"):
+            raise ValueError("at least one input topic is required")
+        return value
+
+
+class SchemaSettings(BaseModel):
+    model_config = _FROZEN
+
+    dir: Path = Path("schemas")
+    engine: Literal["fastjsonschema", "jsonschema-rs"] = "fastjsonschema"
+
+
+class MetricsSettings(BaseModel):
+    model_config = _FROZEN
+
+    enabled: bool = True
+    host: str = "0.0.0.0"
+    port: int = Field(9464, ge=0, le=65535, description="0 picks a free port")
+
+
+class LimitSettings(BaseModel):
+    model_config = _FROZEN
+
+    max_bytes: int = Field(256 * 1024, ge=1, description="argument bytes per call")
+    max_chunks: int = Field(4096, ge=1, description="chunks per call")
+    max_depth: int = Field(32, ge=1, description="nesting depth of the arguments")
+    max_open_calls_per_partition: int = Field(10_000, ge=1)
+    max_feedback_bytes: int = Field(4096, ge=256, description="size bound of retry_feedback")
+    max_violations: int = Field(32, ge=1, description="violations reported per rejection")
+
+
+class AssemblySettings(BaseModel):
+    model_config = _FROZEN
+
+    idle_timeout_s: float = Field(60.0, gt=0, description="no chunk for this long: incomplete")
+
+
+class IdempotencySettings(BaseModel):
+    model_config = _FROZEN
+
+    max_keys: int = Field(100_000, ge=1, description="keys remembered (oldest forgotten first)")
+
+
+class RetrySettings(BaseModel):
+    model_config = _FROZEN
+
+    budget: int = Field(3, ge=1, description="attempts after which a rejection is not retryable")
+
+
+class Settings(BaseSettings):
+    """All of callgate's configuration. `callgate run --help` lists every field."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CALLGATE_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+    topics: TopicSettings = TopicSettings()
+    schemas: SchemaSettings = SchemaSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    limits: LimitSettings = LimitSettings()
+    assembly: AssemblySettings = AssemblySettings()
+    idempotency: IdempotencySettings = IdempotencySettings()
+    retry: RetrySettings = RetrySettings()
+    plugins: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["worker.plugins.builtin"],
+        description="modules whose register(plugins) adds business rules and version adapters",
+    )
+    shutdown_grace_s: float = Field(20.0, gt=0)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    _split = field_validator("plugins", mode="before")(_split_csv)
+
+
+def load_settings(settings_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings once: a JSON settings file under the environment, overrides on top.
+
+    Raises `ConfigError` with every wrong field named, in one message.
+    """
+    base: dict[str, Any] = {}
+    if settings_file is not None:
+        import orjson
+
+        try:
+            base = orjson.loads(settings_file.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise ConfigError(f"settings file {settings_file}: {exc}") from exc
+        if not isinstance(base, dict):
+            raise ConfigError(f"settings file {settings_file}: must hold a JSON object")
+    try:
+        from_env = Settings()
+        merged = _deep_merge(base, from_env.model_dump(exclude_unset=True))
+        return Settings.model_validate(_deep_merge(merged, overrides))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'CALLGATE_' + '__'.join(str(p).upper() for p in err['loc'])}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"invalid settings: {problems}") from None
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
