@@ -1,0 +1,1 @@
+"""Stream reassembly: ordered chunks of interleaved streams to complete (or incomplete) calls."""

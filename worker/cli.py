@@ -1,0 +1,62 @@
+"""The `callgate` command line: `check` (offline), `schemas` (author tools), `run` and `demo`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from worker import __version__
+from worker.adapters.decoder import ENVELOPE, formats
+from worker.errors import CallgateError
+from worker.runtime.cli import add_run_commands
+from worker.schemas.cli import add_schemas_command
+from worker.settings import load_settings
+
+
+def _check(args: argparse.Namespace) -> int:
+    from worker.check import main_check
+
+    overrides: dict[str, object] = {"schemas": {"dir": args.schemas}}
+    if args.engine:
+        overrides["schemas"] = {"dir": args.schemas, "engine": args.engine}
+    settings = load_settings(args.settings, **overrides)
+    return main_check(settings, args.input, args.format, args.stream_id)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="callgate", description="The gate every model tool call passes before it runs."
+    )
+    parser.add_argument("--version", action="version", version=f"callgate {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    check = commands.add_parser(
+        "check",
+        help="run the whole chain offline on JSON lines (or recorded SSE), one event per call",
+        description="Read chunk envelopes (or vendor events with --format) and write one "
+        "outcome event per call as JSON lines to stdout, a summary to stderr.",
+    )
+    check.add_argument("--schemas", type=Path, required=True, help="contract directory")
+    check.add_argument("--engine", choices=["fastjsonschema", "jsonschema-rs"])
+    check.add_argument("--format", default=ENVELOPE, choices=formats())
+    check.add_argument("--stream-id", help="stream id for vendor formats (default: file name)")
+    check.add_argument("--settings", type=Path, help="JSON settings file")
+    check.add_argument("input", nargs="?", default="-", help="input file, or - for stdin")
+    check.set_defaults(func=_check)
+
+    add_schemas_command(commands)
+    add_run_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CallgateError as exc:
+        print(f"callgate: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

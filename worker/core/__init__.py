@@ -1,0 +1,1 @@
+"""The pure core: the chain of phases that judges one assembled call, and the record processor."""

@@ -1,0 +1,72 @@
+"""Retry feedback: what a rejected call tells the model, safe to hand back to it.
+
+It names the error type, the schema id and version, each violation's path, keyword and message,
+and one instruction. It never holds a raw input value (violation messages are built by the engines
+from the schema, never from the instance) and is bounded in size: violations are dropped from the
+end, and the count of dropped ones is said, until the encoded object fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from worker.model import Code, SchemaRef, Violation
+
+_MAX_MESSAGE = 200
+
+_INSTRUCTIONS: Mapping[Code, str] = {
+    Code.INVALID_JSON: "Send the arguments as one complete JSON object and nothing else: "
+    "no trailing commas, comments, single quotes or text around it.",
+    Code.DUPLICATE_KEY: "Send each property of an object once.",
+    Code.NON_FINITE_NUMBER: "Use finite numbers only; NaN and Infinity are not allowed.",
+    Code.INVALID_UTF8: "Send the arguments as valid UTF-8 text without lone surrogates.",
+    Code.ROOT_NOT_OBJECT: "Send the arguments as a JSON object, not an array or a scalar.",
+    Code.TOO_LARGE: "Send smaller arguments; the call exceeded the size limit.",
+    Code.TOO_DEEP: "Send arguments that are less deeply nested.",
+    Code.TOO_MANY_CHUNKS: "Send the call in fewer pieces.",
+    Code.UNKNOWN_TOOL: "Call one of the tools you were given; this tool does not exist.",
+    Code.UNKNOWN_SCHEMA_VERSION: "Call the tool without a version, or with one that exists.",
+    Code.SCHEMA_VIOLATION: "Fix the listed properties so the arguments match the tool's schema, "
+    "then call the tool again.",
+    Code.BUSINESS_RULE: "Fix the listed properties; they break a rule of this tool.",
+    Code.IDEMPOTENCY_CONFLICT: "This idempotency key was already used for a different call; "
+    "do not reuse it.",
+    Code.IDEMPOTENCY_KEY_MISSING: "This tool has side effects: add an idempotency key.",
+    Code.DUPLICATE: "This call was already accepted; do not send it again.",
+    Code.REFUSAL: "The model refused; this is not a formatting problem to retry.",
+    Code.MODEL_ERROR: "The model reported an error; this is not a formatting problem to retry.",
+    Code.UNEXPECTED_CHANNEL: "Answer with a tool call where a tool call is expected.",
+}
+_DEFAULT_INSTRUCTION = "The call cannot be executed as sent."
+
+
+def build_feedback(
+    code: Code,
+    schema: SchemaRef | None,
+    violations: tuple[Violation, ...],
+    *,
+    retryable: bool,
+    budget_exhausted: bool,
+    max_bytes: int,
+) -> dict[str, Any]:
+    feedback: dict[str, Any] = {
+        "error_type": code.value,
+        "schema": {"id": schema.id, "version": schema.version} if schema else None,
+        "instruction": _INSTRUCTIONS.get(code, _DEFAULT_INSTRUCTION),
+        "retryable": retryable,
+        "violations": [
+            {"path": v.path, "keyword": v.keyword, "message": v.message[:_MAX_MESSAGE]}
+            for v in violations
+        ],
+    }
+    if budget_exhausted:
+        feedback["retry_budget_exhausted"] = True
+        feedback["instruction"] = "The retry budget for this call is spent; do not retry."
+    shown = feedback["violations"]
+    while shown and len(orjson.dumps(feedback)) > max_bytes:
+        shown.pop()
+        feedback["violations_omitted"] = len(violations) - len(shown)
+    return feedback

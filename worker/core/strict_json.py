@@ -1,0 +1,157 @@
+"""Strict RFC 8259 parsing on top of orjson, with what orjson lets through closed off.
+
+orjson already rejects NaN/Infinity literals, numbers that overflow a double, invalid UTF-8, lone
+surrogate escapes and a byte-order mark. Two gaps remain, and this module closes them:
+
+- duplicate keys: orjson keeps the last one. We count the object members in the text (every `:`
+  outside a string separates a member) and compare with the keys in the parsed tree; only when the
+  two differ (the rare, rejected case) do we re-parse slowly to find the duplicate's path.
+- integer literals beyond 64 bits: orjson turns them into floats, silently losing digits (an
+  `amount_minor` of 12345678901234567890123 would be rewritten). They are refused.
+
+`scan(text)` is the cheap pre-parse pass shared with the limits phase: it strips strings once and
+reports nesting depth; `parse(text, scan)` reuses the stripped text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from worker.model import Code
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKETS = re.compile(rb"[^\[\]{}]+")
+_LONG_INTEGER = re.compile(rb"(?<![\d.eE+\-])-?\d{19,}(?![\d.eE])")
+_NON_FINITE = re.compile(rb"\b(?:NaN|Infinity)\b")
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+_OPEN = frozenset(b"[{")
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What one pass over the raw bytes learned, before parsing."""
+
+    stripped: bytes  # the text with every string literal removed
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParseError:
+    code: Code
+    message: str
+    path: str = ""
+
+
+def scan(text: bytes) -> Scan:
+    stripped = _STRING.sub(b"", text)
+    depth = deepest = 0
+    for byte in _BRACKETS.sub(b"", stripped):
+        if byte in _OPEN:
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        else:
+            depth -= 1
+    return Scan(stripped, deepest)
+
+
+def parse(text: bytes, pre: Scan | None = None) -> Any | ParseError:
+    """Any JSON value, or the first reason the text is not strict JSON. Never raises."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        return _classify(text, str(exc))
+    pre = pre or scan(text)
+    members = pre.stripped.count(b":")
+    if members != _count_keys(value):
+        return _find_duplicate(text)
+    if len(pre.stripped) >= 19:
+        for match in _LONG_INTEGER.finditer(pre.stripped):
+            number = int(match.group())
+            if not _INT64_MIN <= number <= _UINT64_MAX:
+                return ParseError(
+                    Code.INVALID_JSON,
+                    "an integer is outside the 64-bit range and would lose precision",
+                )
+    return value
+
+
+def _count_keys(value: Any) -> int:
+    """Keys in every object of the tree; iterative, so depth costs no recursion."""
+    if type(value) is not dict and type(value) is not list:
+        return 0
+    keys = 0
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            keys += len(node)
+            children: Any = node.values()
+        else:
+            children = node
+        stack.extend(child for child in children if type(child) in _CONTAINERS)
+    return keys
+
+
+_CONTAINERS = (dict, list)
+
+
+def _classify(text: bytes, message: str) -> ParseError:
+    where = message[message.find(": line ") + 2 :] if ": line " in message else ""
+    if "not valid UTF-8" in message:
+        return ParseError(Code.INVALID_UTF8, f"the text is not valid UTF-8 ({where})")
+    if "surrogate" in message:
+        return ParseError(Code.INVALID_UTF8, f"a string holds a lone UTF-16 surrogate ({where})")
+    if "infinity" in message or _NON_FINITE.search(_STRING.sub(b"", text)):
+        return ParseError(Code.NON_FINITE_NUMBER, "NaN and Infinity are not JSON numbers")
+    if not text.strip():
+        return ParseError(Code.INVALID_JSON, "the text is empty")
+    if "EOF" in message or "end of" in message:
+        return ParseError(Code.INVALID_JSON, f"the text ends before the JSON value does ({where})")
+    return ParseError(Code.INVALID_JSON, message.split(":", 1)[0] + (f" ({where})" if where else ""))
+
+
+class _Flagged(dict[str, Any]):
+    """An object that held a duplicate key (only built on the slow, already-rejected path)."""
+
+    duplicate: str | None = None
+
+
+def _find_duplicate(text: bytes) -> ParseError:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = _Flagged()
+        for key, value in items:
+            if key in obj and obj.duplicate is None:
+                obj.duplicate = key
+            obj[key] = value
+        return obj
+
+    def locate(value: Any, path: str) -> str | None:
+        if isinstance(value, _Flagged):
+            if value.duplicate is not None:
+                return f"{path}/{_escape(value.duplicate)}"
+            children: Any = ((f"{path}/{_escape(k)}", v) for k, v in value.items())
+        elif isinstance(value, list):
+            children = ((f"{path}/{i}", v) for i, v in enumerate(value))
+        else:
+            return None
+        for child_path, child in children:
+            found = locate(child, child_path)
+            if found is not None:
+                return found
+        return None
+
+    try:
+        path = locate(json.loads(text, object_pairs_hook=pairs), "")
+    except (ValueError, RecursionError):
+        path = None
+    return ParseError(Code.DUPLICATE_KEY, "an object has the same key twice", path=path or "")
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
