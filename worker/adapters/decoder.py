@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from worker.adapters import anthropic, mcp, openai_chat, openai_responses
 from worker.adapters.envelope import decode_envelope
 from worker.errors import InputFormatError
 from worker.model import Chunk
@@ -35,7 +36,9 @@ class StreamAdapter(Protocol):
 
 #: format name -> factory(stream_id, headers) of a fresh adapter for one stream.
 AdapterFactory = Callable[[str, Mapping[str, str]], StreamAdapter]
-ADAPTERS: dict[str, AdapterFactory] = {}
+ADAPTERS: dict[str, AdapterFactory] = {
+    module.FORMAT: module.factory for module in (openai_chat, openai_responses, anthropic, mcp)
+}
 
 
 def formats() -> list[str]:
@@ -64,9 +67,7 @@ class Decoder:
             return [decode_envelope(value, headers.get("traceparent"))]
         factory = ADAPTERS.get(fmt)
         if factory is None:
-            raise InputFormatError(
-                f"unknown content-format {fmt!r}; supported: {formats()}"
-            )
+            raise InputFormatError(f"unknown content-format {fmt!r}; supported: {formats()}")
         if not key:
             raise InputFormatError(f"a {fmt} record needs the stream id as its key")
         try:
