@@ -1,0 +1,398 @@
+"""Writes deploy/grafana/dashboards/callgate.json, the operators' dashboard, from the panels below.
+
+Standard library only, so it runs anywhere: `python deploy/grafana/generate.py` rewrites the JSON,
+`--check` exits 1 when the checked-in JSON differs from what this script makes. The tests run the
+check and verify that every metric a query names is declared in worker/metrics.py, so the
+dashboard cannot drift from the code. Every query filters on the `instance` variable; those on
+`callgate_calls_total` (the only series with a `tool` label) also filter on `tool`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OUTPUT = Path(__file__).resolve().parent / "dashboards" / "callgate.json"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+JOB = "callgate"  # the scrape job name in deploy/prometheus/prometheus.yml
+
+BY_WORKER = 'instance=~"$instance"'  # every query filters on the worker variable
+BY_TOOL = f'{BY_WORKER}, tool=~"$tool"'
+RI = "$__rate_interval"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    description: str
+    queries: tuple[Query, ...]
+    unit: str = "short"
+    kind: str = "timeseries"
+    width: int = 12
+    stack: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _rate(metric: str, labels: str, by: str) -> str:
+    return f"sum by ({by}) (rate({metric}{{{labels}}}[{RI}]))"
+
+
+def _quantile(q: float) -> str:
+    return (
+        f"histogram_quantile({q}, sum by (phase, le) "
+        f"(rate(callgate_phase_duration_seconds_bucket{{{BY_WORKER}}}[{RI}])))"
+    )
+
+
+ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
+    (
+        "Traffic and outcomes",
+        (
+            Panel(
+                "Calls/s by outcome",
+                "Every judged call is exactly one of accepted, rejected, incomplete.",
+                (Query(_rate("callgate_calls_total", BY_TOOL, "outcome"), "{{outcome}}"),),
+                unit="ops",
+                stack=True,
+                width=9,
+            ),
+            Panel(
+                "Acceptance ratio",
+                "Accepted calls over all judged calls. A drop means a model, prompt or schema "
+                "changed: look at the rejection and incomplete panels below.",
+                (
+                    Query(
+                        f'sum(rate(callgate_calls_total{{outcome="accepted", {BY_TOOL}}}[{RI}])) '
+                        f"/ sum(rate(callgate_calls_total{{{BY_TOOL}}}[{RI}]))",
+                        "accepted / all",
+                    ),
+                ),
+                unit="percentunit",
+                width=6,
+                extra={"min": 0, "max": 1},
+            ),
+            Panel(
+                "Chunks/s per worker",
+                "Input records consumed. Flat at zero while lag grows: the worker is stuck.",
+                (Query(_rate("callgate_chunks_total", BY_WORKER, "instance"), "{{instance}}"),),
+                unit="ops",
+                width=9,
+            ),
+            Panel(
+                "Calls/s by tool and outcome",
+                "Which tool fails. `_unknown` is a tool the schema registry does not know; `_none` "
+                "a call without a tool (a refusal, an error, plain text).",
+                (
+                    Query(
+                        _rate("callgate_calls_total", BY_TOOL, "tool, outcome"),
+                        "{{tool}} {{outcome}}",
+                    ),
+                ),
+                unit="ops",
+                width=24,
+            ),
+        ),
+    ),
+    (
+        "Why calls fail",
+        (
+            Panel(
+                "Rejections/s by phase and code",
+                "The first phase that failed and why. schema_violation: the model's arguments "
+                "break the contract; invalid_json: the model wrote broken JSON.",
+                (
+                    Query(
+                        _rate("callgate_rejections_total", BY_WORKER, "phase, code"),
+                        "{{phase}} {{code}}",
+                    ),
+                ),
+                unit="ops",
+                stack=True,
+            ),
+            Panel(
+                "Incomplete/s by reason",
+                "Truncated or unfinished calls; never repaired into success. max_tokens: raise the "
+                "model's output limit; timeout / stream_ended: the producer stopped mid-call.",
+                (Query(_rate("callgate_incomplete_total", BY_WORKER, "reason"), "{{reason}}"),),
+                unit="ops",
+                stack=True,
+            ),
+            Panel(
+                "Repairs/s by kind",
+                "Lossless repairs applied before parsing (a ```json fence around the whole text).",
+                (Query(_rate("callgate_repairs_total", BY_WORKER, "kind"), "{{kind}}"),),
+                unit="ops",
+            ),
+            Panel(
+                "Dropped input/s",
+                "Duplicate chunks dropped (a producer retry) and records that could not be "
+                "decoded at all (poison records, skipped and counted).",
+                (
+                    Query(
+                        _rate("callgate_duplicate_chunks_total", BY_WORKER, "instance"),
+                        "duplicate {{instance}}",
+                    ),
+                    Query(
+                        _rate("callgate_poison_records_total", BY_WORKER, "code"), "poison {{code}}"
+                    ),
+                ),
+                unit="ops",
+            ),
+        ),
+    ),
+    (
+        "Latency per phase",
+        (
+            Panel(
+                "p50 phase duration",
+                "Median time each phase of the chain takes per call.",
+                (Query(_quantile(0.5), "{{phase}}"),),
+                unit="s",
+                extra={"log": 10},
+            ),
+            Panel(
+                "p99 phase duration",
+                "Tail time per phase. schema_validation dominating: a schema is expensive; "
+                "assembly: calls arrive in many small chunks.",
+                (Query(_quantile(0.99), "{{phase}}"),),
+                unit="s",
+                extra={"log": 10},
+            ),
+        ),
+    ),
+    (
+        "Capacity and Kafka",
+        (
+            Panel(
+                "Open calls",
+                "Calls still being assembled. Climbing without bound: producers leave calls open.",
+                (Query(f"sum by (instance) (callgate_open_calls{{{BY_WORKER}}})", "{{instance}}"),),
+                width=8,
+            ),
+            Panel(
+                "Buffered bytes",
+                "Memory held by open calls (bounded by the limits settings).",
+                (
+                    Query(
+                        f"sum by (instance) (callgate_buffered_bytes{{{BY_WORKER}}})",
+                        "{{instance}}",
+                    ),
+                ),
+                unit="bytes",
+                width=8,
+            ),
+            Panel(
+                "Assigned partitions",
+                "Input partitions per worker. A worker at 0 is idle: more workers than partitions.",
+                (
+                    Query(
+                        f"sum by (instance) (callgate_assigned_partitions{{{BY_WORKER}}})",
+                        "{{instance}}",
+                    ),
+                ),
+                width=8,
+            ),
+            Panel(
+                "Consumer lag by partition",
+                "Records not yet consumed. Growing steadily: add workers (up to the partition "
+                "count) or find the slow phase above.",
+                (
+                    Query(
+                        f"sum by (topic, partition) (callgate_consumer_lag{{{BY_WORKER}}})",
+                        "{{topic}}/{{partition}}",
+                    ),
+                ),
+                width=12,
+            ),
+            Panel(
+                "Rebalances",
+                "Group rebalances per worker. Frequent ones: workers crash, or exceed "
+                "max.poll.interval; each one replays open calls.",
+                (
+                    Query(
+                        "sum by (instance) "
+                        f"(increase(callgate_rebalances_total{{{BY_WORKER}}}[5m]))",
+                        "{{instance}}",
+                    ),
+                ),
+                width=12,
+            ),
+            Panel(
+                "Broker errors/s",
+                "Failed commits and unacknowledged outcome events. Any sustained value: check "
+                "the brokers; offsets are not committed past unacknowledged outputs.",
+                (
+                    Query(
+                        _rate("callgate_commit_errors_total", BY_WORKER, "instance"),
+                        "commit {{instance}}",
+                    ),
+                    Query(
+                        _rate("callgate_produce_errors_total", BY_WORKER, "instance"),
+                        "produce {{instance}}",
+                    ),
+                ),
+                unit="ops",
+                width=12,
+            ),
+            Panel(
+                "Workers up",
+                "Scrape targets of job callgate that answer.",
+                (Query(f'sum(up{{job="{JOB}", {BY_WORKER}}})', "up"),),
+                kind="stat",
+                width=4,
+            ),
+            Panel(
+                "Builds",
+                "Version and schema engine of each worker.",
+                (
+                    Query(
+                        f"count by (version, engine) (callgate_build_info{{{BY_WORKER}}})",
+                        "{{version}} {{engine}}",
+                    ),
+                ),
+                kind="stat",
+                width=8,
+            ),
+        ),
+    ),
+)
+
+
+def _variable(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "definition": query,
+        "query": {"query": query, "refId": f"{name}-variable"},
+        "refresh": 2,
+        "multi": True,
+        "includeAll": True,
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+    }
+
+
+def _panel(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": panel.unit}
+    options: dict[str, Any]
+    if panel.kind == "timeseries":
+        custom: dict[str, Any] = {"fillOpacity": 20 if panel.stack else 5, "lineWidth": 1}
+        if panel.stack:
+            custom["stacking"] = {"mode": "normal", "group": "A"}
+        if "log" in panel.extra:
+            custom["scaleDistribution"] = {"type": "log", "log": panel.extra["log"]}
+        defaults["custom"] = custom
+        options = {
+            "legend": {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull"]},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+    else:
+        options = {"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "value"}
+    for key in ("min", "max"):
+        if key in panel.extra:
+            defaults[key] = panel.extra[key]
+    return {
+        "id": panel_id,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"x": x, "y": y, "w": panel.width, "h": 8},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": options,
+        "targets": [
+            {
+                "refId": chr(ord("A") + i),
+                "datasource": DATASOURCE,
+                "expr": query.expr,
+                "legendFormat": query.legend,
+                "range": True,
+            }
+            for i, query in enumerate(panel.queries)
+        ],
+    }
+
+
+def dashboard() -> dict[str, Any]:
+    panels: list[dict[str, Any]] = []
+    next_id, y = 1, 0
+    for title, row in ROWS:
+        panels.append(
+            {
+                "id": next_id,
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "gridPos": {"x": 0, "y": y, "w": 24, "h": 1},
+                "panels": [],
+            }
+        )
+        next_id, y, x = next_id + 1, y + 1, 0
+        for panel in row:
+            if x + panel.width > 24:
+                x, y = 0, y + 8
+            panels.append(_panel(panel, next_id, x, y))
+            next_id, x = next_id + 1, x + panel.width
+        y += 8
+    return {
+        "uid": "callgate",
+        "title": "callgate",
+        "description": "Tool-call gate: outcomes, failing phases, latency per phase, Kafka.",
+        "tags": ["callgate", "kafka"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "10s",
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Data source",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {"selected": True, "text": "Prometheus", "value": "prometheus"},
+                },
+                _variable("instance", "Worker", "label_values(callgate_build_info, instance)"),
+                _variable("tool", "Tool", "label_values(callgate_calls_total, tool)"),
+            ]
+        },
+        "annotations": {"list": []},
+        "panels": panels,
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.exists() else ""
+        if current != text:
+            print(f"{OUTPUT} is stale: run python {Path(__file__).name}", file=sys.stderr)
+            return 1
+        return 0
+    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+    OUTPUT.write_text(text, encoding="utf-8")
+    print(f"wrote {OUTPUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
