@@ -1,0 +1,133 @@
+"""Delivery bookkeeping, pure: which offsets may be committed, and when to pause fetching.
+
+`DeliveryLedger` keeps the batches whose outcome events are not all acknowledged yet, in fetch
+order. A batch carries the commit offsets the processor allowed right after it; those offsets
+become committable only when that batch and every earlier one are fully acknowledged, so a commit
+never passes an unacknowledged output. `FlowControl` turns the number of unacknowledged outputs
+and the producer's health into pause/resume decisions, with hysteresis.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+#: (topic, partition); aiokafka's TopicPartition is a named tuple of the same shape.
+Partition = tuple[str, int]
+
+
+@dataclass(slots=True)
+class _Batch:
+    id: int
+    outstanding: int
+    offsets: dict[Partition, int] = field(default_factory=dict)
+
+
+class DeliveryLedger:
+    """Batches of outputs in flight, in order, and the offsets they unlock."""
+
+    def __init__(self) -> None:
+        self._batches: deque[_Batch] = deque()
+        self._by_id: dict[int, _Batch] = {}
+        self._next_id = 0
+        self._ready: dict[Partition, int] = {}
+        self._committed: dict[Partition, int] = {}
+        self.pending = 0
+
+    def record_batch(self, outputs: int, offsets: Mapping[Partition, int]) -> int:
+        """A batch's `outputs` events were sent; `offsets` are safe once they are acknowledged."""
+        batch = _Batch(self._next_id, outputs, dict(offsets))
+        self._next_id += 1
+        self._batches.append(batch)
+        self._by_id[batch.id] = batch
+        self.pending += outputs
+        self._release()
+        return batch.id
+
+    def acknowledge(self, batch_id: int, count: int = 1) -> None:
+        """`count` outputs of that batch were acknowledged by the broker."""
+        batch = self._by_id.get(batch_id)
+        if batch is None:
+            return
+        count = min(count, batch.outstanding)
+        batch.outstanding -= count
+        self.pending -= count
+        self._release()
+
+    def _release(self) -> None:
+        while self._batches and self._batches[0].outstanding == 0:
+            batch = self._batches.popleft()
+            del self._by_id[batch.id]
+            self._ready.update(batch.offsets)
+
+    def committable(self) -> dict[Partition, int]:
+        """Offsets acknowledged in full that differ from what was last committed."""
+        return {tp: off for tp, off in self._ready.items() if self._committed.get(tp) != off}
+
+    def mark_committed(self, offsets: Mapping[Partition, int]) -> None:
+        self._committed.update(offsets)
+
+    def committed(self, tp: Partition) -> int | None:
+        return self._committed.get(tp)
+
+    def forget(self, partitions: Iterable[Partition]) -> None:
+        """A partition was revoked: nothing in flight may commit for it any more."""
+        gone = set(partitions)
+        for batch in self._batches:
+            for tp in gone:
+                batch.offsets.pop(tp, None)
+        for tp in gone:
+            self._ready.pop(tp, None)
+            self._committed.pop(tp, None)
+
+    @property
+    def batches_in_flight(self) -> int:
+        return len(self._batches)
+
+
+class FlowDecision(StrEnum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    KEEP = "keep"
+
+
+class FlowControl:
+    """Pause above `limit` unacknowledged outputs or while the producer fails; resume at half."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.paused = False
+
+    def update(self, pending: int, producer_failing: bool) -> FlowDecision:
+        if not self.paused and (producer_failing or pending > self.limit):
+            self.paused = True
+            return FlowDecision.PAUSE
+        if self.paused and not producer_failing and pending <= self.limit // 2:
+            self.paused = False
+            return FlowDecision.RESUME
+        return FlowDecision.KEEP
+
+
+class Backoff:
+    """Exponential retry delay for failed produces: base, doubling, capped; reset on success."""
+
+    def __init__(self, base_s: float = 0.1, cap_s: float = 5.0) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self._failures = 0
+
+    def failed(self) -> float:
+        """Record one more failure; the delay before the next try."""
+        self._failures += 1
+        return self.delay
+
+    @property
+    def delay(self) -> float:
+        if self._failures == 0:
+            return 0.0
+        return float(min(self.cap_s, self.base_s * 2 ** (self._failures - 1)))
+
+    def succeeded(self) -> None:
+        self._failures = 0

@@ -1,0 +1,251 @@
+"""`callgate demo`: the embedded broker, sample traffic, the worker in-process, a summary.
+
+Without configured bootstrap servers it starts tansu on a free loopback port (and stops it at the
+end); with them, it uses that cluster and only counts the events of its own run. It creates the
+topics, produces the sample traffic of `traffic.py`, runs the same `Runner` as `callgate run`,
+shows a live progress line, and ends with a table of outcomes by phase and code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+import uuid
+from collections import Counter
+from typing import Any, TextIO
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from worker.core.processor import Processor
+from worker.errors import ConfigError
+from worker.health import HealthServer
+from worker.metrics import build_metrics
+from worker.runtime.broker import EmbeddedBroker, create_topics
+from worker.runtime.kafka_options import connection_options
+from worker.runtime.runner import Runner
+from worker.runtime.traffic import SampleRecord, sample_traffic
+from worker.settings import Settings
+
+#: The demo's idle timeout at most, so its one abandoned call closes within seconds.
+DEMO_IDLE_TIMEOUT_S = 3.0
+DEMO_PARTITIONS = 3
+
+
+def run_demo(settings: Settings, *, repeat: int = 1, out: TextIO = sys.stdout) -> int:
+    """Run the whole demo; 0 when every outcome event arrived, 1 otherwise."""
+    if settings.topics.input_pattern:
+        raise ConfigError(
+            "CALLGATE_TOPICS__INPUT is a regex; the demo needs a topic name to produce to"
+        )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    broker: EmbeddedBroker | None = None
+    if not settings.kafka.bootstrap_servers:
+        broker = EmbeddedBroker()
+        broker.start()
+        print(f"embedded broker (tansu) on {broker.bootstrap_servers}", file=out)
+    try:
+        return asyncio.run(_demo(_demo_settings(settings, broker), repeat, out))
+    finally:
+        if broker is not None:
+            broker.stop()
+            print("embedded broker stopped", file=out)
+
+
+def _demo_settings(settings: Settings, broker: EmbeddedBroker | None) -> Settings:
+    kafka = settings.kafka
+    if broker is not None:
+        # a short session makes the embedded broker's group join take about a second
+        kafka = kafka.model_copy(
+            update={"bootstrap_servers": [broker.bootstrap_servers], "session_timeout_ms": 3000}
+        )
+    kafka = kafka.model_copy(update={"group_id": f"{kafka.group_id}-demo-{uuid.uuid4().hex[:8]}"})
+    assembly = settings.assembly.model_copy(
+        update={"idle_timeout_s": min(settings.assembly.idle_timeout_s, DEMO_IDLE_TIMEOUT_S)}
+    )
+    return settings.model_copy(update={"kafka": kafka, "assembly": assembly})
+
+
+async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
+    topics = settings.topics
+    input_topic = topics.input_topics[0]
+    outputs = sorted({topics.accepted, topics.rejected, topics.incomplete})
+    bootstrap = ",".join(settings.kafka.bootstrap_servers)
+    await create_topics(bootstrap, [input_topic, *outputs], partitions=DEMO_PARTITIONS)
+
+    run = f"demo-{uuid.uuid4().hex[:6]}"
+    records = [rec for i in range(repeat) for rec in sample_traffic(f"{run}.{i}")]
+    scenarios = len({(rec.scenario) for rec in records})
+    await _produce(settings, input_topic, records)
+    print(
+        f"produced {len(records)} records ({scenarios} scenarios x {repeat}) to {input_topic!r}",
+        file=out,
+    )
+
+    processor = Processor.from_settings(settings)
+    metrics = build_metrics(True, processor.tool_names, engine=settings.schemas.engine)
+    runner = Runner(settings, processor, metrics)
+    health = HealthServer(metrics.registry, runner.readiness)
+    metrics_url = _start_health(health, settings)
+    if metrics_url:
+        print(f"metrics: {metrics_url}/metrics  (also /healthz, /readyz)", file=out)
+
+    reader = _OutcomeReader(settings, outputs, run)
+    await reader.start()
+    await runner.start()
+    worker = asyncio.create_task(runner.run())
+    deadline = time.monotonic() + 60 + settings.assembly.idle_timeout_s
+    done = False
+    progress = _Progress(out)
+    try:
+        while time.monotonic() < deadline and not worker.done():
+            await reader.poll()
+            done = (
+                runner.stats.records >= len(records)
+                and processor.open_calls == 0
+                and runner.ledger.pending == 0
+                and reader.events >= runner.stats.acknowledged
+            )
+            progress.show(len(records), runner, reader)
+            if done:
+                break
+    finally:
+        if out.isatty():
+            print(file=out)
+        runner.request_stop()
+        await worker
+        await runner.close()
+        await reader.stop()
+        health.stop()
+    print(_summary(reader.tally, reader.events, reader.unique), file=out)
+    if metrics_url:
+        print(f"metrics were served at {metrics_url}/metrics while the demo ran", file=out)
+    if not done:
+        print("demo: not every outcome event arrived before the deadline", file=out)
+        return 1
+    return 0
+
+
+def _start_health(health: HealthServer, settings: Settings) -> str | None:
+    host = settings.metrics.host
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    try:
+        port = health.start(host, settings.metrics.port)
+    except Exception:  # the configured port is taken (another worker): any free port will do
+        port = health.start(host, 0)
+    return f"http://{shown}:{port}"
+
+
+async def _produce(settings: Settings, topic: str, records: list[SampleRecord]) -> None:
+    producer = AIOKafkaProducer(**connection_options(settings.kafka), linger_ms=5)
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(topic, rec.value, key=rec.key, headers=list(rec.headers))
+            for rec in records
+        ]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+class _OutcomeReader:
+    """Reads the outcome topics from the start and tallies this run's events."""
+
+    def __init__(self, settings: Settings, topics: list[str], run: str) -> None:
+        self._settings = settings
+        self._topics = topics
+        self._run = run
+        self._consumer: AIOKafkaConsumer | None = None
+        self.events = 0
+        self.unique = 0
+        self._seen: set[str] = set()
+        self.tally: Counter[tuple[str, str, str]] = Counter()
+        self.by_outcome: Counter[str] = Counter()
+
+    async def start(self) -> None:
+        consumer = AIOKafkaConsumer(
+            **connection_options(self._settings.kafka), enable_auto_commit=False
+        )
+        await consumer.start()
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in self._topics
+            for p in sorted(consumer.partitions_for_topic(topic) or {0})
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        self._consumer = consumer
+
+    async def poll(self) -> None:
+        assert self._consumer is not None
+        batch = await self._consumer.getmany(timeout_ms=250)
+        for records in batch.values():
+            for record in records:
+                self._count(record.value)
+
+    def _count(self, value: bytes | None) -> None:
+        try:
+            event: dict[str, Any] = orjson.loads(value or b"")
+        except orjson.JSONDecodeError:
+            return
+        if not str(event.get("stream_id", "")).startswith(self._run):
+            return
+        self.events += 1
+        event_id = str(event.get("event_id"))
+        if event_id in self._seen:
+            return
+        self._seen.add(event_id)
+        self.unique += 1
+        outcome = str(event.get("outcome"))
+        detail = event.get("error_code") or event.get("reason") or ""
+        if outcome == "accepted" and event.get("repairs"):
+            detail = "repaired: " + ",".join(str(r.get("kind")) for r in event["repairs"])
+        self.tally[(outcome, str(event.get("phase") or ""), str(detail))] += 1
+        self.by_outcome[outcome] += 1
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+
+class _Progress:
+    """One live line on a terminal; elsewhere (a log, a pipe) a new line only when it changes."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._tty = out.isatty()
+        self._last = ""
+
+    def show(self, total: int, runner: Runner, reader: _OutcomeReader) -> None:
+        stats, counts = runner.stats, reader.by_outcome
+        line = (
+            f"records {min(stats.records, total)}/{total} · events {reader.unique} · "
+            f"accepted {counts['accepted']} · rejected {counts['rejected']} · "
+            f"incomplete {counts['incomplete']} · open calls {runner.processor.open_calls}"
+        )
+        if self._tty:
+            print("\r" + line, end="", file=self._out, flush=True)
+        elif line != self._last:
+            print(line, file=self._out, flush=True)
+        self._last = line
+
+
+def _summary(tally: Counter[tuple[str, str, str]], events: int, unique: int) -> str:
+    order = {"accepted": 0, "rejected": 1, "incomplete": 2}
+    rows = sorted(tally.items(), key=lambda item: (order.get(item[0][0], 9), item[0][1:]))
+    header = ("outcome", "phase", "code / reason", "calls")
+    table = [header, *((o, p or "-", d or "-", str(n)) for (o, p, d), n in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if i < 3 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in table
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(f"{unique} calls judged ({events} events read, {events - unique} replays)")
+    return "\n".join(lines)

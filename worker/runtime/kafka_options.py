@@ -1,0 +1,105 @@
+"""Settings to aiokafka keyword arguments: connection and security, consumer, producer.
+
+Checks what pydantic cannot (files that must exist, a run without brokers) and raises
+`ConfigError` with the setting's environment name, so a wrong setting stops start-up with one
+clear message instead of an aiokafka traceback later.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from aiokafka.helpers import create_ssl_context
+
+from worker.errors import ConfigError
+from worker.settings import KafkaSettings, Settings
+
+_ENV = "CALLGATE_KAFKA__"
+
+
+def connection_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """bootstrap_servers, client_id and the security arguments every aiokafka client takes."""
+    if not kafka.bootstrap_servers:
+        raise ConfigError(
+            f"{_ENV}BOOTSTRAP_SERVERS is empty: `callgate run` needs a Kafka cluster "
+            "(`callgate demo` starts an embedded broker instead)"
+        )
+    for server in kafka.bootstrap_servers:
+        host, sep, port = server.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{_ENV}BOOTSTRAP_SERVERS: {server!r} is not host:port")
+    options: dict[str, Any] = {
+        "bootstrap_servers": list(kafka.bootstrap_servers),
+        "client_id": kafka.client_id,
+        "security_protocol": kafka.security_protocol,
+    }
+    if kafka.security_protocol.startswith("SASL"):
+        # settings validation guarantees all three are set for SASL_*
+        assert kafka.sasl_password is not None
+        options["sasl_mechanism"] = kafka.sasl_mechanism
+        options["sasl_plain_username"] = kafka.sasl_username
+        options["sasl_plain_password"] = kafka.sasl_password.get_secret_value()
+    if kafka.security_protocol.endswith("SSL"):
+        options["ssl_context"] = ssl_context(kafka)
+    elif any((kafka.ssl_cafile, kafka.ssl_certfile, kafka.ssl_keyfile, kafka.ssl_password)):
+        raise ConfigError(
+            f"{_ENV}SSL_* is set but {_ENV}SECURITY_PROTOCOL is {kafka.security_protocol}, "
+            "not SSL or SASL_SSL"
+        )
+    return options
+
+
+def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext:
+    """A client TLS context: the CA file (or the system's), and a client certificate if given."""
+    for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        path = getattr(kafka, name)
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{_ENV}{name.upper()}: no such file: {path}")
+    if (kafka.ssl_certfile is None) != (kafka.ssl_keyfile is None):
+        raise ConfigError(f"{_ENV}SSL_CERTFILE and {_ENV}SSL_KEYFILE go together")
+    password = kafka.ssl_password.get_secret_value() if kafka.ssl_password else None
+    try:
+        context: ssl.SSLContext = create_ssl_context(
+            cafile=kafka.ssl_cafile,
+            certfile=kafka.ssl_certfile,
+            keyfile=kafka.ssl_keyfile,
+            password=password,
+        )
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"{_ENV}SSL_*: cannot load the TLS files: {exc}") from None
+    return context
+
+
+def consumer_options(settings: Settings) -> dict[str, Any]:
+    """The group consumer: manual commits only, from the earliest offset of a new group."""
+    kafka = settings.kafka
+    if kafka.session_timeout_ms > kafka.max_poll_interval_ms:
+        raise ConfigError(
+            f"{_ENV}SESSION_TIMEOUT_MS ({kafka.session_timeout_ms}) must not exceed "
+            f"{_ENV}MAX_POLL_INTERVAL_MS ({kafka.max_poll_interval_ms})"
+        )
+    return {
+        **connection_options(kafka),
+        "group_id": kafka.group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "session_timeout_ms": kafka.session_timeout_ms,
+        "heartbeat_interval_ms": max(100, kafka.session_timeout_ms // 3),
+        "max_poll_interval_ms": kafka.max_poll_interval_ms,
+        "max_poll_records": kafka.fetch_max_records,
+    }
+
+
+def producer_options(settings: Settings) -> dict[str, Any]:
+    """The outcome producer: every replica acknowledges before an input offset is committed.
+
+    No idempotent producer: a resend may duplicate an event, which the deterministic
+    `event_id` makes harmless (and the embedded broker does not support it).
+    """
+    return {
+        **connection_options(settings.kafka),
+        "acks": "all",
+        "enable_idempotence": False,
+        "linger_ms": settings.kafka.linger_ms,
+    }

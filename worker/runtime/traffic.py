@@ -1,0 +1,368 @@
+"""Sample model output for the demo: every case the gate decides, as Kafka records.
+
+Canonical envelopes (valid calls, parallel interleaved calls, truncated and abandoned ones,
+refusals, schema violations, a fenced JSON repair, duplicate keys, idempotency duplicates and
+conflicts, unknown tools, poison records) and vendor events (`openai.chat`, `openai.responses`,
+`anthropic.messages`, `mcp.result`), both synthesized and replayed from recordings shipped in
+`samples/`. Streams are interleaved record by record as a busy topic would carry them, while
+each stream's own records keep their order (they share a key, hence a partition).
+
+Each call of a run gets ids under the run's prefix, so repeated demo runs do not collide in
+idempotency state; idempotency keys are per run too.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import orjson
+
+from worker.adapters.input import read_records
+
+Headers = tuple[tuple[str, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRecord:
+    """One input record: key = stream id; `scenario` says what it shows (for the demo's log)."""
+
+    key: bytes
+    value: bytes
+    headers: Headers
+    scenario: str
+
+
+def _dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)
+
+
+def _pieces(text: str, parts: int) -> list[str]:
+    """`text` cut into `parts` non-empty pieces (fewer when it is shorter)."""
+    parts = max(1, min(parts, len(text)))
+    size, extra = divmod(len(text), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(text[start:end])
+        start = end
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Stream:
+    stream_id: str
+    scenario: str
+    records: tuple[tuple[bytes, Headers], ...]
+
+
+class _Envelopes:
+    """Builds canonical envelope streams for one run."""
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+
+    def stream(self, name: str, scenario: str, envelopes: Iterable[dict[str, Any]]) -> _Stream:
+        sid = f"{self.run}:{name}"
+        records = tuple((_dumps({"stream_id": sid, **env}), ()) for env in envelopes)
+        return _Stream(sid, scenario, records)
+
+    def raw(self, name: str, scenario: str, value: bytes, headers: Headers = ()) -> _Stream:
+        return _Stream(f"{self.run}:{name}", scenario, ((value, headers),))
+
+    def call(
+        self,
+        call_id: str,
+        tool: str,
+        arguments: str,
+        *,
+        parts: int = 3,
+        version: str | None = None,
+        idempotency_key: str | None = None,
+        final: bool = True,
+        kind: str = "tool_call",
+    ) -> list[dict[str, Any]]:
+        cid = f"{self.run}:{call_id}"
+        chunks: list[dict[str, Any]] = []
+        for seq, delta in enumerate(_pieces(arguments, parts)):
+            env: dict[str, Any] = {"call_id": cid, "seq": seq, "kind": kind, "delta": delta}
+            if seq == 0:
+                env["tool"] = tool
+                if version is not None:
+                    env["tool_version"] = version
+                if idempotency_key is not None:
+                    env["idempotency_key"] = f"{self.run}:{idempotency_key}"
+            chunks.append(env)
+        chunks[-1]["final"] = final
+        return chunks
+
+
+def _end(reason: str) -> dict[str, Any]:
+    return {"kind": "end", "finish_reason": reason}
+
+
+def _interleave(*calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    merged = itertools.chain.from_iterable(itertools.zip_longest(*calls))
+    return [chunk for chunk in merged if chunk is not None]
+
+
+def _repeat_first(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [chunks[0], *chunks]
+
+
+def _drop_second(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [chunks[0], *chunks[2:]]
+
+
+def envelope_streams(run: str) -> list[_Stream]:
+    e = _Envelopes(run)
+    weather = '{"city": "Hangzhou", "unit": "celsius"}'
+    payment = '{"amount": 1250, "currency": "EUR", "recipient": "acct_4711"}'
+    other_payment = '{"amount": 9900, "currency": "EUR", "recipient": "acct_4711"}'
+    stalled = e.call("stalled", "get_weather", weather, final=False)[:2]
+    return [
+        e.stream(
+            "valid", "valid call", [*e.call("w1", "get_weather", weather), _end("tool_calls")]
+        ),
+        e.stream(
+            "v2",
+            "valid call, schema v2",
+            [
+                *e.call(
+                    "w2",
+                    "get_weather",
+                    '{"location": {"city": "Oslo"}, "units": "metric"}',
+                    version="2",
+                ),
+                _end("tool_calls"),
+            ],
+        ),
+        e.stream(
+            "parallel",
+            "parallel interleaved calls",
+            [
+                *_interleave(
+                    e.call("p1", "get_weather", '{"city": "Lisbon"}', parts=4),
+                    e.call("p2", "get_weather", '{"city": "Porto", "unit": "fahrenheit"}', parts=5),
+                ),
+                _end("tool_calls"),
+            ],
+        ),
+        e.stream(
+            "truncated",
+            "truncated by max_tokens",
+            [*e.call("t1", "get_weather", '{"city": "Ber', final=False), _end("length")],
+        ),
+        e.stream(
+            "ended",
+            "stream ended mid-call",
+            [*e.call("t2", "get_weather", '{"city": "Ro', final=False), _end("stop")],
+        ),
+        e.stream("stalled", "no chunk for the idle timeout", stalled),
+        e.stream(
+            "refusal",
+            "model refused",
+            [*e.call("r1", "", "I can't help with that.", kind="refusal", parts=1), _end("stop")],
+        ),
+        e.stream(
+            "violation",
+            "schema violation",
+            [*e.call("s1", "get_weather", '{"unit": "kelvin"}'), _end("tool_calls")],
+        ),
+        e.stream(
+            "fenced",
+            "fenced JSON repaired",
+            [*e.call("f1", "get_weather", f"```json\n{weather}\n```"), _end("tool_calls")],
+        ),
+        e.stream(
+            "dupkey",
+            "duplicate key",
+            [*e.call("d1", "get_weather", '{"city": "Rome", "city": "Milan"}'), _end("tool_calls")],
+        ),
+        e.stream(
+            "badjson",
+            "invalid JSON",
+            [*e.call("j1", "get_weather", '{"city": "Rome",}'), _end("tool_calls")],
+        ),
+        e.stream(
+            "unknown",
+            "unknown tool",
+            [*e.call("u1", "launch_rocket", '{"target": "moon"}'), _end("tool_calls")],
+        ),
+        e.stream(
+            "pay",
+            "payment, then its replay (duplicate), then a conflict",
+            [
+                *e.call("pay1", "create_payment", payment, idempotency_key="order-1"),
+                *e.call("pay2", "create_payment", payment, idempotency_key="order-1"),
+                *e.call("pay3", "create_payment", other_payment, idempotency_key="order-1"),
+                _end("tool_calls"),
+            ],
+        ),
+        e.stream(
+            "nokey",
+            "side-effecting tool without an idempotency key",
+            [*e.call("pay4", "create_payment", payment), _end("tool_calls")],
+        ),
+        e.stream(
+            "dupchunk",
+            "duplicate chunk dropped",
+            [
+                *_repeat_first(e.call("dc1", "get_weather", weather)),
+                _end("tool_calls"),
+            ],
+        ),
+        e.stream(
+            "gap",
+            "sequence gap",
+            [
+                *_drop_second(e.call("g1", "get_weather", weather, parts=4)),
+                _end("tool_calls"),
+            ],
+        ),
+        e.raw("poison", "poison record (not JSON)", b"\x00not json at all"),
+        e.raw(
+            "badformat",
+            "unknown content-format",
+            b"{}",
+            (("content-format", b"gemini.stream"),),
+        ),
+    ]
+
+
+def _chat(sid: str, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": sid,
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def _openai_chat_call(run: str, name: str, arguments: str, finish: str) -> _Stream:
+    sid = f"{run}:chat-{name}"
+    events = [
+        _chat(sid, {"role": "assistant", "content": None}),
+        _chat(
+            sid,
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": f"{run}:chat-{name}-call",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": ""},
+                    }
+                ]
+            },
+        ),
+        *(
+            _chat(sid, {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+            for piece in _pieces(arguments, 4)
+        ),
+        _chat(sid, {}, finish),
+    ]
+    headers: Headers = (("content-format", b"openai.chat"),)
+    return _Stream(sid, f"openai.chat {name}", tuple((_dumps(ev), headers) for ev in events))
+
+
+def _anthropic_call(run: str, name: str, arguments: str, stop: str | None) -> _Stream:
+    sid = f"{run}:anthropic-{name}"
+    block = {"type": "tool_use", "id": f"{run}:toolu-{name}", "name": "get_weather", "input": {}}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {"id": sid, "type": "message", "role": "assistant"}},
+        {"type": "content_block_start", "index": 0, "content_block": block},
+        *(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": piece},
+            }
+            for piece in ["", *_pieces(arguments, 3)]
+        ),
+    ]
+    if stop == "tool_use":
+        events.append({"type": "content_block_stop", "index": 0})
+    events.append({"type": "message_delta", "delta": {"stop_reason": stop}})
+    events.append({"type": "message_stop"})
+    headers: Headers = (("content-format", b"anthropic.messages"),)
+    return _Stream(sid, f"anthropic.messages {name}", tuple((_dumps(ev), headers) for ev in events))
+
+
+def _mcp(run: str, name: str, tool: str, result: Any) -> _Stream:
+    sid = f"{run}:mcp-{name}"
+    headers: Headers = (
+        ("content-format", b"mcp.result"),
+        ("tool", tool.encode()),
+        ("call-id", f"{run}:mcp-{name}".encode()),
+    )
+    value = _dumps({"jsonrpc": "2.0", "id": 1, "result": result})
+    return _Stream(sid, f"mcp.result {name}", ((value, headers),))
+
+
+def _replay(run: str, file: str, fmt: str, scenario: str) -> _Stream:
+    """A recorded vendor stream from `samples/`, under a stream id of this run."""
+    sid = f"{run}:rec-{file.split('.', maxsplit=1)[0]}"
+    headers: Headers = (("content-format", fmt.encode()),)
+    data = resources.files("worker.runtime").joinpath("samples", file).read_bytes()
+    values = list(read_records(io.BytesIO(data), fmt))
+    return _Stream(sid, scenario, tuple((value, headers) for value in values))
+
+
+def _sample_json(file: str) -> Any:
+    return orjson.loads(resources.files("worker.runtime").joinpath("samples", file).read_bytes())
+
+
+def vendor_streams(run: str) -> list[_Stream]:
+    weather = '{"city": "Paris", "unit": "celsius"}'
+    return [
+        _openai_chat_call(run, "valid", weather, "tool_calls"),
+        _openai_chat_call(run, "truncated", '{"city": "Par', "length"),
+        _anthropic_call(run, "valid", weather, "tool_use"),
+        _anthropic_call(run, "max-tokens", '{"city": "Pa', "max_tokens"),
+        _mcp(run, "result", "get_weather_data", _sample_json("mcp_structured_content.json")),
+        _mcp(run, "tool-error", "get_weather_data", _sample_json("mcp_tool_error.json")),
+        _replay(
+            run,
+            "parallel_tool_calls_weather_and_stock.sse",
+            "openai.chat",
+            "recorded openai.chat parallel calls",
+        ),
+        _replay(run, "refusal_delta_refusal.sse", "openai.chat", "recorded openai.chat refusal"),
+        _replay(
+            run,
+            "truncated_finish_reason_length.sse",
+            "openai.chat",
+            "recorded openai.chat finish_reason length",
+        ),
+        _replay(run, "tool_use_response.sse", "anthropic.messages", "recorded anthropic tool_use"),
+        _replay(
+            run,
+            "incomplete_partial_json_response.sse",
+            "anthropic.messages",
+            "recorded anthropic max_tokens mid tool_use",
+        ),
+        _replay(
+            run,
+            "dotnet_function_call_get_weather_at_location.sse",
+            "openai.responses",
+            "recorded openai.responses function call",
+        ),
+    ]
+
+
+def sample_traffic(run: str) -> list[SampleRecord]:
+    """Every sample stream of one run, interleaved record by record across streams."""
+    streams = [*envelope_streams(run), *vendor_streams(run)]
+    return list(_round_robin(streams))
+
+
+def _round_robin(streams: list[_Stream]) -> Iterator[SampleRecord]:
+    for row in itertools.zip_longest(*(s.records for s in streams)):
+        for stream, record in zip(streams, row, strict=True):
+            if record is not None:
+                value, headers = record
+                yield SampleRecord(stream.stream_id.encode(), value, headers, stream.scenario)
