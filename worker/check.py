@@ -1,4 +1,4 @@
-"""`callgate check`: the whole chain offline, JSON lines (or recorded SSE) in, one event per call out.
+"""`callgate check`: the chain offline; JSON lines (or recorded SSE) in, one event per call out.
 
 It runs the same `Processor` as the Kafka worker: each input line is a record of a single
 partition of a topic named after the input, at the line's number as offset.
@@ -64,10 +64,7 @@ def format_summary(tally: Counter[tuple[str, str, str]]) -> str:
     by_outcome = Counter[str]()
     for (outcome, _, _), count in tally.items():
         by_outcome[outcome] += count
-    lines = [
-        f"{total} calls: "
-        + ", ".join(f"{by_outcome[o.value]} {o.value}" for o in Outcome)
-    ]
+    lines = [f"{total} calls: " + ", ".join(f"{by_outcome[o.value]} {o.value}" for o in Outcome)]
     rows = sorted(tally.items(), key=lambda item: (-item[1], item[0]))
     width = max((len(f"{p} / {d}") for (o, p, d), _ in rows if d), default=0)
     for (outcome, phase, detail), count in rows:
@@ -78,7 +75,9 @@ def format_summary(tally: Counter[tuple[str, str, str]]) -> str:
 
 def main_check(settings: Settings, path: str, fmt: str, stream_id: str | None) -> int:
     if path == "-":
-        tally = run_check(settings, sys.stdin.buffer, sys.stdout.buffer, fmt=fmt, stream_id=stream_id)
+        tally = run_check(
+            settings, sys.stdin.buffer, sys.stdout.buffer, fmt=fmt, stream_id=stream_id
+        )
     else:
         with open(path, "rb") as source:
             tally = run_check(

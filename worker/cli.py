@@ -9,6 +9,7 @@ from pathlib import Path
 
 from worker import __version__
 from worker.adapters.decoder import ENVELOPE, formats
+from worker.check import main_check
 from worker.errors import CallgateError
 from worker.runtime.cli import add_run_commands
 from worker.schemas.cli import add_schemas_command
@@ -16,8 +17,6 @@ from worker.settings import load_settings
 
 
 def _check(args: argparse.Namespace) -> int:
-    from worker.check import main_check
-
     overrides: dict[str, object] = {"schemas": {"dir": args.schemas}}
     if args.engine:
         overrides["schemas"] = {"dir": args.schemas, "engine": args.engine}

@@ -36,8 +36,7 @@ def build_event(call: AssembledCall, verdict: Verdict) -> dict[str, Any]:
         "error_code": verdict.code.value if verdict.code else None,
         "reason": verdict.reason.value if verdict.reason else None,
         "violations": [
-            {"path": v.path, "keyword": v.keyword, "message": v.message}
-            for v in verdict.violations
+            {"path": v.path, "keyword": v.keyword, "message": v.message} for v in verdict.violations
         ],
         "retry_feedback": verdict.retry_feedback,
         "repairs": [{"kind": r.kind.value} for r in verdict.repairs],

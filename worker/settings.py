@@ -10,7 +10,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+import orjson
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.errors import ConfigError
@@ -178,8 +187,6 @@ def load_settings(settings_file: Path | None = None, **overrides: Any) -> Settin
     """
     base: dict[str, Any] = {}
     if settings_file is not None:
-        import orjson
-
         try:
             base = orjson.loads(settings_file.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:

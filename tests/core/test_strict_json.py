@@ -57,12 +57,16 @@ def test_suite_is_present() -> None:
     assert len(CASES) > 300
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.name.startswith("n_")], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.name.startswith("n_")], ids=lambda c: c.name
+)
 def test_every_n_case_is_rejected(case: Path) -> None:
     assert isinstance(parse(case.read_bytes()), ParseError)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.name.startswith("y_")], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.name.startswith("y_")], ids=lambda c: c.name
+)
 def test_every_y_case_is_accepted_except_duplicate_keys(case: Path) -> None:
     result = parse(case.read_bytes())
     if case.name.startswith("y_object_duplicated_key"):

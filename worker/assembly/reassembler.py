@@ -234,7 +234,9 @@ class Reassembler:
             return []
         reason = _INCOMPLETE_BY_FINISH.get(chunk.finish_reason, IncompleteReason.STREAM_ENDED)  # type: ignore[arg-type]
         done = []
-        for call_id in sorted(call_ids, key=lambda c: part.calls[(chunk.stream_id, c)].first_offset):
+        for call_id in sorted(
+            call_ids, key=lambda c: part.calls[(chunk.stream_id, c)].first_offset
+        ):
             state = part.calls[(chunk.stream_id, call_id)]
             state.last_offset = offset
             done.append(self._close(scope, part, state, reason))

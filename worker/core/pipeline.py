@@ -189,7 +189,9 @@ class Gate:
             )
         reject.schema = contract.ref
         if call.channel is ChunkKind.MCP_RESULT:
-            return self._judge_tool_result(value, contract, clock, reject, repairs, size)
+            return self._judge_tool_result(
+                value, contract=contract, clock=clock, reject=reject, repairs=repairs, size=size
+            )
 
         violations = contract.check(value)
         clock.lap(Phase.SCHEMA_VALIDATION)
@@ -208,7 +210,9 @@ class Gate:
                     found.extend(rule(value, context))
                 except Exception as exc:  # a plugin's bug must not stop the partition
                     clock.lap(Phase.BUSINESS_VALIDATION)
-                    message = f"rule {getattr(rule, '__name__', 'rule')} failed: {type(exc).__name__}"
+                    message = (
+                        f"rule {getattr(rule, '__name__', 'rule')} failed: {type(exc).__name__}"
+                    )
                     return reject(
                         Phase.BUSINESS_VALIDATION,
                         Code.RULE_ERROR,
@@ -277,6 +281,7 @@ class Gate:
     def _judge_tool_result(
         self,
         message: dict[str, Any],
+        *,
         contract: Contract,
         clock: _Clock,
         reject: _Rejector,
@@ -331,9 +336,7 @@ class _Rejector:
         self.schema: SchemaRef | None = None
         self.repairs: tuple[Repair, ...] = ()
 
-    def __call__(
-        self, phase: Phase, code: Code, violations: tuple[Violation, ...]
-    ) -> Verdict:
+    def __call__(self, phase: Phase, code: Code, violations: tuple[Violation, ...]) -> Verdict:
         limits = self._limits
         violations = violations[: limits.max_violations]
         retryable = code in _RETRYABLE
@@ -360,4 +363,3 @@ class _Rejector:
             phases_us=self._phases,
             nbytes=self._size,
         )
-

@@ -10,7 +10,9 @@ import re
 
 from worker.model import Repair, RepairKind
 
-_FENCE = re.compile(rb"\A\s*```(?:json|JSON)?[ \t]*\r?\n(?P<body>.*?)\r?\n?[ \t]*```\s*\Z", re.DOTALL)
+_FENCE = re.compile(
+    rb"\A\s*```(?:json|JSON)?[ \t]*\r?\n(?P<body>.*?)\r?\n?[ \t]*```\s*\Z", re.DOTALL
+)
 
 
 def strip_fence(text: bytes) -> tuple[bytes, Repair | None]:

@@ -53,8 +53,7 @@ def scan(text: bytes) -> Scan:
     for byte in _BRACKETS.sub(b"", stripped):
         if byte in _OPEN:
             depth += 1
-            if depth > deepest:
-                deepest = depth
+            deepest = max(deepest, depth)
         else:
             depth -= 1
     return Scan(stripped, deepest)
@@ -113,7 +112,9 @@ def _classify(text: bytes, message: str) -> ParseError:
         return ParseError(Code.INVALID_JSON, "the text is empty")
     if "EOF" in message or "end of" in message:
         return ParseError(Code.INVALID_JSON, f"the text ends before the JSON value does ({where})")
-    return ParseError(Code.INVALID_JSON, message.split(":", 1)[0] + (f" ({where})" if where else ""))
+    return ParseError(
+        Code.INVALID_JSON, message.split(":", 1)[0] + (f" ({where})" if where else "")
+    )
 
 
 class _Flagged(dict[str, Any]):

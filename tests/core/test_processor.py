@@ -1,0 +1,159 @@
+"""The record processor: records in, events out, poison records isolated, commit offsets safe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from worker.core.processor import InboundRecord, Processor
+from worker.settings import load_settings
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+
+
+@pytest.fixture
+def processor() -> Processor:
+    return Processor.from_settings(load_settings(schemas={"dir": SCHEMAS}))
+
+
+def envelope(**fields: Any) -> bytes:
+    return orjson.dumps({"stream_id": "r1", "kind": "tool_call", **fields})
+
+
+class Records:
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def __call__(self, value: bytes | None, key: bytes = b"r1", **headers: str) -> InboundRecord:
+        record = InboundRecord("in", 0, self.offset, key, value, headers)
+        self.offset += 1
+        return record
+
+
+def test_a_call_in_chunks_becomes_one_accepted_event(processor: Processor) -> None:
+    rec = Records()
+    assert (
+        processor.feed(
+            rec(
+                envelope(
+                    call_id="c1", seq=0, tool="get_weather", tool_version="1", delta='{"city":"Hang'
+                )
+            ),
+            now=0,
+        )
+        == []
+    )
+    (emission,) = processor.feed(
+        rec(
+            envelope(
+                call_id="c1",
+                seq=1,
+                delta='zhou","units":"celsius"}',
+                final=True,
+                trace_id="t-1",
+                attempt=1,
+            )
+        ),
+        now=0,
+    )
+    event = orjson.loads(emission.value)
+    assert event["outcome"] == "accepted"
+    assert event["arguments"] == {"city": "Hangzhou", "units": "celsius", "days": 1}
+    assert event["schema"] == {"id": "weather.get_weather", "version": "1"}
+    assert event["source"] == {"topic": "in", "partition": 0, "first_offset": 0, "last_offset": 1}
+    assert event["metrics"]["chunks"] == 2
+    assert set(event["metrics"]["phases_us"]) >= {"assembly", "json_parse", "schema_validation"}
+    assert event["trace_id"] == "t-1"
+    assert emission.key == b"c1"
+    assert dict(emission.headers)["outcome"] == b"accepted"
+    assert processor.commit_offset("in", 0) == 2
+
+
+def test_poison_records_are_rejected_and_the_partition_moves_on(processor: Processor) -> None:
+    rec = Records()
+    bad = [b"not json", b"[]", orjson.dumps({"kind": "tool_call"}), None]
+    emissions = [e for value in bad for e in processor.feed(rec(value), now=0)]
+    unknown = processor.feed(rec(b"{}", **{"content-format": "gemini.stream"}), now=0)
+    events = [orjson.loads(e.value) for e in emissions + unknown]
+    assert [(e["outcome"], e["phase"], e["error_code"]) for e in events] == [
+        ("rejected", "assembly", "malformed_record")
+    ] * 5
+    assert "gemini.stream" in events[-1]["violations"][0]["message"]
+    (good,) = processor.feed(
+        rec(
+            envelope(
+                call_id="c",
+                seq=0,
+                tool="get_weather",
+                final=True,
+                delta='{"city":"Oslo","units":"celsius"}',
+            )
+        ),
+        now=0,
+    )
+    assert orjson.loads(good.value)["outcome"] == "accepted"
+    assert processor.commit_offset("in", 0) == rec.offset
+    assert processor.poison_records == 5
+
+
+def test_commit_offset_never_passes_an_open_call(processor: Processor) -> None:
+    rec = Records()
+    processor.feed(rec(envelope(call_id="open", seq=0, tool="get_weather", delta="{")), now=0)
+    for i in range(5):
+        processor.feed(
+            rec(
+                envelope(
+                    call_id=f"c{i}",
+                    seq=0,
+                    tool="get_weather",
+                    final=True,
+                    delta='{"city":"Oslo","units":"celsius"}',
+                )
+            ),
+            now=0,
+        )
+    assert processor.commit_offset("in", 0) == 0
+    processor.feed(rec(envelope(call_id="open", seq=1, delta="}", final=True)), now=0)
+    assert processor.commit_offset("in", 0) == rec.offset
+    assert processor.commit_offset("in", 7) is None
+
+
+def test_replayed_input_emits_the_same_event_ids(processor: Processor) -> None:
+    def run(p: Processor) -> list[str]:
+        rec = Records()
+        values = [
+            envelope(call_id="a", seq=0, tool="get_weather", delta='{"city":"Oslo",'),
+            envelope(call_id="b", seq=0, tool="get_weather", delta="{", final=True),
+            envelope(call_id="a", seq=1, delta='"units":"celsius"}', final=True),
+        ]
+        return [orjson.loads(e.value)["event_id"] for v in values for e in p.feed(rec(v), now=0)]
+
+    first = run(processor)
+    assert len(first) == 2
+    assert run(Processor.from_settings(load_settings(schemas={"dir": SCHEMAS}))) == first
+
+
+def test_revoke_drops_open_calls_and_expire_times_out(processor: Processor) -> None:
+    rec = Records()
+    processor.feed(rec(envelope(call_id="a", seq=0, tool="get_weather", delta="{")), now=0)
+    processor.revoke("in", 0)
+    assert processor.open_calls == 0
+    assert processor.commit_offset("in", 0) is None
+    processor.feed(rec(envelope(call_id="b", seq=0, tool="get_weather", delta="{")), now=100)
+    (expired,) = processor.expire(now=100 + 3600)
+    assert orjson.loads(expired.value)["reason"] == "timeout"
+
+
+def test_stream_end_marks_open_calls_incomplete(processor: Processor) -> None:
+    rec = Records()
+    processor.feed(
+        rec(envelope(call_id="a", seq=0, tool="get_weather", delta='["ls","pwd"')), now=0
+    )
+    (emission,) = processor.feed(
+        rec(orjson.dumps({"stream_id": "r1", "kind": "end", "finish_reason": "length"})), now=0
+    )
+    event = orjson.loads(emission.value)
+    assert (event["outcome"], event["reason"]) == ("incomplete", "max_tokens")
