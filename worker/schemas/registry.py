@@ -2,66 +2,204 @@
 
 Layout: `DIR/<domain>/<tool>.v<N>.schema.json` is version N of tool `<tool>` (schema id
 `<domain>.<tool>`); an MCP tool's result schema sits beside it as `<tool>.v<N>.output.schema.json`.
+MCP `tools/list` output loads too: `DIR/<domain>/<server>[.v<N>].tools.json` (or directly under
+`DIR`, domain `mcp`) holds a `tools/list` result (`{"tools": [...]}`, the JSON-RPC response around
+it, or one tool object); each tool `T` becomes tool `<server>.T`, schema id `<domain>.<server>.T`,
+judged by its `inputSchema`, its results by its `outputSchema`; a file without `.v<N>` is version 1.
+
 A call names its tool by bare name or by schema id; without a version the newest one judges it.
+Tool names are unique: a collision is refused at load. Loading is all or nothing: the first bad
+file raises `SchemaLoadError` (or `UnsupportedKeywordError`) naming it, and no registry exists.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fastjsonschema
 import orjson
 
 from worker.errors import SchemaLoadError
-from worker.model import Code, SchemaRef, Violation
-from worker.schemas.contract import (
-    CompiledCheck,
-    Contract,
-    ContractMeta,
-    IdempotencyPolicy,
-    LookupFailure,
-)
+from worker.model import Code, SchemaRef
+from worker.schemas.contract import Contract, ContractMeta, IdempotencyPolicy, LookupFailure
+from worker.schemas.engines import compile_check
+from worker.schemas.vetting import ENGINES, FASTJSONSCHEMA
 
-_SCHEMA_FILE = re.compile(r"^(?P<tool>[A-Za-z0-9_\-]+)\.v(?P<version>[0-9]+)\.schema\.json$")
-
-
-def _pointer(path: list[str] | tuple[str, ...]) -> str:
-    parts = [str(p).replace("~", "~0").replace("/", "~1") for p in path]
-    return "".join("/" + p for p in parts)
+_NAME = r"[A-Za-z0-9_\-]+"
+SCHEMA_FILE = re.compile(rf"^(?P<tool>{_NAME})\.v(?P<version>[0-9]+)\.schema\.json$")
+OUTPUT_FILE = re.compile(rf"^(?P<tool>{_NAME})\.v(?P<version>[0-9]+)\.output\.schema\.json$")
+TOOLS_FILE = re.compile(rf"^(?P<server>{_NAME})(?:\.v(?P<version>[0-9]+))?\.tools\.json$")
+MCP_DOMAIN = "mcp"
+_META_KEYS = {"side_effects", "requires_approval", "idempotency"}
 
 
-def _compile_fastjsonschema(schema: dict[str, Any], file: str) -> CompiledCheck:
+def read_json(path: Path) -> Any:
+    """A file's JSON, or `SchemaLoadError` naming the file."""
     try:
-        validate = fastjsonschema.compile(schema, use_default=False)
-    except fastjsonschema.JsonSchemaDefinitionException as exc:
-        raise SchemaLoadError(f"does not compile: {exc}", file=file) from exc
-
-    def check(instance: Any) -> tuple[Violation, ...]:
-        try:
-            validate(instance)
-        except fastjsonschema.JsonSchemaValueException as exc:
-            path = list(exc.path or [])[1:]  # the first element is the root name "data"
-            return (Violation(_pointer(path), str(exc.rule or "schema"), str(exc.message)),)
-        return ()
-
-    return check
+        return orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise SchemaLoadError(f"cannot be read: {exc.strerror}", file=str(path)) from None
+    except orjson.JSONDecodeError as exc:
+        raise SchemaLoadError(f"is not JSON: {exc}", file=str(path)) from None
 
 
-def _meta(schema: dict[str, Any], file: str) -> ContractMeta:
-    raw = schema.get("x-callgate", {})
+def contract_meta(schema: Any, file: str) -> ContractMeta:
+    """The `x-callgate` annotation, strictly: a misspelt key must not turn approval off."""
+    raw = schema.get("x-callgate", {}) if isinstance(schema, dict) else {}
     if not isinstance(raw, dict):
         raise SchemaLoadError("x-callgate must be an object", file=file)
-    try:
-        return ContractMeta(
-            side_effects=bool(raw.get("side_effects", False)),
-            requires_approval=bool(raw.get("requires_approval", False)),
-            idempotency=IdempotencyPolicy(raw.get("idempotency", "optional")),
+    unknown = set(raw) - _META_KEYS
+    if unknown:
+        raise SchemaLoadError(
+            f"x-callgate has unknown keys {sorted(unknown)}; known: {sorted(_META_KEYS)}",
+            file=file,
         )
-    except ValueError as exc:
-        raise SchemaLoadError(f"x-callgate.idempotency: {exc}", file=file) from exc
+    for key in ("side_effects", "requires_approval"):
+        if not isinstance(raw.get(key, False), bool):
+            raise SchemaLoadError(f"x-callgate.{key} must be true or false", file=file)
+    try:
+        idempotency = IdempotencyPolicy(raw.get("idempotency", "optional"))
+    except ValueError:
+        choices = [p.value for p in IdempotencyPolicy]
+        raise SchemaLoadError(
+            f"x-callgate.idempotency must be one of {choices}", file=file
+        ) from None
+    return ContractMeta(
+        side_effects=raw.get("side_effects", False),
+        requires_approval=raw.get("requires_approval", False),
+        idempotency=idempotency,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaSource:
+    """One schema to compile: where it came from, what it judges, and the schema itself."""
+
+    file: str
+    tool: str
+    schema_id: str
+    version: str
+    schema: Any
+    output_schema: Any = None
+    output_file: str | None = None
+
+
+def discover(directory: Path) -> list[SchemaSource]:
+    """Every contract source under a directory, in a stable order (no compiling)."""
+    if not directory.is_dir():
+        raise SchemaLoadError(f"schema directory {directory} does not exist")
+    sources: list[SchemaSource] = []
+    outputs: dict[tuple[str, str, str], Path] = {}
+    for path in sorted(directory.glob("*/*.json")):
+        name, domain = path.name, path.parent.name
+        if match := OUTPUT_FILE.match(name):
+            outputs[(domain, match["tool"], str(int(match["version"])))] = path
+        elif match := SCHEMA_FILE.match(name):
+            schema = read_json(path)
+            if not isinstance(schema, dict):
+                raise SchemaLoadError("a schema must be a JSON object", file=str(path))
+            tool, version = match["tool"], str(int(match["version"]))
+            sources.append(SchemaSource(str(path), tool, f"{domain}.{tool}", version, schema))
+        elif match := TOOLS_FILE.match(name):
+            sources.extend(_mcp_sources(path, domain, match))
+        elif name.endswith(".schema.json"):
+            raise SchemaLoadError(
+                "a schema file is named <tool>.v<N>.schema.json (a tool with no version)",
+                file=str(path),
+            )
+    for path in sorted(directory.glob("*.tools.json")):
+        if match := TOOLS_FILE.match(path.name):
+            sources.extend(_mcp_sources(path, MCP_DOMAIN, match))
+    by_key = {(s.schema_id.split(".", 1)[0], s.tool, s.version): i for i, s in enumerate(sources)}
+    for key, path in outputs.items():
+        index = by_key.get(key)
+        if index is None:
+            raise SchemaLoadError(
+                "an output schema needs its input schema beside it "
+                f"({key[1]}.v{key[2]}.schema.json)",
+                file=str(path),
+            )
+        source = sources[index]
+        sources[index] = SchemaSource(
+            source.file,
+            source.tool,
+            source.schema_id,
+            source.version,
+            source.schema,
+            read_json(path),
+            str(path),
+        )
+    return sources
+
+
+def _mcp_tools(document: Any) -> list[Any] | None:
+    if isinstance(document, list):
+        return document
+    if not isinstance(document, dict):
+        return None
+    if isinstance(document.get("result"), dict):
+        document = document["result"]
+    if isinstance(document.get("tools"), list):
+        return list(document["tools"])
+    if "name" in document and "inputSchema" in document:
+        return [document]
+    return None
+
+
+def _mcp_sources(path: Path, domain: str, match: re.Match[str]) -> Iterator[SchemaSource]:
+    file = str(path)
+    tools = _mcp_tools(read_json(path))
+    if tools is None:
+        raise SchemaLoadError(
+            'is not MCP tools/list output: expected {"tools": [...]} or a tool object', file=file
+        )
+    server, version = match["server"], str(int(match["version"] or 1))
+    seen: set[str] = set()
+    for index, tool in enumerate(tools):
+        where = f"{file}#/tools/{index}"
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise SchemaLoadError("an MCP tool needs a string 'name'", file=where)
+        name = tool["name"]
+        if not re.fullmatch(_NAME, name):
+            raise SchemaLoadError(f"MCP tool name {name!r} is not [A-Za-z0-9_-]+", file=where)
+        if name in seen:
+            raise SchemaLoadError(f"MCP tool {name!r} is listed twice", file=where)
+        seen.add(name)
+        if not isinstance(tool.get("inputSchema"), dict):
+            raise SchemaLoadError(f"MCP tool {name!r} needs an 'inputSchema' object", file=where)
+        output = tool.get("outputSchema")
+        if output is not None and not isinstance(output, dict):
+            raise SchemaLoadError(
+                f"MCP tool {name!r}: 'outputSchema' must be an object", file=where
+            )
+        yield SchemaSource(
+            f"{file}#/tools/{index}/inputSchema",
+            f"{server}.{name}",
+            f"{domain}.{server}.{name}",
+            version,
+            tool["inputSchema"],
+            output,
+            f"{file}#/tools/{index}/outputSchema" if output is not None else None,
+        )
+
+
+def compile_source(source: SchemaSource, engine: str) -> Contract:
+    output_check = None
+    if source.output_schema is not None:
+        output_check = compile_check(
+            source.output_schema, file=source.output_file or source.file, engine=engine
+        )
+    return Contract(
+        tool=source.tool,
+        ref=SchemaRef(source.schema_id, source.version),
+        meta=contract_meta(source.schema, source.file),
+        check=compile_check(source.schema, file=source.file, engine=engine),
+        file=source.file,
+        output_check=output_check,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +212,23 @@ class _ToolVersions:
 class SchemaRegistry:
     """Contracts by tool name and schema id; built once, read-only afterwards."""
 
-    def __init__(self, contracts: list[Contract]) -> None:
+    def __init__(self, contracts: Iterable[Contract], engine: str = FASTJSONSCHEMA) -> None:
+        self.engine = engine
         grouped: dict[str, dict[str, Contract]] = {}
         for contract in contracts:
-            grouped.setdefault(contract.ref.id, {})[contract.ref.version] = contract
+            versions = grouped.setdefault(contract.ref.id, {})
+            if contract.ref.version in versions:
+                raise SchemaLoadError(
+                    f"{contract.ref.id} version {contract.ref.version} is defined twice "
+                    f"(also in {versions[contract.ref.version].file})",
+                    file=contract.file,
+                )
+            versions[contract.ref.version] = contract
         self._by_name: dict[str, _ToolVersions] = {}
         for schema_id, versions in grouped.items():
             newest = versions[max(versions, key=int)]
             entry = _ToolVersions(schema_id, versions, newest)
-            for name in {schema_id, newest.tool}:
+            for name in {schema_id, *(c.tool for c in versions.values())}:
                 if name in self._by_name and self._by_name[name].schema_id != schema_id:
                     raise SchemaLoadError(
                         f"tool name {name!r} is defined by both {self._by_name[name].schema_id} "
@@ -92,34 +238,14 @@ class SchemaRegistry:
                 self._by_name[name] = entry
 
     @classmethod
-    def load(cls, directory: Path) -> SchemaRegistry:
-        if not directory.is_dir():
-            raise SchemaLoadError(f"schema directory {directory} does not exist")
-        contracts = []
-        for path in sorted(directory.glob("*/*.schema.json")):
-            match = _SCHEMA_FILE.match(path.name)
-            if match is None:
-                continue
-            file = str(path)
-            try:
-                schema = orjson.loads(path.read_bytes())
-            except orjson.JSONDecodeError as exc:
-                raise SchemaLoadError(f"is not JSON: {exc}", file=file) from exc
-            if not isinstance(schema, dict):
-                raise SchemaLoadError("a schema must be a JSON object", file=file)
-            domain, tool = path.parent.name, match["tool"]
-            contracts.append(
-                Contract(
-                    tool=tool,
-                    ref=SchemaRef(f"{domain}.{tool}", match["version"]),
-                    meta=_meta(schema, file),
-                    check=_compile_fastjsonschema(schema, file),
-                    file=file,
-                )
-            )
+    def load(cls, directory: Path, engine: str = FASTJSONSCHEMA) -> SchemaRegistry:
+        """Compile every contract under `directory` with `engine`, or raise naming the culprit."""
+        if engine not in ENGINES:
+            raise SchemaLoadError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        contracts = [compile_source(source, engine) for source in discover(directory)]
         if not contracts:
             raise SchemaLoadError(f"no schemas found under {directory}")
-        return cls(contracts)
+        return cls(contracts, engine)
 
     def resolve(self, tool: str, version: str | None) -> Contract | LookupFailure:
         entry = self._by_name.get(tool)
@@ -127,7 +253,8 @@ class SchemaRegistry:
             return LookupFailure(Code.UNKNOWN_TOOL, "no contract is registered for this tool")
         if version is None:
             return entry.newest
-        contract = entry.by_version.get(version.removeprefix("v"))
+        wanted = version.removeprefix("v")
+        contract = entry.by_version.get(str(int(wanted)) if wanted.isdigit() else wanted)
         if contract is None:
             return LookupFailure(
                 Code.UNKNOWN_SCHEMA_VERSION,
@@ -137,3 +264,12 @@ class SchemaRegistry:
 
     def tool_names(self) -> frozenset[str]:
         return frozenset(entry.newest.tool for entry in self._by_name.values())
+
+    def contracts(self) -> tuple[Contract, ...]:
+        """Every loaded contract, each version once."""
+        entries = {entry.schema_id: entry for entry in self._by_name.values()}
+        return tuple(
+            entries[sid].by_version[v]
+            for sid in sorted(entries)
+            for v in sorted(entries[sid].by_version, key=int)
+        )

@@ -1,0 +1,171 @@
+"""Load-time refusal: a schema the chosen engine would not enforce as its draft means never loads.
+
+`vet(schema, file=..., engine=...)` returns the schema's draft or raises, naming file, keyword and
+JSON Pointer. It refuses, for every engine:
+
+* a `$schema` other than draft 7 or 2020-12 (absent means 2020-12), or a nested one that differs;
+* a schema that is not valid against its draft's meta-schema;
+* an unknown keyword (it may be an assertion elsewhere, or a typo of one); annotations and `x-*`
+  extensions are fine;
+* draft 2020-12 `items` given as an array (not 2020-12; use `prefixItems`);
+* a `$ref` / `$dynamicRef` that leaves the document: nothing is ever fetched;
+* a `pattern` (or `patternProperties` name) Python's `re` cannot compile.
+
+And for fastjsonschema, which implements draft 7 only and backtracks, also: the 2020-12 keywords it
+ignores and that have no draft-7 equivalent (measured against the JSON-Schema-Test-Suite:
+`unevaluated*`, `minContains`, `maxContains`, `$dynamicRef`, `$dynamicAnchor`, `$anchor`), a `$ref`
+pointing into a keyword the translation to draft 7 moves (`prefixItems`, `dependent*`; see
+`worker.schemas.engines`), and patterns at risk of catastrophic backtracking
+(`worker.schemas.patterns`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urldefrag, urljoin, urlsplit
+
+import jsonschema_rs
+
+from worker.errors import SchemaLoadError, UnsupportedKeywordError
+from worker.schemas import patterns
+from worker.schemas.drafts import Draft, children, draft_of, is_known, pointer, walk
+
+FASTJSONSCHEMA = "fastjsonschema"
+JSONSCHEMA_RS = "jsonschema-rs"
+ENGINES = (FASTJSONSCHEMA, JSONSCHEMA_RS)
+
+#: What fastjsonschema (a draft-7 implementation) silently ignores in a 2020-12 schema.
+_FASTJSONSCHEMA_IGNORES_2020 = frozenset(
+    {
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "minContains",
+        "maxContains",
+        "$dynamicRef",
+        "$dynamicAnchor",
+        "$anchor",
+    }
+)
+
+#: The base URI of a document without `$id`; only its own fragments resolve against it.
+_DOCUMENT = "https://callgate.invalid/schema.json"
+
+
+def vet(schema: Any, *, file: str, engine: str) -> Draft:
+    """The schema's draft, once every check above passed; raises `SchemaLoadError` otherwise."""
+    if engine not in ENGINES:
+        raise SchemaLoadError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    draft = draft_of(schema)
+    if draft is None:
+        raise UnsupportedKeywordError("$schema", file=file, pointer="/$schema", engine=engine)
+    _meta_valid(schema, file)
+    for path, node in walk(schema, draft):
+        at = pointer(path)
+        if path and "$schema" in node and draft_of(node) is not draft:
+            raise UnsupportedKeywordError(
+                "$schema", file=file, pointer=at + "/$schema", engine=engine
+            )
+        for keyword, value in node.items():
+            if not is_known(keyword, draft):
+                raise UnsupportedKeywordError(
+                    keyword, file=file, pointer=f"{at}/{keyword}", engine=engine
+                )
+            if (
+                engine == FASTJSONSCHEMA
+                and draft is Draft.DRAFT2020_12
+                and keyword in _FASTJSONSCHEMA_IGNORES_2020
+            ):
+                raise UnsupportedKeywordError(
+                    keyword, file=file, pointer=f"{at}/{keyword}", engine=engine
+                )
+            if draft is Draft.DRAFT2020_12 and keyword == "items" and isinstance(value, list):
+                raise UnsupportedKeywordError(
+                    "items", file=file, pointer=f"{at}/items", engine=engine
+                )
+        moved = ("/prefixItems", "/dependentSchemas", "/dependentRequired")
+        ref = node.get("$ref")
+        if (
+            engine == FASTJSONSCHEMA
+            and draft is Draft.DRAFT2020_12
+            and isinstance(ref, str)
+            and any(part in ref for part in moved)
+        ):
+            raise UnsupportedKeywordError("$ref", file=file, pointer=f"{at}/$ref", engine=engine)
+        if isinstance(node.get("pattern"), str):
+            _vet_pattern(node["pattern"], file, f"{at}/pattern", engine)
+        if isinstance(node.get("patternProperties"), dict):
+            for name in node["patternProperties"]:
+                at_name = pointer((*path, "patternProperties", name))
+                _vet_pattern(name, file, at_name, engine)
+    _refs_stay_local(schema, draft, file)
+    return draft
+
+
+def _meta_valid(schema: Any, file: str) -> None:
+    try:
+        jsonschema_rs.meta.validate(schema)
+    except jsonschema_rs.ValidationError as exc:
+        where = pointer(list(exc.instance_path)) or "/"
+        raise SchemaLoadError(
+            f"is not a valid schema at {where}: {exc.message.splitlines()[0]}", file=file
+        ) from None
+    except jsonschema_rs.ReferencingError as exc:  # a custom meta-schema: would need fetching
+        raise SchemaLoadError(f"meta-schema cannot be resolved: {exc}", file=file) from None
+
+
+def _vet_pattern(pattern: str, file: str, at: str, engine: str) -> None:
+    reason = patterns.python_error(pattern)
+    if reason is None and engine == FASTJSONSCHEMA:
+        reason = patterns.python_error(patterns.to_python(pattern))
+    if reason is not None:
+        raise SchemaLoadError(
+            f"pattern at {at} does not compile in Python's re: {reason}", file=file
+        )
+    if engine == FASTJSONSCHEMA:
+        risk = patterns.backtracking_risk(pattern)
+        if risk is not None:
+            raise SchemaLoadError(
+                f"pattern at {at} risks catastrophic backtracking ({risk}); rewrite it without "
+                "nested repetition, or use the jsonschema-rs engine (linear-time matcher)",
+                file=file,
+            )
+
+
+def _join(base: str, reference: str) -> str:
+    if reference.startswith("#"):
+        return urldefrag(base).url + reference
+    if urlsplit(reference).scheme:
+        return reference
+    if urlsplit(base).scheme in ("http", "https", "file", "ftp"):
+        return urljoin(base, reference)
+    return "callgate-unresolvable:" + reference  # relative to a URN: no document to find it in
+
+
+def _refs_stay_local(schema: Any, draft: Draft, file: str) -> None:
+    """Refuse a `$ref` whose target document is not this one or a resource embedded in it."""
+    resources: set[str] = {_DOCUMENT}
+    refs: list[tuple[str, str, str]] = []  # (pointer, keyword, target document)
+    stack: list[tuple[tuple[str | int, ...], Any, str]] = [((), schema, _DOCUMENT)]
+    while stack:
+        path, node, base = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        node_id = node.get("$id")
+        # draft 7: `$ref` makes its siblings, `$id` included, be ignored; `$id: "#x"` is an anchor
+        ignored = draft is Draft.DRAFT7 and "$ref" in node
+        if isinstance(node_id, str) and not ignored and not node_id.startswith("#"):
+            base = urldefrag(_join(base, node_id)).url
+            resources.add(base)
+        for keyword in ("$ref", "$dynamicRef"):
+            if isinstance(node.get(keyword), str):
+                target = urldefrag(_join(base, node[keyword])).url
+                refs.append((pointer(path) + "/" + keyword, keyword, target))
+        for sub_path, sub in children(node, draft):
+            stack.append((path + sub_path, sub, base))
+    for at, keyword, target in refs:
+        if target not in resources:
+            raise SchemaLoadError(
+                f"{keyword} at {at} points outside this document; remote references are "
+                "never fetched (inline the referenced schema under $defs)",
+                file=file,
+            )
