@@ -227,9 +227,7 @@ def test_idempotency_duplicate_conflict_and_replay(gate: Gate) -> None:
     assert first.outcome is Outcome.ACCEPTED
     replay = gate.judge(call(payment(), tool="create_payment", source=source))
     assert replay.outcome is Outcome.ACCEPTED  # the same input again, after a crash
-    reordered = '{"idempotency_key": "pay-1", ' + payment()[1:].replace(
-        ', "idempotency_key": "pay-1"', ""
-    )
+    reordered = orjson.dumps(dict(reversed(orjson.loads(payment()).items()))).decode()
     other_source = SourceSpan("in", 0, 40, 41)
     duplicate = gate.judge(call(reordered, tool="create_payment", source=other_source))
     rejected(duplicate, Phase.IDEMPOTENCY, Code.DUPLICATE)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +35,7 @@ def test_random_bytes_yield_one_verdict(text: bytes, tool: str) -> None:
 @settings(max_examples=300, deadline=None)
 @given(value=JSON, tool=TOOLS)
 def test_random_json_yields_one_verdict(value: object, tool: str) -> None:
-    text = orjson.dumps(value)
+    text = json.dumps(value).encode()
     verdict = GATE.judge(AssembledCall("s", "c", tool, text))
     assert verdict.outcome in (Outcome.ACCEPTED, Outcome.REJECTED)
     if not isinstance(value, dict):

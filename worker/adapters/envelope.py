@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from worker.errors import InputFormatError
-from worker.model import Chunk, ChunkKind, FinishReason, Trace
+from worker.model import NO_TRACE, Chunk, ChunkKind, FinishReason, Trace
 
 _KINDS = {kind.value: kind for kind in ChunkKind if kind is not ChunkKind.MCP_RESULT}
 _FINISH = {reason.value: reason for reason in FinishReason}
@@ -30,7 +30,7 @@ def trace_of(obj: Mapping[str, Any], traceparent: str | None) -> Trace:
     run_id = _optional_str(obj, "run_id")
     step_id = _optional_str(obj, "step_id")
     if trace_id is None and run_id is None and step_id is None and attempt is None:
-        return Trace(traceparent=traceparent) if traceparent else Trace()
+        return Trace(traceparent=traceparent) if traceparent else NO_TRACE
     return Trace(trace_id, run_id, step_id, traceparent, attempt)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from time import perf_counter_ns
 
 from worker.model import (
+    NO_TRACE,
     AssembledCall,
     Chunk,
     ChunkKind,
@@ -168,6 +169,8 @@ class Reassembler:
             state.tool, state.tool_version = chunk.tool, chunk.tool_version
         if state.idempotency_key is None:
             state.idempotency_key = chunk.idempotency_key
+        if state.trace is NO_TRACE:
+            state.trace = chunk.trace
         delta = chunk.delta
         if delta and state.overflow is None:
             size = len(delta) if delta.isascii() else len(delta.encode("utf-8", "surrogatepass"))
