@@ -1,0 +1,413 @@
+"""Generated vendor streams for what the recordings lack (pure: a seeded `Random` in, events out).
+
+Every builder returns the vendor's own events as dicts, shaped like the recorded ones in
+`../shared/fixtures/streams/`; `to_sse` writes them as the vendor sends them. Run this module to
+rewrite the committed files under `tests/fixtures/` (a test checks they are current).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+Event = dict[str, Any]
+Call = tuple[str, str, str]  # (call id, tool name, argument text)
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def split_text(text: str, rng: random.Random, max_piece: int = 8) -> list[str]:
+    """`text` cut into pieces of 1..max_piece characters (at least one piece, maybe empty)."""
+    pieces, i = [], 0
+    while i < len(text):
+        n = rng.randint(1, max_piece)
+        pieces.append(text[i : i + n])
+        i += n
+    return pieces or [""]
+
+
+def interleave(streams: Sequence[Sequence[Any]], rng: random.Random) -> list[tuple[int, Any]]:
+    """A random merge of several sequences that keeps each one's own order."""
+    cursors = [0] * len(streams)
+    live = [i for i, s in enumerate(streams) if s]
+    out: list[tuple[int, Any]] = []
+    while live:
+        k = rng.randrange(len(live))
+        i = live[k]
+        out.append((i, streams[i][cursors[i]]))
+        cursors[i] += 1
+        if cursors[i] == len(streams[i]):
+            live[k] = live[-1]
+            live.pop()
+    return out
+
+
+def _round_robin(per_call: list[list[Event]], rng: random.Random) -> list[Event]:
+    return [event for _, event in interleave(per_call, rng)]
+
+
+# -- OpenAI Responses -------------------------------------------------------------------------
+
+
+def _response(response_id: str, status: str, output: list[Event], **extra: Any) -> Event:
+    return {
+        "id": response_id,
+        "object": "response",
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "output": output,
+        "model": "gpt-4o-mini-2024-07-18",
+        **extra,
+    }
+
+
+def _item(item_id: str, call: Call, arguments: str, status: str) -> Event:
+    call_id, name, _ = call
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "arguments": arguments,
+        "call_id": call_id,
+        "name": name,
+    }
+
+
+def responses_stream(
+    response_id: str,
+    calls: Sequence[Call],
+    rng: random.Random,
+    *,
+    numbered: bool = True,
+    parallel: bool = True,
+    cut_after: int | None = None,
+    incomplete_reason: str = "max_output_tokens",
+) -> list[Event]:
+    """A Responses stream with one function call per entry of `calls`.
+
+    `parallel` interleaves the calls' argument deltas (each call keeps its own order); with
+    `cut_after=k` the stream stops after k argument deltas in total and ends with
+    `response.incomplete` (`incomplete_reason`), leaving the calls that were mid-way open.
+    """
+    events: list[Event] = [
+        {"type": "response.created", "response": _response(response_id, "in_progress", [])},
+        {"type": "response.in_progress", "response": _response(response_id, "in_progress", [])},
+    ]
+    per_call: list[list[Event]] = []
+    items = []
+    for index, call in enumerate(calls):
+        item_id = f"fc_{response_id}_{index}"
+        items.append(item_id)
+        body: list[Event] = [
+            {
+                "type": "response.output_item.added",
+                "output_index": index,
+                "item": _item(item_id, call, "", "in_progress"),
+            }
+        ]
+        for piece in split_text(call[2], rng):
+            body.append(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    "item_id": item_id,
+                    "output_index": index,
+                    "delta": piece,
+                }
+            )
+        body.append(
+            {
+                "type": "response.function_call_arguments.done",
+                "item_id": item_id,
+                "output_index": index,
+                "arguments": call[2],
+            }
+        )
+        body.append(
+            {
+                "type": "response.output_item.done",
+                "output_index": index,
+                "item": _item(item_id, call, call[2], "completed"),
+            }
+        )
+        per_call.append(body)
+    body_events = _round_robin(per_call, rng) if parallel else [e for b in per_call for e in b]
+    if cut_after is None:
+        events += body_events
+        output = [_item(items[i], call, call[2], "completed") for i, call in enumerate(calls)]
+        events.append(
+            {"type": "response.completed", "response": _response(response_id, "completed", output)}
+        )
+    else:
+        deltas = 0
+        for event in body_events:
+            if event["type"] == "response.function_call_arguments.delta":
+                if deltas == cut_after:
+                    break
+                deltas += 1
+            events.append(event)
+        events.append(
+            {
+                "type": "response.incomplete",
+                "response": _response(
+                    response_id,
+                    "incomplete",
+                    [],
+                    incomplete_details={"reason": incomplete_reason},
+                ),
+            }
+        )
+    if numbered:
+        for number, event in enumerate(events):
+            event["sequence_number"] = number
+    return events
+
+
+# -- OpenAI Chat Completions ------------------------------------------------------------------
+
+
+def chat_stream(
+    completion_id: str,
+    choices: Sequence[Sequence[Call]],
+    rng: random.Random,
+    *,
+    finish: Sequence[str] | None = None,
+    usage: bool = True,
+) -> list[Event]:
+    """A Chat Completions stream; `choices[k]` are choice k's parallel calls (n = len(choices))."""
+    finish = finish or ["tool_calls"] * len(choices)
+
+    def chunk(index: int, delta: Event, reason: str | None = None) -> Event:
+        return {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": 1727346178,
+            "model": "gpt-4o-2024-08-06",
+            "choices": [
+                {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+            ],
+        }
+
+    # the role chunks open every choice in index order, as the API sends them
+    events = [chunk(k, {"role": "assistant", "content": None}) for k in range(len(choices))]
+    per_choice: list[list[Event]] = []
+    for k, calls in enumerate(choices):
+        body: list[Event] = []
+        for t, (call_id, name, arguments) in enumerate(calls):
+            function = {"name": name, "arguments": ""}
+            first = {"index": t, "id": call_id, "type": "function", "function": function}
+            body.append(chunk(k, {"tool_calls": [first]}))
+            for piece in split_text(arguments, rng):
+                more = {"index": t, "function": {"arguments": piece}}
+                body.append(chunk(k, {"tool_calls": [more]}))
+        body.append(chunk(k, {}, finish[k]))
+        per_choice.append(body)
+    events += _round_robin(per_choice, rng)
+    if usage:
+        events.append(
+            {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": 1727346178,
+                "model": "gpt-4o-2024-08-06",
+                "choices": [],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+            }
+        )
+    return events
+
+
+# -- Anthropic Messages -----------------------------------------------------------------------
+
+
+def anthropic_stream(
+    message_id: str,
+    calls: Sequence[Call],
+    rng: random.Random,
+    *,
+    stop_reason: str = "tool_use",
+    cut_last_after: int | None = None,
+    server_tool: bool = False,
+) -> list[Event]:
+    """A Messages stream: a text block, then one `tool_use` block per call.
+
+    With `cut_last_after=k` the last call's block gets only k argument deltas and no
+    `content_block_stop` (what `max_tokens` looks like); `server_tool` adds a `server_tool_use`
+    block, which is not a client call.
+    """
+    events: list[Event] = [
+        {
+            "type": "message_start",
+            "message": {
+                "id": message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-sonnet-4-20250514",
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 10, "output_tokens": 1},
+            },
+        },
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "ping"},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": "Let me do that."},
+        },
+        {"type": "content_block_stop", "index": 0},
+    ]
+    index = 1
+    if server_tool:
+        events += [
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {
+                    "type": "server_tool_use",
+                    "id": f"srvtoolu_{message_id}",
+                    "name": "web_search",
+                    "input": {},
+                },
+            },
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": '{"query": "weather"}'},
+            },
+            {"type": "content_block_stop", "index": index},
+        ]
+        index += 1
+    for n, (call_id, name, arguments) in enumerate(calls):
+        last = n == len(calls) - 1
+        events.append(
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "tool_use", "id": call_id, "name": name, "input": {}},
+            }
+        )
+        pieces = ["", *split_text(arguments, rng)]
+        if last and cut_last_after is not None:
+            pieces = pieces[:cut_last_after]
+        for piece in pieces:
+            events.append(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": piece},
+                }
+            )
+        if not (last and cut_last_after is not None):
+            events.append({"type": "content_block_stop", "index": index})
+        index += 1
+    events += [
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": 50},
+        },
+        {"type": "message_stop"},
+    ]
+    return events
+
+
+# -- canonical envelope -----------------------------------------------------------------------
+
+
+def envelope_call(stream_id: str, call: Call, rng: random.Random) -> list[Event]:
+    """The envelopes of one call, `seq` from 0, the last one `final`."""
+    call_id, name, arguments = call
+    pieces = split_text(arguments, rng)
+    out = []
+    for seq, piece in enumerate(pieces):
+        envelope: Event = {
+            "stream_id": stream_id,
+            "call_id": call_id,
+            "seq": seq,
+            "kind": "tool_call",
+            "delta": piece,
+            "final": seq == len(pieces) - 1,
+        }
+        if seq == 0:
+            envelope["tool"] = name
+        out.append(envelope)
+    return out
+
+
+# -- arguments, SSE ---------------------------------------------------------------------------
+
+
+def arguments(rng: random.Random) -> str:
+    """A JSON object with strings that need escaping and non-ASCII text."""
+    value = {
+        "city": rng.choice(["Hangzhou", "São Paulo", "Zürich", 'Quote"d', "back\\slash", "東京"]),
+        "days": rng.randint(1, 14),
+        "units": rng.choice(["c", "f"]),
+        "tags": [rng.choice(["a", "b", "\n"]) for _ in range(rng.randint(0, 3))],
+    }
+    return orjson.dumps(value).decode()
+
+
+def to_sse(events: Iterable[Event], *, named: bool, done: bool = False) -> bytes:
+    """Events as an SSE body: `event:` lines when `named` (Responses, Anthropic), `[DONE]` last."""
+    out = bytearray()
+    for event in events:
+        if named:
+            out += f"event: {event['type']}\n".encode()
+        out += b"data: " + orjson.dumps(event) + b"\n\n"
+    if done:
+        out += b"data: [DONE]\n\n"
+    return bytes(out)
+
+
+WEATHER: Call = ("call_weather_1", "get_weather", '{"city":"Hangzhou","units":"c"}')
+STOCK: Call = ("call_stock_2", "get_stock_price", '{"ticker":"AAPL","exchange":"NASDAQ"}')
+SHELL: Call = ("call_shell_3", "run_shell", '{"argv":["ls","pwd"]}')
+
+
+def committed_fixtures() -> dict[str, bytes]:
+    """The generated streams kept as files under tests/fixtures/, for `callgate check`."""
+    return {
+        "openai_responses_parallel_calls.sse": to_sse(
+            responses_stream("resp_gen_parallel", [WEATHER, STOCK, SHELL], random.Random(1)),
+            named=True,
+        ),
+        "openai_responses_incomplete_mid_call.sse": to_sse(
+            responses_stream(
+                "resp_gen_incomplete", [WEATHER, SHELL], random.Random(2), cut_after=7
+            ),
+            named=True,
+        ),
+        "anthropic_max_tokens_two_tool_blocks.sse": to_sse(
+            anthropic_stream(
+                "msg_gen_max_tokens",
+                [
+                    ("toolu_gen_1", WEATHER[1], WEATHER[2]),
+                    ("toolu_gen_2", SHELL[1], SHELL[2]),
+                ],
+                random.Random(3),
+                stop_reason="max_tokens",
+                cut_last_after=3,
+            ),
+            named=True,
+        ),
+        "openai_chat_two_choices.sse": to_sse(
+            chat_stream("chatcmpl_gen_n2", [[WEATHER], [WEATHER, STOCK]], random.Random(4)),
+            named=False,
+            done=True,
+        ),
+    }
+
+
+if __name__ == "__main__":
+    FIXTURES.mkdir(exist_ok=True)
+    for name, body in committed_fixtures().items():
+        (FIXTURES / name).write_bytes(body)
+        print(FIXTURES / name, file=sys.stderr)

@@ -1,0 +1,129 @@
+"""Every recorded stream (and every generated one) against the provider's own SDK accumulator.
+
+For each stream the calls our adapters and the real reassembler produce (ids, names, argument
+text) must equal what the vendor's SDK accumulates from the same events; calls cut off by the
+token limit must come out incomplete even where the SDK hands back a plausible partial object.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+import streamgen
+from oracles import assemble, sdk_calls
+
+from worker.adapters.input import read_records
+from worker.model import ChunkKind, IncompleteReason
+
+RECORDED = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "streams"
+GENERATED = Path(__file__).resolve().parents[1] / "fixtures"
+FORMATS = {
+    "openai_chat": "openai.chat",
+    "openai_responses": "openai.responses",
+    "anthropic": "anthropic.messages",
+}
+#: streams whose last call was cut by the token limit, by file name
+TRUNCATED = {
+    "incomplete_partial_json_response.sse",
+    "openai_responses_incomplete_mid_call.sse",
+    "anthropic_max_tokens_two_tool_blocks.sse",
+}
+
+
+def _streams() -> list[tuple[str, Path]]:
+    found = [
+        (FORMATS[path.parent.name], path)
+        for path in sorted(RECORDED.glob("*/*.sse"))
+        if path.parent.name in FORMATS
+    ]
+    for path in sorted(GENERATED.glob("*.sse")):
+        prefix = next(name for name in FORMATS if path.name.startswith(name))
+        found.append((FORMATS[prefix], path))
+    return found
+
+
+STREAMS = _streams()
+
+
+def test_every_recorded_stream_is_covered() -> None:
+    # 4 Anthropic + 6 Chat + 2 Responses SSE recordings, and the generated ones
+    assert sum(1 for _, path in STREAMS if RECORDED in path.parents) == 12
+    assert sum(1 for _, path in STREAMS if GENERATED in path.parents) == 4
+
+
+@pytest.mark.parametrize(("fmt", "path"), STREAMS, ids=[p.name for _, p in STREAMS])
+def test_calls_equal_the_sdk_accumulation(fmt: str, path: Path) -> None:
+    with path.open("rb") as fp:
+        values = list(read_records(fp, fmt))
+    sdk = sdk_calls(fmt, [orjson.loads(v) for v in values])
+    ours = [call for call in assemble(fmt, values) if call.channel is ChunkKind.TOOL_CALL]
+    assert sorted((c.call_id, c.tool, c.arguments.decode()) for c in ours) == sorted(sdk.calls)
+    if path.name in TRUNCATED:
+        assert ours[-1].incomplete is IncompleteReason.MAX_TOKENS
+        assert all(call.incomplete is None for call in ours[:-1])
+    else:
+        assert all(call.incomplete is None for call in ours)
+
+
+def test_the_sdk_returns_a_plausible_object_where_we_say_max_tokens() -> None:
+    path = RECORDED / "anthropic" / "incomplete_partial_json_response.sse"
+    with path.open("rb") as fp:
+        values = list(read_records(fp, "anthropic.messages"))
+    sdk = sdk_calls("anthropic.messages", [orjson.loads(v) for v in values])
+    partial = next(block for block in sdk.snapshot.content if block.type == "tool_use")
+    assert partial.input["filename"] == "taxes.txt"  # looks usable...
+    (call,) = assemble("anthropic.messages", values)
+    assert call.incomplete is IncompleteReason.MAX_TOKENS  # ...but is not
+
+
+def test_refusals_carry_the_vendor_text() -> None:
+    path = RECORDED / "openai_chat" / "refusal_delta_refusal.sse"
+    with path.open("rb") as fp:
+        values = list(read_records(fp, "openai.chat"))
+    sdk = sdk_calls("openai.chat", [orjson.loads(v) for v in values])
+    (call,) = assemble("openai.chat", values)
+    assert call.channel is ChunkKind.REFUSAL
+    assert call.incomplete is None
+    assert call.arguments.decode() == sdk.refusal
+
+    path = RECORDED / "anthropic" / "refusal_response.sse"
+    with path.open("rb") as fp:
+        (call,) = assemble("anthropic.messages", read_records(fp, "anthropic.messages"))
+    assert call.channel is ChunkKind.REFUSAL
+    assert call.arguments == b"This request was refused due to policy."
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_generated_streams_equal_the_sdk(seed: int) -> None:
+    rng = random.Random(seed)
+    calls = [
+        (f"call_{seed}_{i}", f"tool_{i}", streamgen.arguments(rng))
+        for i in range(rng.randint(1, 4))
+    ]
+    streams = {
+        "openai.responses": streamgen.responses_stream(
+            f"resp_{seed}", calls, rng, numbered=rng.random() < 0.5
+        ),
+        "openai.chat": streamgen.chat_stream(
+            f"chat_{seed}", [calls, calls[:1]] if seed % 3 == 0 else [calls], rng
+        ),
+        "anthropic.messages": streamgen.anthropic_stream(
+            f"msg_{seed}", calls, rng, server_tool=seed % 2 == 0
+        ),
+    }
+    for fmt, events in streams.items():
+        values = [orjson.dumps(event) for event in events]
+        sdk = sdk_calls(fmt, [orjson.loads(v) for v in values])
+        ours = assemble(fmt, values)
+        assert sorted((c.call_id, c.tool, c.arguments.decode()) for c in ours) == sorted(
+            sdk.calls
+        ), fmt
+        assert all(call.incomplete is None for call in ours), fmt
+
+
+def test_generated_fixture_files_are_current() -> None:
+    for name, body in streamgen.committed_fixtures().items():
+        assert (GENERATED / name).read_bytes() == body, f"run python {streamgen.__file__}"
