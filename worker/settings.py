@@ -55,6 +55,9 @@ class KafkaSettings(BaseModel):
     session_timeout_ms: int = Field(10_000, ge=1000)
     max_poll_interval_ms: int = Field(300_000, ge=1000)
     linger_ms: int = Field(5, ge=0)
+    request_timeout_ms: int = Field(
+        30_000, ge=1000, description="a produce or fetch not answered by then fails (and is retried)"
+    )
     max_pending_produces: int = Field(
         20_000, ge=1, description="unacknowledged outcome events before fetching pauses"
     )
