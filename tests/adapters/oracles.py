@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -25,6 +26,7 @@ from worker.assembly.reassembler import AssemblyLimits, Reassembler
 from worker.model import AssembledCall, Chunk
 
 Triple = tuple[str, str, str]
+RECORDED = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "streams"
 
 
 @dataclass

@@ -13,12 +13,11 @@ from pathlib import Path
 import orjson
 import pytest
 import streamgen
-from oracles import assemble, sdk_calls
+from oracles import RECORDED, assemble, sdk_calls
 
 from worker.adapters.input import read_records
 from worker.model import ChunkKind, IncompleteReason
 
-RECORDED = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "streams"
 GENERATED = Path(__file__).resolve().parents[1] / "fixtures"
 FORMATS = {
     "openai_chat": "openai.chat",
