@@ -227,6 +227,7 @@ class PrometheusProcess:
 
     def __init__(self, config_text: str, workdir: Path) -> None:
         self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "prometheus.yml"
         self.config.write_text(config_text, encoding="utf-8")
         self.port = free_port()
