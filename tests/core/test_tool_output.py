@@ -1,0 +1,189 @@
+"""MCP tool results judged by `check_tool_result`, on the MCP specification's own examples."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from worker.core.tool_output import ToolOutputFinding, check_tool_result
+from worker.model import Code, IncompleteReason, Outcome
+from worker.schemas.contract import CompiledCheck
+from worker.schemas.registry import SchemaRegistry
+
+MCP = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "streams" / "mcp"
+PREFIX = "2026-07-28__"
+
+
+def example(name: str) -> Any:
+    return orjson.loads((MCP / f"{PREFIX}{name}.json").read_bytes())
+
+
+def response(result: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 7, "result": result}
+
+
+@pytest.fixture(scope="module")
+def output_check(tmp_path_factory: pytest.TempPathFactory) -> CompiledCheck:
+    """The spec's example tool with an outputSchema, loaded and compiled by the real registry."""
+    root = tmp_path_factory.mktemp("schemas")
+    (root / "mcp").mkdir()
+    tool = example("Tool_with-output-schema-for-structured-content")
+    (root / "mcp" / "weather.tools.json").write_text(json.dumps({"tools": [tool]}))
+    contract = SchemaRegistry.load(root).resolve("weather.get_weather_data", None)
+    check = getattr(contract, "output_check", None)
+    assert check is not None
+    return check  # type: ignore[no-any-return]
+
+
+def test_structured_content_that_matches_schema_and_text_is_accepted(
+    output_check: CompiledCheck,
+) -> None:
+    message = response(example("CallToolResult_result-with-structured-content"))
+    assert check_tool_result(message, output_check) is None
+
+
+def test_unstructured_results_pass_when_the_tool_declares_no_output_schema() -> None:
+    full = example("CallToolResultResponse_call-tool-result-response")
+    assert check_tool_result(full, None) is None
+    array = response(example("CallToolResult_result-with-array-structured-content"))
+    assert check_tool_result(array, None) is None  # its text is prose, not serialized JSON
+
+
+def test_a_tool_with_an_output_schema_must_return_structured_content(
+    output_check: CompiledCheck,
+) -> None:
+    full = example("CallToolResultResponse_call-tool-result-response")
+    finding = check_tool_result(full, output_check)
+    assert finding is not None
+    assert (finding.outcome, finding.code) == (Outcome.REJECTED, Code.OUTPUT_SCHEMA_VIOLATION)
+    assert [(v.path, v.keyword) for v in finding.violations] == [
+        ("/result/structuredContent", "required")
+    ]
+
+
+def test_schema_violations_point_into_the_result_and_echo_no_values(
+    output_check: CompiledCheck,
+) -> None:
+    result = example("CallToolResult_result-with-structured-content")
+    result["structuredContent"] = {"temperature": "scorching-secret", "conditions": "x"}
+    finding = check_tool_result(response(result), output_check)
+    assert finding is not None
+    assert finding.code is Code.OUTPUT_SCHEMA_VIOLATION
+    assert {v.path for v in finding.violations} <= {
+        "/result/structuredContent/temperature",
+        "/result/structuredContent/humidity",
+        "/result/structuredContent",
+    }
+    assert finding.violations
+    assert all("scorching" not in v.message for v in finding.violations)
+
+
+def test_text_block_json_that_disagrees_with_structured_content_is_a_mismatch(
+    output_check: CompiledCheck,
+) -> None:
+    result = example("CallToolResult_result-with-structured-content")
+    result["content"][0]["text"] = (
+        '{"temperature": 99, "conditions": "Partly cloudy", "humidity": 65}'
+    )
+    finding = check_tool_result(response(result), output_check)
+    assert finding == ToolOutputFinding(
+        Outcome.REJECTED, Code.OUTPUT_TEXT_MISMATCH, None, finding.violations if finding else ()
+    )
+    assert finding is not None
+    assert finding.violations[0].path == "/result/content/0/text"
+    assert "99" not in finding.violations[0].message
+
+
+@pytest.mark.parametrize(
+    ("text", "same"),
+    [
+        ('{"humidity": 65.0, "conditions": "Partly cloudy", "temperature": 22.5}', True),
+        ('{"temperature": 22.5, "conditions": "Partly cloudy", "humidity": true}', False),
+        ('{"temperature": 22.5, "conditions": "Partly cloudy"}', False),
+        ('{"temperature": 22.5, "conditions": "Partly cloudy", "humidity": 65, "x": null}', False),
+        ("[22.5]", False),
+        ("Partly cloudy, 22.5 degrees", True),  # prose: nothing to compare
+    ],
+)
+def test_text_comparison_is_json_equality(text: str, same: bool) -> None:
+    result = example("CallToolResult_result-with-structured-content")
+    result["content"][0]["text"] = text
+    finding = check_tool_result(response(result), None)
+    assert (finding is None) is same
+
+
+def test_is_error_is_a_tool_error_not_a_parse_failure(output_check: CompiledCheck) -> None:
+    message = response(example("CallToolResult_invalid-tool-input-error"))
+    finding = check_tool_result(message, output_check)  # no structuredContent needed then
+    assert finding is not None
+    assert (finding.outcome, finding.code) == (Outcome.REJECTED, Code.TOOL_ERROR)
+    assert all("departure" not in v.message for v in finding.violations)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "InputRequiredResult_input-required-result-with-elicitation-and-sampling-and-request-state",
+        "InputRequiredResult_input-required-result-with-request-state-only",
+    ],
+)
+def test_input_required_is_its_own_incomplete_outcome(
+    name: str, output_check: CompiledCheck
+) -> None:
+    finding = check_tool_result(response(example(name)), output_check)
+    assert finding == ToolOutputFinding(
+        Outcome.INCOMPLETE, None, IncompleteReason.INPUT_REQUIRED, ()
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "leak"),
+    [
+        ("InternalError_unexpected-error", "-32603", "Internal error"),
+        ("InvalidParamsError_invalid-tool-arguments", "-32602", "calculate"),
+        ("InvalidParamsError_unknown-tool", "-32602", "invalid_tool_name"),
+    ],
+)
+def test_jsonrpc_errors_are_classified_by_code(name: str, code: str, leak: str) -> None:
+    message = {"jsonrpc": "2.0", "id": 7, "error": example(name)}
+    finding = check_tool_result(message, None)
+    assert finding is not None
+    assert (finding.outcome, finding.code) == (Outcome.REJECTED, Code.JSONRPC_ERROR)
+    (violation,) = finding.violations
+    assert (violation.path, violation.keyword) == ("/error/code", code)
+    assert leak not in violation.message
+
+
+def test_an_application_error_code_and_a_missing_code() -> None:
+    finding = check_tool_result({"error": {"code": 42, "message": "m"}}, None)
+    assert finding is not None
+    assert finding.violations[0].keyword == "42"
+    assert "application error" in finding.violations[0].message
+    finding = check_tool_result({"error": {"message": "m"}}, None)
+    assert finding is not None
+    assert finding.violations[0].keyword == "invalid"
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        ({"resultType": "task"}, "/result/resultType"),
+        ({"isError": "yes"}, "/result/isError"),
+        ({"content": None}, "/result/content"),
+    ],
+)
+def test_malformed_results_are_schema_violations(change: dict[str, Any], path: str) -> None:
+    result = copy.deepcopy(example("CallToolResult_result-with-unstructured-text"))
+    result.update(change)
+    finding = check_tool_result(response(result), None)
+    assert finding is not None
+    assert finding.code is Code.OUTPUT_SCHEMA_VIOLATION
+    assert finding.violations[0].path == path
+    finding = check_tool_result({"jsonrpc": "2.0", "id": 1, "result": []}, None)
+    assert finding is not None
+    assert finding.violations[0].path == "/result"
