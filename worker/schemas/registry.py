@@ -135,7 +135,7 @@ def discover(directory: Path) -> list[SchemaSource]:
     return sources
 
 
-def _mcp_tools(document: Any) -> list[Any] | None:
+def mcp_tools(document: Any) -> list[Any] | None:
     if isinstance(document, list):
         return document
     if not isinstance(document, dict):
@@ -151,7 +151,7 @@ def _mcp_tools(document: Any) -> list[Any] | None:
 
 def _mcp_sources(path: Path, domain: str, match: re.Match[str]) -> Iterator[SchemaSource]:
     file = str(path)
-    tools = _mcp_tools(read_json(path))
+    tools = mcp_tools(read_json(path))
     if tools is None:
         raise SchemaLoadError(
             'is not MCP tools/list output: expected {"tools": [...]} or a tool object', file=file

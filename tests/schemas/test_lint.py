@@ -1,0 +1,90 @@
+"""Lint rules: each one fires on the schema it describes, with file, pointer and why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from worker.schemas.lint import lint_path
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+
+
+def findings(tmp_path: Path, schema: Any, name: str = "t.v1.schema.json") -> set[tuple[str, str]]:
+    domain = tmp_path / "d"
+    domain.mkdir(exist_ok=True)
+    (domain / "CHANGELOG.md").write_text("# d\n")
+    (domain / name).write_text(json.dumps(schema))
+    return {(f.pointer, f.rule) for f in lint_path(tmp_path)}
+
+
+def test_the_shipped_contracts_are_clean() -> None:
+    assert lint_path(SCHEMAS) == []
+
+
+def test_strict_mode_rules(tmp_path: Path) -> None:
+    found = findings(
+        tmp_path,
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"type": "object", "properties": {}}},
+            "required": ["b"],
+        },
+    )
+    assert ("", "strict-additional-properties") in found
+    assert ("/properties/a", "strict-required") in found
+    assert ("/properties/b", "strict-additional-properties") in found
+    assert ("/properties/b", "strict-required") not in found
+
+
+def test_enum_money_and_timestamp_rules(tmp_path: Path) -> None:
+    found = findings(
+        tmp_path,
+        {
+            "type": "object",
+            "properties": {
+                "mode": {"type": "string", "description": "Must be one of 'fast', 'slow' or 'off'"},
+                "level": {"type": "string", "description": "One of 'a', 'b'", "enum": ["a", "b"]},
+                "total_price": {"type": "number"},
+                "amount_minor": {"type": "integer"},
+                "created_at": {"type": "string", "format": "date-time"},
+                "sent_at": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}T.*Z$"},
+                "expires_at": {"type": "integer"},
+                "expires_at_ms": {"type": "integer"},
+            },
+            "required": [
+                *("mode", "level", "total_price", "amount_minor", "created_at", "sent_at"),
+                *("expires_at", "expires_at_ms"),
+            ],
+            "additionalProperties": False,
+        },
+    )
+    assert found == {
+        ("/properties/mode", "enum-in-description"),
+        ("/properties/total_price", "money-as-number"),
+        ("/properties/created_at", "bare-timestamp"),
+        ("/properties/expires_at", "bare-timestamp"),
+    }
+
+
+def test_unversioned_files_unenforceable_schemas_and_missing_changelog(tmp_path: Path) -> None:
+    found = findings(tmp_path, {"type": "object", "additionalProperties": False}, "t.schema.json")
+    assert ("", "no-version") in found
+    bad = tmp_path / "e"
+    bad.mkdir()
+    (bad / "u.v1.schema.json").write_text(json.dumps({"unevaluatedProperties": False}))
+    result = lint_path(tmp_path)
+    assert any(f.rule == "no-changelog" and f.file == str(bad) for f in result)
+    refusals = [f for f in result if f.rule == "unenforceable"]
+    assert [f.why.split(" ")[0] for f in refusals] == ["fastjsonschema"]  # rs enforces it
+    assert "unevaluatedProperties" in str(refusals[0])
+    assert str(refusals[0]).startswith(str(bad / "u.v1.schema.json") + "#/")
+
+
+def test_mcp_tools_are_linted_at_their_pointer(tmp_path: Path) -> None:
+    tools = {"tools": [{"name": "s", "inputSchema": {"type": "object", "properties": {"q": {}}}}]}
+    found = findings(tmp_path, tools, "crm.tools.json")
+    assert ("", "no-version") in found
+    assert ("/tools/0/inputSchema", "strict-additional-properties") in found
+    assert ("/tools/0/inputSchema/properties/q", "strict-required") in found

@@ -1,0 +1,212 @@
+"""`callgate schemas lint`: what a schema author should fix before a model ever sees the contract.
+
+Rules (each finding names file, JSON Pointer into that file, rule and why):
+
+* `strict-additional-properties`, `strict-required`: OpenAI strict mode (structured outputs)
+  needs every object closed (`additionalProperties: false`) and every property required, an
+  optional one said as `"type": ["T", "null"]`. Input schemas only: the model writes those.
+* `enum-in-description`: allowed values listed in prose (`description`) but not in `enum`, so
+  nothing enforces them.
+* `money-as-number`: an amount, price or fee typed `number` (floats round); use an integer in
+  minor units.
+* `bare-timestamp`: a time-like field as a string with no `pattern` (callgate does not assert
+  `format`) or as a number with no unit in its name (`_ms`, `_s`, ...).
+* `no-version`: a tool whose file name carries no `.v<N>`.
+* `unenforceable`: the schema would be refused at load by an engine (the reason says which).
+* `no-changelog`: a domain folder without `CHANGELOG.md`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.errors import SchemaLoadError
+from worker.schemas.drafts import Draft, draft_of, pointer, walk
+from worker.schemas.registry import OUTPUT_FILE, SCHEMA_FILE, TOOLS_FILE, read_json
+from worker.schemas.vetting import ENGINES, vet
+
+_MONEY = re.compile(r"(amount|price|cost|fee|total|balance|salary|payment)", re.IGNORECASE)
+_TIME = re.compile(r"(^|_)(at|time|timestamp|date|datetime|on|ts|until|since|deadline)$|^when$")
+_TIME_UNIT = re.compile(r"_(ms|s|sec|secs|seconds|us|ns|millis|epoch|minutes|min|hours|days)$")
+_CHOICES = re.compile(
+    r"\b(one of|either|possible values|allowed values|valid values|must be|can be)\b.*"
+    r"(['\"`][^'\"`]+['\"`].*(,| or |\|).*['\"`][^'\"`]+['\"`])",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    file: str
+    pointer: str
+    rule: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.file}#{self.pointer or '/'}: {self.rule}: {self.why}"
+
+
+def lint_path(target: Path) -> list[Finding]:
+    """Every finding for a schema directory (or one schema / tools file)."""
+    if target.is_file():
+        return list(_lint_file(target))
+    if not target.is_dir():
+        raise SchemaLoadError(f"{target} is neither a schema directory nor a file")
+    findings: list[Finding] = []
+    for domain in sorted(p for p in target.iterdir() if p.is_dir()):
+        files = sorted(domain.glob("*.json"))
+        if files and not (domain / "CHANGELOG.md").is_file():
+            findings.append(
+                Finding(
+                    str(domain), "", "no-changelog", "a domain records its versions in CHANGELOG.md"
+                )
+            )
+        for path in files:
+            findings.extend(_lint_file(path))
+    for path in sorted(target.glob("*.tools.json")):
+        findings.extend(_lint_file(path))
+    return findings
+
+
+def _lint_file(path: Path) -> Iterator[Finding]:
+    file = str(path)
+    name = path.name
+    try:
+        document = read_json(path)
+    except SchemaLoadError as exc:
+        yield Finding(file, "", "unreadable", str(exc).removeprefix(f"{file}: "))
+        return
+    if name.endswith(".tools.json"):
+        match = TOOLS_FILE.match(name)
+        if match is None or match["version"] is None:
+            yield Finding(
+                file,
+                "",
+                "no-version",
+                "name the file <server>.v<N>.tools.json to version its tools",
+            )
+        tools = document.get("tools") if isinstance(document, dict) else document
+        if isinstance(document, dict) and isinstance(document.get("result"), dict):
+            tools = document["result"].get("tools")
+        if isinstance(document, dict) and "inputSchema" in document:
+            tools, base = [document], ""
+        else:
+            base = "/tools"
+        for index, tool in enumerate(tools if isinstance(tools, list) else []):
+            if not isinstance(tool, dict):
+                continue
+            at = f"{base}/{index}" if base else ""
+            if isinstance(tool.get("inputSchema"), dict):
+                yield from lint_schema(
+                    tool["inputSchema"], file, f"{at}/inputSchema", model_input=True
+                )
+            if isinstance(tool.get("outputSchema"), dict):
+                yield from lint_schema(
+                    tool["outputSchema"], file, f"{at}/outputSchema", model_input=False
+                )
+        return
+    if not name.endswith(".schema.json"):
+        return
+    if OUTPUT_FILE.match(name):
+        yield from lint_schema(document, file, "", model_input=False)
+        return
+    if not SCHEMA_FILE.match(name):
+        yield Finding(file, "", "no-version", "name the file <tool>.v<N>.schema.json")
+    yield from lint_schema(document, file, "", model_input=True)
+
+
+def lint_schema(schema: Any, file: str, base: str, *, model_input: bool) -> Iterator[Finding]:
+    """The findings for one schema; `base` is its JSON Pointer inside `file`."""
+    for engine in ENGINES:
+        try:
+            vet(schema, file=file, engine=engine)
+        except SchemaLoadError as exc:
+            reason = str(exc).removeprefix(f"{file}: ")
+            yield Finding(file, base, "unenforceable", f"{engine} would refuse it: {reason}")
+    draft = draft_of(schema) or Draft.DRAFT2020_12
+    for path, node in walk(schema, draft):
+        at = base + pointer(path)
+        if model_input and _is_object(node):
+            yield from _strict(node, file, at)
+        description = node.get("description")
+        if (
+            isinstance(description, str)
+            and "enum" not in node
+            and "const" not in node
+            and _CHOICES.search(description)
+        ):
+            yield Finding(
+                file,
+                at,
+                "enum-in-description",
+                "the description lists allowed values that no `enum` enforces",
+            )
+        for prop, sub in (node.get("properties") or {}).items():
+            if isinstance(sub, dict):
+                yield from _field_rules(prop, sub, file, f"{at}/properties/{_esc(prop)}")
+
+
+def _esc(token: str) -> str:
+    return pointer([token])[1:]
+
+
+def _types(node: dict[str, Any]) -> set[str]:
+    declared = node.get("type")
+    if isinstance(declared, str):
+        return {declared}
+    return set(declared) if isinstance(declared, list) else set()
+
+
+def _is_object(node: dict[str, Any]) -> bool:
+    return "object" in _types(node) or "properties" in node
+
+
+def _strict(node: dict[str, Any], file: str, at: str) -> Iterator[Finding]:
+    if node.get("additionalProperties") is not False:
+        yield Finding(
+            file,
+            at,
+            "strict-additional-properties",
+            "strict mode needs `additionalProperties: false` on every object",
+        )
+    required = set(node.get("required") or [])
+    for prop in node.get("properties") or {}:
+        if prop not in required:
+            yield Finding(
+                file,
+                f"{at}/properties/{_esc(prop)}",
+                "strict-required",
+                f"property {prop!r} is not required; strict mode needs every property in "
+                '`required`, an optional one typed ["T", "null"]',
+            )
+
+
+def _field_rules(name: str, node: dict[str, Any], file: str, at: str) -> Iterator[Finding]:
+    types = _types(node)
+    if _MONEY.search(name) and "number" in types:
+        yield Finding(
+            file,
+            at,
+            "money-as-number",
+            "money as `number` rounds; use an integer amount in minor units (e.g. amount_minor)",
+        )
+    if _TIME.search(name.lower()):
+        if "string" in types and "pattern" not in node:
+            yield Finding(
+                file,
+                at,
+                "bare-timestamp",
+                "a timestamp string without `pattern` accepts any text (`format` is not "
+                "asserted); add an RFC 3339 pattern with a time zone",
+            )
+        if types & {"integer", "number"} and not _TIME_UNIT.search(name):
+            yield Finding(
+                file,
+                at,
+                "bare-timestamp",
+                "a numeric timestamp needs its unit in the name (e.g. created_at_ms)",
+            )
