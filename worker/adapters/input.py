@@ -67,6 +67,8 @@ def _lines(head: bytes, fp: BinaryIO, limit: int) -> Iterator[bytes]:
         pending += block
         *complete, pending = pending.split(b"\n")
         for line in complete:
+            if len(line) > limit:
+                raise InputFormatError(f"a JSON line is longer than {limit} bytes")
             if line.strip(_WHITESPACE):
                 yield line.rstrip(b"\r")
         if len(pending) > limit:

@@ -1,0 +1,92 @@
+"""Reading `callgate check` input: JSON lines, multi-line JSON documents, recorded SSE."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import orjson
+import pytest
+from oracles import RECORDED
+
+from worker.adapters.input import read_records
+from worker.check import run_check
+from worker.errors import InputFormatError
+from worker.settings import load_settings
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+GENERATED = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def records(data: bytes, fmt: str | None = None) -> list[bytes]:
+    return list(read_records(io.BytesIO(data), fmt))
+
+
+def test_json_lines_yield_one_record_per_line_and_a_bad_line_alone() -> None:
+    data = b'{"a":1}\r\n\n  \n{"b":\n{"c":[1,2]}\n{"d":"x"}'
+    assert records(data) == [b'{"a":1}', b'{"b":', b'{"c":[1,2]}', b'{"d":"x"}']
+
+
+def test_pretty_printed_documents_are_split_at_each_top_level_value() -> None:
+    doc = {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"text": 'a } ] " {'}]}}
+    pretty = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+    values = records(pretty + b"\n" + pretty + b"\nnot json\n" + pretty)
+    assert [orjson.loads(v) for v in values[:2]] == [doc, doc]
+    assert values[2] == b"not json"
+    assert orjson.loads(values[3]) == doc
+    assert records(b'{\n "cut": "off') == [b'{\n "cut": "off']
+
+
+def test_sse_records_are_the_event_data_and_done_ends_them() -> None:
+    path = RECORDED / "openai_chat" / "single_tool_call_GetWeatherArgs.sse"
+    values = records(path.read_bytes() + b'data: {"after": "done"}\n\n', "openai.chat")
+    assert all(orjson.loads(v)["object"] == "chat.completion.chunk" for v in values)
+    assert len(values) == path.read_bytes().count(b"data: {")
+
+
+def test_empty_input_and_unknown_format() -> None:
+    assert records(b"") == []
+    assert records(b"\n \n") == []
+    with pytest.raises(InputFormatError, match=r"unknown format 'x\.y'"):
+        records(b"{}", "x.y")
+
+
+def test_a_record_larger_than_the_bound_is_refused() -> None:
+    with pytest.raises(InputFormatError, match="longer than 64"):
+        list(read_records(io.BytesIO(b"{}\n" + b"{" + b" " * 100 + b"}\n"), max_record_bytes=64))
+
+
+CASES = [
+    ("openai.chat", RECORDED / "openai_chat" / "parallel_tool_calls_weather_and_stock.sse", 2),
+    ("openai.responses", GENERATED / "openai_responses_parallel_calls.sse", 3),
+    ("anthropic.messages", GENERATED / "anthropic_max_tokens_two_tool_blocks.sse", 2),
+]
+
+
+@pytest.mark.parametrize(("fmt", "path", "calls"), CASES, ids=[c[0] for c in CASES])
+def test_callgate_check_accepts_each_format_as_sse_and_as_json_lines(
+    fmt: str, path: Path, calls: int
+) -> None:
+    settings = load_settings(schemas={"dir": SCHEMAS})
+    as_recorded = path.read_bytes()
+    as_lines = b"\n".join(records(as_recorded, fmt)) + b"\n"
+    outputs = []
+    for body in (as_recorded, as_lines):
+        out = io.BytesIO()
+        run_check(settings, io.BytesIO(body), out, name=path.name, fmt=fmt, stream_id="s1")
+        events = [orjson.loads(line) for line in out.getvalue().splitlines()]
+        assert len(events) == calls
+        assert all(event["error_code"] != "malformed_record" for event in events)
+        outputs.append([(e["call_id"], e["outcome"], e.get("reason")) for e in events])
+    assert outputs[0] == outputs[1]
+
+
+def test_an_mcp_result_file_reads_but_needs_the_tool_header_the_cli_cannot_give() -> None:
+    path = RECORDED / "mcp" / "2026-07-28__CallToolResultResponse_call-tool-result-response.json"
+    out = io.BytesIO()
+    settings = load_settings(schemas={"dir": SCHEMAS})
+    with path.open("rb") as source:
+        run_check(settings, source, out, name=path.name, fmt="mcp.result", stream_id="s1")
+    (event,) = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    assert event["error_code"] == "malformed_record"
+    assert "'tool' header" in orjson.dumps(event).decode()
