@@ -3,7 +3,7 @@
 Two scrape targets:
 - the health server of a `Metrics` fed by the real core `Processor` (the shell's updates done by
   hand): fast, and independent of Kafka;
-- a real worker (`worker.runtime.runner.serve`, what `callgate run` runs) in its own process,
+- a real worker (`python -m worker run`, i.e. `callgate run`) in its own process,
   consuming traffic produced continuously to the session's embedded broker.
 
 Each panel query must parse and return data; each alert expression must parse, and every rule
@@ -258,11 +258,9 @@ def worker_process(
         }
     )
     log = tmp_path / "worker.log"
-    # serve() is what `callgate run` calls once its arguments are parsed.
-    code = "import sys; from worker.runtime.runner import serve; from worker.settings import load_settings; sys.exit(serve(load_settings()))"  # noqa: E501
     with log.open("wb") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-c", code],
+            [sys.executable, "-m", "worker", "run"],  # `callgate run`
             env=env,
             cwd=ROOT,
             stdout=out,
