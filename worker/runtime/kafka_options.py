@@ -102,4 +102,5 @@ def producer_options(settings: Settings) -> dict[str, Any]:
         "acks": "all",
         "enable_idempotence": False,
         "linger_ms": settings.kafka.linger_ms,
+        "request_timeout_ms": settings.kafka.request_timeout_ms,
     }

@@ -52,6 +52,7 @@ class RunnerStats:
     commits: int = 0
     commit_errors: int = 0
     rebalances: int = 0
+    pauses: int = 0
 
 
 def decode_headers(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, str]:
@@ -252,14 +253,28 @@ class Runner:
         if emissions:
             self._drained.clear()
         self.stats.emitted += len(emissions)
-        for emission in emissions:
-            await self._send(batch_id, emission)
+        await self._send_all([(batch_id, emission) for emission in emissions])
 
-    async def _send(self, batch_id: int, emission: Emission) -> None:
+    async def _send_all(self, items: list[tuple[int, Emission]]) -> None:
+        """Hand every event to the producer; once a send to a topic fails, queue the rest of
+        that topic's events unsent (other topics go on).
+
+        A send can hang for the request timeout (an unknown topic's metadata); trying each
+        remaining event would stall the loop once per event.
+        """
+        failed_topics: set[str] = set()
+        for batch_id, emission in items:
+            topic = self._topic_of[emission.verdict.outcome]
+            if topic in failed_topics:
+                self._retry.append((batch_id, emission))
+            elif not await self._send(batch_id, emission):
+                failed_topics.add(topic)
+
+    async def _send(self, batch_id: int, emission: Emission) -> bool:
         producer = self._producer
         if producer is None:
             self._failed(batch_id, emission, "producer closed")
-            return
+            return False
         try:
             future = await producer.send(
                 self._topic_of[emission.verdict.outcome],
@@ -269,8 +284,9 @@ class Runner:
             )
         except KafkaError as exc:
             self._failed(batch_id, emission, str(exc) or type(exc).__name__)
-            return
+            return False
         future.add_done_callback(lambda done: self._on_sent(done, batch_id, emission))
+        return True
 
     def _on_sent(self, done: asyncio.Future[Any], batch_id: int, emission: Emission) -> None:
         error = None if done.cancelled() else done.exception()
@@ -299,8 +315,7 @@ class Runner:
         if not self._retry or self._clock() < self._retry_at:
             return
         retry, self._retry = self._retry, []
-        for batch_id, emission in retry:
-            await self._send(batch_id, emission)
+        await self._send_all(retry)
 
     async def _wait_drained(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -341,6 +356,7 @@ class Runner:
                 ", producer failing" if self._failing else "",
             )
             consumer.pause(*self._assignment)
+            self.stats.pauses += 1
         else:
             log.info("resuming %d partitions", len(self._assignment))
             consumer.resume(*self._assignment)

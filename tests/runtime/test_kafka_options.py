@@ -1,0 +1,173 @@
+"""Settings to aiokafka arguments, and the start-up checks that go with them: pure, no broker."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from worker.errors import ConfigError
+from worker.runtime.kafka_options import consumer_options, producer_options
+from worker.settings import Settings, load_settings
+
+
+def _settings(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
+    for name in list(os.environ):
+        if name.startswith("CALLGATE_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(f"CALLGATE_{name}", value)
+    return load_settings()
+
+
+def test_plain_consumer_commits_only_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = _settings(
+        monkeypatch,
+        KAFKA__BOOTSTRAP_SERVERS="k1:9092, k2:9093",
+        KAFKA__GROUP_ID="gate",
+        KAFKA__SESSION_TIMEOUT_MS="6000",
+        KAFKA__FETCH_MAX_RECORDS="500",
+    )
+    options = consumer_options(settings)
+    assert options["bootstrap_servers"] == ["k1:9092", "k2:9093"]
+    assert options["group_id"] == "gate"
+    assert options["enable_auto_commit"] is False
+    assert options["auto_offset_reset"] == "earliest"
+    assert options["session_timeout_ms"] == 6000
+    assert options["heartbeat_interval_ms"] == 2000
+    assert options["max_poll_records"] == 500
+    assert options["security_protocol"] == "PLAINTEXT"
+    assert "sasl_mechanism" not in options
+    assert "ssl_context" not in options
+
+
+def test_producer_waits_for_all_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = _settings(monkeypatch, KAFKA__BOOTSTRAP_SERVERS="k1:9092", KAFKA__LINGER_MS="7")
+    options = producer_options(settings)
+    assert options["acks"] == "all"
+    assert options["linger_ms"] == 7
+    assert options["enable_idempotence"] is False
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_sasl_maps_to_aiokafka_and_unwraps_the_secret_only_there(
+    monkeypatch: pytest.MonkeyPatch, mechanism: str
+) -> None:
+    settings = _settings(
+        monkeypatch,
+        KAFKA__BOOTSTRAP_SERVERS="k1:9092",
+        KAFKA__SECURITY_PROTOCOL="SASL_PLAINTEXT",
+        KAFKA__SASL_MECHANISM=mechanism,
+        KAFKA__SASL_USERNAME="gate",
+        KAFKA__SASL_PASSWORD="s3cret",
+    )
+    assert "s3cret" not in repr(settings)
+    options = consumer_options(settings)
+    assert options["security_protocol"] == "SASL_PLAINTEXT"
+    assert options["sasl_mechanism"] == mechanism
+    assert options["sasl_plain_username"] == "gate"
+    assert options["sasl_plain_password"] == "s3cret"
+
+
+def test_sasl_ssl_builds_a_tls_context_from_the_ca_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cafile = tmp_path / "ca.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=callgate-test-ca",
+            "-keyout",
+            str(tmp_path / "ca.key"),
+            "-out",
+            str(cafile),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    settings = _settings(
+        monkeypatch,
+        KAFKA__BOOTSTRAP_SERVERS="k1:9093",
+        KAFKA__SECURITY_PROTOCOL="SASL_SSL",
+        KAFKA__SASL_MECHANISM="SCRAM-SHA-512",
+        KAFKA__SASL_USERNAME="gate",
+        KAFKA__SASL_PASSWORD="pw",
+        KAFKA__SSL_CAFILE=str(cafile),
+    )
+    context = producer_options(settings)["ssl_context"]
+    assert isinstance(context, ssl.SSLContext)
+    assert context.verify_mode is ssl.CERT_REQUIRED
+    assert len(context.get_ca_certs()) == 1
+
+
+def test_missing_tls_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    settings = _settings(
+        monkeypatch,
+        KAFKA__BOOTSTRAP_SERVERS="k1:9093",
+        KAFKA__SECURITY_PROTOCOL="SSL",
+        KAFKA__SSL_CAFILE=str(tmp_path / "nope.pem"),
+    )
+    with pytest.raises(ConfigError, match=r"CALLGATE_KAFKA__SSL_CAFILE: no such file"):
+        consumer_options(settings)
+
+
+def test_certificate_without_key_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cert = tmp_path / "client.pem"
+    cert.write_text("x")
+    settings = _settings(
+        monkeypatch,
+        KAFKA__BOOTSTRAP_SERVERS="k1:9093",
+        KAFKA__SECURITY_PROTOCOL="SSL",
+        KAFKA__SSL_CERTFILE=str(cert),
+    )
+    with pytest.raises(
+        ConfigError, match="SSL_CERTFILE and CALLGATE_KAFKA__SSL_KEYFILE go together"
+    ):
+        consumer_options(settings)
+
+
+def test_tls_files_without_tls_protocol_are_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = _settings(
+        monkeypatch, KAFKA__BOOTSTRAP_SERVERS="k1:9092", KAFKA__SSL_CAFILE=str(tmp_path)
+    )
+    with pytest.raises(ConfigError, match="SECURITY_PROTOCOL is PLAINTEXT"):
+        consumer_options(settings)
+
+
+def test_run_without_brokers_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="CALLGATE_KAFKA__BOOTSTRAP_SERVERS is empty"):
+        consumer_options(_settings(monkeypatch))
+
+
+@pytest.mark.parametrize("server", ["k1", "k1:", ":9092", "k1:port", "k1:70000"])
+def test_malformed_bootstrap_server_is_named(monkeypatch: pytest.MonkeyPatch, server: str) -> None:
+    settings = _settings(monkeypatch, KAFKA__BOOTSTRAP_SERVERS=f"ok:9092,{server}")
+    with pytest.raises(ConfigError, match="is not host:port"):
+        producer_options(settings)
+
+
+def test_session_longer_than_poll_interval_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = _settings(
+        monkeypatch,
+        KAFKA__BOOTSTRAP_SERVERS="k1:9092",
+        KAFKA__SESSION_TIMEOUT_MS="60000",
+        KAFKA__MAX_POLL_INTERVAL_MS="30000",
+    )
+    with pytest.raises(ConfigError, match="SESSION_TIMEOUT_MS"):
+        consumer_options(settings)
