@@ -39,9 +39,10 @@ def test_compat_exit_status_and_report() -> None:
     same = callgate("compat", v1, v1, "--mode", "full")
     assert same.returncode == 0
     assert "compatible (full)" in same.stdout
-    breaking = callgate("compat", v1, v2)
+    assert callgate("compat", v1, v2).returncode == 0
+    breaking = callgate("compat", v1, v2, "--mode", "full")
     assert breaking.returncode == 1
-    assert "[backward] /properties/days: newly-required" in breaking.stdout
+    assert "[forward] /properties/days: property-removed" in breaking.stdout
     mcp = REPO / "schemas/mcp/weather.v1.tools.json"
     assert callgate("compat", mcp, mcp).returncode == 0
 

@@ -88,3 +88,11 @@ def test_mcp_tools_are_linted_at_their_pointer(tmp_path: Path) -> None:
     assert ("", "no-version") in found
     assert ("/tools/0/inputSchema", "strict-additional-properties") in found
     assert ("/tools/0/inputSchema/properties/q", "strict-required") in found
+
+
+def test_a_rule_is_silenced_only_with_a_reason(tmp_path: Path) -> None:
+    open_object = {"type": "object", "properties": {"a": {}}, "additionalProperties": False}
+    silenced = {**open_object, "x-lint": {"ignore": ["strict-required"], "why": "a is optional"}}
+    assert findings(tmp_path, silenced) == set()
+    no_reason = {**open_object, "x-lint": {"ignore": ["strict-required"]}}
+    assert ("/x-lint", "bad-suppression") in findings(tmp_path, no_reason)

@@ -14,6 +14,10 @@ Rules (each finding names file, JSON Pointer into that file, rule and why):
 * `no-version`: a tool whose file name carries no `.v<N>`.
 * `unenforceable`: the schema would be refused at load by an engine (the reason says which).
 * `no-changelog`: a domain folder without `CHANGELOG.md`.
+
+A schema may silence rules on purpose with a root annotation
+`"x-lint": {"ignore": ["<rule>", ...], "why": "<reason>"}`; `why` is required, and the
+`unenforceable` rule cannot be silenced (`bad-suppression` otherwise).
 """
 
 from __future__ import annotations
@@ -121,6 +125,29 @@ def _lint_file(path: Path) -> Iterator[Finding]:
 
 def lint_schema(schema: Any, file: str, base: str, *, model_input: bool) -> Iterator[Finding]:
     """The findings for one schema; `base` is its JSON Pointer inside `file`."""
+    ignored, problem = _suppressed(schema)
+    if problem:
+        yield Finding(file, f"{base}/x-lint", "bad-suppression", problem)
+    for finding in _findings(schema, file, base, model_input=model_input):
+        if finding.rule not in ignored:
+            yield finding
+
+
+def _suppressed(schema: Any) -> tuple[frozenset[str], str | None]:
+    raw = schema.get("x-lint") if isinstance(schema, dict) else None
+    if raw is None:
+        return frozenset(), None
+    if not isinstance(raw, dict) or not isinstance(raw.get("ignore"), list):
+        return frozenset(), 'x-lint must be {"ignore": [rules], "why": "..."}'
+    if not isinstance(raw.get("why"), str) or not raw["why"].strip():
+        return frozenset(), "x-lint needs a `why` saying why the rules do not apply"
+    rules = frozenset(str(rule) for rule in raw["ignore"])
+    if "unenforceable" in rules:
+        return rules - {"unenforceable"}, "`unenforceable` cannot be ignored"
+    return rules, None
+
+
+def _findings(schema: Any, file: str, base: str, *, model_input: bool) -> Iterator[Finding]:
     for engine in ENGINES:
         try:
             vet(schema, file=file, engine=engine)
