@@ -35,7 +35,7 @@ class SchemaLoadError(CallgateError):
 
 
 class UnsupportedKeywordError(SchemaLoadError):
-    """The schema uses a keyword the chosen engine does not enforce as the schema's draft means it."""
+    """The schema uses a keyword the engine does not enforce as the schema's draft means it."""
 
     def __init__(self, keyword: str, *, file: str | None, pointer: str, engine: str) -> None:
         self.keyword = keyword

@@ -56,7 +56,7 @@ class KafkaSettings(BaseModel):
     max_poll_interval_ms: int = Field(300_000, ge=1000)
     linger_ms: int = Field(5, ge=0)
     request_timeout_ms: int = Field(
-        30_000, ge=1000, description="an outcome event not acknowledged by then fails (and is sent again)"
+        30_000, ge=1000, description="an unacknowledged outcome event then fails and is sent again"
     )
     max_pending_produces: int = Field(
         20_000, ge=1, description="unacknowledged outcome events before fetching pauses"
