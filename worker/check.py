@@ -6,9 +6,10 @@ partition of a topic named after the input, at the line's number as offset.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,8 +20,10 @@ from worker.model import Outcome
 from worker.settings import Settings
 
 
-def _records(source: BinaryIO, name: str, fmt: str, stream_id: str) -> Iterator[InboundRecord]:
-    headers = {} if fmt == ENVELOPE else {"content-format": fmt}
+def _records(
+    source: BinaryIO, name: str, fmt: str, stream_id: str, extra: Mapping[str, str]
+) -> Iterator[InboundRecord]:
+    headers = dict(extra) if fmt == ENVELOPE else {**extra, "content-format": fmt}
     key = None if fmt == ENVELOPE else stream_id.encode()
     if fmt == ENVELOPE:
         values: Iterator[bytes] = (line.rstrip(b"\r\n") for line in source)
@@ -40,6 +43,7 @@ def run_check(
     name: str = "-",
     fmt: str = ENVELOPE,
     stream_id: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Counter[tuple[str, str, str]]:
     """Judge every call in `source`, write one event per line to `out`; return the tallies."""
     processor = Processor.from_settings(settings)
@@ -52,7 +56,8 @@ def run_check(
             tally[(verdict.outcome.value, verdict.phase or "", detail or "")] += 1
             out.write(emission.value + b"\n")
 
-    for record in _records(source, name, fmt, stream_id or Path(name).stem or "stream"):
+    stream = stream_id or Path(name).stem or "stream"
+    for record in _records(source, name, fmt, stream, headers or {}):
         write(processor.feed(record, now=0.0))
     write(processor.flush())
     out.flush()
@@ -73,15 +78,23 @@ def format_summary(tally: Counter[tuple[str, str, str]]) -> str:
     return "\n".join(lines)
 
 
-def main_check(settings: Settings, path: str, fmt: str, stream_id: str | None) -> int:
-    if path == "-":
+def main_check(
+    settings: Settings,
+    path: str,
+    fmt: str,
+    stream_id: str | None,
+    headers: Mapping[str, str] | None = None,
+) -> int:
+    with contextlib.ExitStack() as stack:
+        source = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
         tally = run_check(
-            settings, sys.stdin.buffer, sys.stdout.buffer, fmt=fmt, stream_id=stream_id
+            settings,
+            source,
+            sys.stdout.buffer,
+            name=path,
+            fmt=fmt,
+            stream_id=stream_id,
+            headers=headers,
         )
-    else:
-        with open(path, "rb") as source:
-            tally = run_check(
-                settings, source, sys.stdout.buffer, name=path, fmt=fmt, stream_id=stream_id
-            )
     print(format_summary(tally), file=sys.stderr)
     return 0

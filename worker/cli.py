@@ -10,7 +10,7 @@ from pathlib import Path
 from worker import __version__
 from worker.adapters.decoder import ENVELOPE, formats
 from worker.check import main_check
-from worker.errors import CallgateError
+from worker.errors import CallgateError, ConfigError
 from worker.runtime.cli import add_run_commands
 from worker.schemas.cli import add_schemas_command
 from worker.settings import load_settings
@@ -21,7 +21,13 @@ def _check(args: argparse.Namespace) -> int:
     if args.engine:
         overrides["schemas"] = {"dir": args.schemas, "engine": args.engine}
     settings = load_settings(args.settings, **overrides)
-    return main_check(settings, args.input, args.format, args.stream_id)
+    headers = {}
+    for item in args.header:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--header takes NAME=VALUE, not {item!r}")
+        headers[name.strip().lower()] = value
+    return main_check(settings, args.input, args.format, args.stream_id, headers)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--engine", choices=["fastjsonschema", "jsonschema-rs"])
     check.add_argument("--format", default=ENVELOPE, choices=formats())
     check.add_argument("--stream-id", help="stream id for vendor formats (default: file name)")
+    check.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Kafka header every input record carries (e.g. tool=weather.get_weather_data "
+        "for --format mcp.result); repeatable",
+    )
     check.add_argument("--settings", type=Path, help="JSON settings file")
     check.add_argument("input", nargs="?", default="-", help="input file, or - for stdin")
     check.set_defaults(func=_check)

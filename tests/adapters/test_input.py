@@ -81,7 +81,7 @@ def test_callgate_check_accepts_each_format_as_sse_and_as_json_lines(
     assert outputs[0] == outputs[1]
 
 
-def test_an_mcp_result_file_reads_but_needs_the_tool_header_the_cli_cannot_give() -> None:
+def test_an_mcp_result_file_without_the_tool_header_is_a_malformed_record() -> None:
     path = RECORDED / "mcp" / "2026-07-28__CallToolResultResponse_call-tool-result-response.json"
     out = io.BytesIO()
     settings = load_settings(schemas={"dir": SCHEMAS})
@@ -90,3 +90,25 @@ def test_an_mcp_result_file_reads_but_needs_the_tool_header_the_cli_cannot_give(
     (event,) = [orjson.loads(line) for line in out.getvalue().splitlines()]
     assert event["error_code"] == "malformed_record"
     assert "'tool' header" in orjson.dumps(event).decode()
+
+
+def test_an_mcp_result_file_is_judged_with_the_tool_header_given() -> None:
+    path = RECORDED / "mcp" / "2026-07-28__CallToolResultResponse_call-tool-result-response.json"
+    out = io.BytesIO()
+    settings = load_settings(schemas={"dir": SCHEMAS})
+    with path.open("rb") as source:
+        run_check(
+            settings,
+            source,
+            out,
+            name=path.name,
+            fmt="mcp.result",
+            headers={"tool": "weather.get_weather_data"},
+        )
+    (event,) = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    # the shipped tool declares an outputSchema; this example returns text only
+    assert (event["phase"], event["error_code"]) == (
+        "tool_output_validation",
+        "output_schema_violation",
+    )
+    assert event["call_id"] == "call-tool-example"

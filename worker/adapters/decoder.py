@@ -11,10 +11,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Protocol
 
-import orjson
-
 from worker.adapters import anthropic, mcp, openai_chat, openai_responses
 from worker.adapters.envelope import decode_envelope
+from worker.core.strict_json import ParseError, parse
 from worker.errors import InputFormatError
 from worker.model import Chunk
 
@@ -74,10 +73,14 @@ class Decoder:
             stream_id = key.decode()
         except UnicodeDecodeError:
             raise InputFormatError("record key is not UTF-8") from None
-        try:
-            event = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise InputFormatError(f"{fmt} event is not JSON: {exc}") from None
+        # strict, like the arguments: orjson alone would merge a duplicate key silently, and a
+        # vendor event (an MCP result above all) must not smuggle a second value past the gate
+        event = parse(value)
+        if isinstance(event, ParseError):
+            where = f" at {event.path}" if event.path else ""
+            raise InputFormatError(
+                f"{fmt} event is not strict JSON ({event.code}{where}): {event.message}"
+            )
         if not isinstance(event, dict):
             raise InputFormatError(f"{fmt} event must be a JSON object")
         slot = (scope, fmt, stream_id)
