@@ -4,6 +4,7 @@ and running `callgate run` as a real subprocess."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import subprocess
@@ -202,3 +203,168 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+
+
+class OutcomeTail:
+    """Follows outcome topics from the start in the background, for tests that watch progress."""
+
+    def __init__(self, bootstrap: str, topics: Iterable[str]) -> None:
+        self._bootstrap = bootstrap
+        self._topics = sorted(set(topics))
+        self.outcomes = Outcomes()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> OutcomeTail:
+        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in self._topics
+            for p in sorted(consumer.partitions_for_topic(topic) or {0})
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        self._consumer = consumer
+        self._task = asyncio.create_task(self._follow())
+        return self
+
+    async def _follow(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=100)
+            for records in batch.values():
+                for r in records:
+                    self.outcomes.add(r.topic, r.key, r.value, dict(r.headers))
+
+    @property
+    def calls(self) -> int:
+        return len(self.outcomes.by_call)
+
+    async def wait_calls(self, count: int, timeout_s: float, alive: Any = None) -> bool:
+        """Until `count` distinct calls have an event; False at the deadline (or if `alive()`
+        turns false, e.g. the worker process died)."""
+        deadline = time.monotonic() + timeout_s
+        while self.calls < count:
+            if time.monotonic() > deadline or (alive is not None and not alive()):
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def settle(self, quiet_s: float = 1.0) -> None:
+        """Until no new event arrived for `quiet_s`."""
+        seen = -1
+        while seen != len(self.outcomes.events):
+            seen = len(self.outcomes.events)
+            await asyncio.sleep(quiet_s)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+
+def load_of_calls(
+    run: str, streams: int, calls_per_stream: int
+) -> tuple[list[Record], dict[str, tuple[str, str | None]]]:
+    """Many streams of several sequential calls each, all streams interleaved record by record,
+    so hundreds of calls are open at any offset. Mostly valid calls; every 7th violates the
+    schema; every 11th stream is cut by max_tokens in its last call."""
+    per_stream: list[list[Record]] = []
+    expected: dict[str, tuple[str, str | None]] = {}
+    for s in range(streams):
+        stream = f"{run}:s{s}"
+        records: list[Record] = []
+        for c in range(calls_per_stream):
+            call_id = f"{run}:s{s}:c{c}"
+            number = s * calls_per_stream + c
+            truncated = s % 11 == 5 and c == calls_per_stream - 1
+            if truncated:
+                records += envelope_call(
+                    stream, call_id, "get_weather", '{"city": "Ha', final=False
+                )
+                expected[call_id] = ("incomplete", "max_tokens")
+            elif number % 7 == 3:
+                records += envelope_call(stream, call_id, "get_weather", '{"city": ""}')
+                expected[call_id] = ("rejected", "schema_violation")
+            else:
+                records += envelope_call(stream, call_id, "get_weather", f'{{"city": "c{number}"}}')
+                expected[call_id] = ("accepted", None)
+        records.append(end_of_stream(stream, "length" if s % 11 == 5 else "tool_calls"))
+        per_stream.append(records)
+    return interleave(per_stream), expected
+
+
+def is_fragment_event(event: Mapping[str, Any]) -> bool:
+    """An event judged from the tail of a call whose beginning lay before the committed offset:
+    a replay fed without its first chunk (see `worker.runtime.delivery.ReplayGuard`)."""
+    return (
+        event["outcome"] == "incomplete"
+        and event.get("reason") == "sequence_gap"
+        and event["metrics"]["chunks"] == 0
+    )
+
+
+def check_outcomes(
+    outcomes: Outcomes, expected: Mapping[str, tuple[str, str | None]]
+) -> dict[str, int]:
+    """Every expected call has at least one event, the expected one; all its replays carry that
+    event's event_id; nothing unexpected. Fragment events (a replay that re-judged only the tail
+    of an already-judged call) are counted apart. Returns figures for the report."""
+    missing = [call for call in expected if call not in outcomes.by_call]
+    assert not missing, f"{len(missing)} calls lost, e.g. {missing[:5]}"
+    unexpected = [call for call in outcomes.by_call if call not in expected]
+    assert not unexpected, f"events for unknown calls, e.g. {unexpected[:5]}"
+    duplicates = fragments = 0
+    for call, events in outcomes.by_call.items():
+        judged = [e for e in events if not is_fragment_event(e)]
+        fragments += len(events) - len(judged)
+        assert judged, f"{call}: only fragment events {events}"
+        ids = {e["event_id"] for e in judged}
+        assert len(ids) == 1, f"{call}: replays carry different event_ids {judged}"
+        got = {(e["outcome"], e.get("error_code") or e.get("reason")) for e in judged}
+        assert got == {expected[call]}, f"{call}: {got} != {expected[call]}"
+        duplicates += len(judged) - 1
+    return {
+        "calls": len(expected),
+        "events": len(outcomes.events),
+        "duplicates": duplicates,
+        "calls_with_duplicates": sum(1 for e in outcomes.by_call.values() if len(e) > 1),
+        "fragment_events": fragments,
+    }
+
+
+async def produce_paced(
+    bootstrap: str, topic: str, records: list[Record], *, per_second: float
+) -> None:
+    """Live traffic: the records at about `per_second`, in slices every 50 ms."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
+    await producer.start()
+    try:
+        per_tick = max(1, int(per_second / 20))
+        start = time.monotonic()
+        for tick, first in enumerate(range(0, len(records), per_tick)):
+            futures = [
+                await producer.send(topic, value, key=key, headers=headers or None)
+                for key, value, headers in records[first : first + per_tick]
+            ]
+            await asyncio.gather(*futures)
+            await asyncio.sleep(max(0.0, start + (tick + 1) * 0.05 - time.monotonic()))
+    finally:
+        await producer.stop()
+
+
+async def wait_for_log(log: Path, text: str, count: int, timeout_s: float, alive: Any) -> bool:
+    """Until `text` occurs `count` times in the worker's log (False at the deadline or death)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        if log.exists() and log.read_text(errors="replace").count(text) >= count:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+ASSIGNED = "callgate.runner: assigned"

@@ -8,6 +8,8 @@ never acknowledged until it succeeds, so a commit never passes an unacknowledged
 unacknowledged outputs, or a failing producer, pause the assigned partitions (the loop keeps
 polling, so the group membership stays alive) until the backlog drains.
 
+Each commit carries, as metadata, the offset fed so far; after a crash or a reassignment the
+`ReplayGuard` uses it to drop what the replay re-judges from fragments of already-judged calls.
 On revoke: wait (bounded) for in-flight outputs, commit what is safe, drop the partitions' open
 calls. On stop (SIGTERM/SIGINT): stop fetching, finish the current batch, wait for its outputs,
 commit, close the clients, all within `shutdown_grace_s`.
@@ -32,7 +34,15 @@ from worker.errors import BrokerError
 from worker.health import HealthServer
 from worker.metrics import Metrics, NullMetrics, build_metrics
 from worker.model import Code, Outcome
-from worker.runtime.delivery import Backoff, DeliveryLedger, FlowControl, FlowDecision, Partition
+from worker.runtime.delivery import (
+    Backoff,
+    DeliveryLedger,
+    FlowControl,
+    FlowDecision,
+    Partition,
+    ReplayGuard,
+    replay_mark,
+)
 from worker.runtime.kafka_options import consumer_options, producer_options
 from worker.settings import Settings
 
@@ -53,6 +63,7 @@ class RunnerStats:
     commit_errors: int = 0
     rebalances: int = 0
     pauses: int = 0
+    replayed_fragments: int = 0
 
 
 def decode_headers(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, str]:
@@ -70,7 +81,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._runner._on_revoked(list(revoked))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        self._runner._on_assigned(list(assigned))
+        await self._runner._on_assigned(list(assigned))
 
 
 class Runner:
@@ -99,7 +110,10 @@ class Runner:
         self._producer_options = producer_options(settings)
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
-        self.ledger = DeliveryLedger()
+        #: per partition, (offset safe to commit, offset fed so far)
+        self.ledger: DeliveryLedger[tuple[int, int]] = DeliveryLedger()
+        self._fed: dict[Partition, int] = {}
+        self._guard = ReplayGuard()
         self._flow = FlowControl(settings.kafka.max_pending_produces)
         self._backoff = Backoff()
         self._retry: list[tuple[int, Emission]] = []
@@ -215,10 +229,20 @@ class Runner:
                 )
                 emissions.extend(feed(inbound, now))
             records += len(fetched)
-            highwater = consumer.highwater(tp)
-            if highwater is not None and fetched:
-                metrics.set_lag(tp.topic, tp.partition, max(0, highwater - fetched[-1].offset - 1))
+            if fetched:
+                next_offset = fetched[-1].offset + 1
+                self._fed[(tp.topic, tp.partition)] = next_offset
+                highwater = consumer.highwater(tp)
+                if highwater is not None:
+                    metrics.set_lag(tp.topic, tp.partition, max(0, highwater - next_offset))
         emissions.extend(processor.expire(now))
+        guard = self._guard
+        if guard.active and emissions:
+            kept = [e for e in emissions if not guard.is_judged_fragment(e.call, e.verdict)]
+            self.stats.replayed_fragments += len(emissions) - len(kept)
+            emissions = kept
+        for tp in batch:
+            guard.fed((tp.topic, tp.partition), self._fed.get((tp.topic, tp.partition), 0))
         self.stats.records += records
         if records:
             metrics.add_chunks(records)
@@ -237,17 +261,18 @@ class Runner:
         await self._commit()
         self._apply_flow()
 
-    def _safe_offsets(self) -> dict[Partition, int]:
-        offsets: dict[Partition, int] = {}
+    def _safe_offsets(self) -> dict[Partition, tuple[int, int]]:
+        positions: dict[Partition, tuple[int, int]] = {}
         commit_offset = self.processor.commit_offset
         for tp in self._assignment:
             offset = commit_offset(tp.topic, tp.partition)
             if offset is not None:
-                offsets[(tp.topic, tp.partition)] = offset
-        return offsets
+                key = (tp.topic, tp.partition)
+                positions[key] = (offset, self._fed.get(key, offset))
+        return positions
 
     async def _send_batch(
-        self, emissions: list[Emission], offsets: Mapping[Partition, int]
+        self, emissions: list[Emission], offsets: Mapping[Partition, tuple[int, int]]
     ) -> None:
         batch_id = self.ledger.record_batch(len(emissions), offsets)
         if emissions:
@@ -333,8 +358,11 @@ class Runner:
         }
         if not offsets:
             return
+        request = {
+            TopicPartition(*tp): (offset, replay_mark(fed)) for tp, (offset, fed) in offsets.items()
+        }
         try:
-            await consumer.commit({TopicPartition(*tp): offset for tp, offset in offsets.items()})
+            await consumer.commit(request)
         except KafkaError as exc:
             self.stats.commit_errors += 1
             self.metrics.commit_error()
@@ -378,17 +406,39 @@ class Runner:
         for topic, partition in gone:
             self.processor.revoke(topic, partition)
             self.metrics.forget_partition(topic, partition)
+            self._guard.forget((topic, partition))
+            self._fed.pop((topic, partition), None)
         self.ledger.forget(gone)
         self._assignment = self._assignment - set(revoked)
         log.info("revoked %d partitions", len(gone))
 
-    def _on_assigned(self, assigned: list[TopicPartition]) -> None:
-        self._joined = True
+    async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
         self._assignment = frozenset(assigned)
+        await self._load_replay_marks(assigned)
+        self._joined = True
         self.metrics.set_assigned_partitions(len(assigned))
         if self._flow.paused and self._consumer is not None and assigned:
             self._consumer.pause(*assigned)
         log.info("assigned %d partitions", len(assigned))
+
+    async def _load_replay_marks(self, assigned: list[TopicPartition]) -> None:
+        consumer = self._consumer
+        if consumer is None or not assigned:
+            return
+        try:
+            # aiokafka's public `committed()` drops the commit metadata, which holds the mark
+            found = await consumer._coordinator.fetch_committed_offsets(assigned)
+        except KafkaError as exc:
+            log.warning("cannot read the replay marks (replays may re-judge fragments): %s", exc)
+            return
+        for tp in assigned:
+            entry = found.get(tp)
+            offset = entry.offset if entry is not None and entry.offset >= 0 else None
+            metadata = entry.metadata if entry is not None else None
+            self._guard.resume((tp.topic, tp.partition), offset, metadata)
+            window = self._guard.window((tp.topic, tp.partition))
+            if window is not None:
+                log.info("%s[%d]: replaying %s..%d", tp.topic, tp.partition, offset, window)
 
     # -- readiness -----------------------------------------------------------------------------
 
