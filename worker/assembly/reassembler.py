@@ -20,8 +20,9 @@ Nothing here reads the clock for decisions; the monotonic counter only measures 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from time import perf_counter_ns
+from typing import Any
 
 from worker.model import (
     NO_TRACE,
@@ -41,6 +42,50 @@ _INCOMPLETE_BY_FINISH = {
 _RECENTLY_CLOSED = 4096
 
 
+# A frozen dataclass's __init__ sets each field through object.__setattr__ by name; setting the
+# slots through their descriptors builds the very same AssembledCall in about half the time. The
+# field list is checked once, so a new field in the model falls back to the constructor.
+_CALL_FIELDS = (
+    "stream_id",
+    "call_id",
+    "tool",
+    "arguments",
+    "channel",
+    "tool_version",
+    "idempotency_key",
+    "trace",
+    "source",
+    "chunks",
+    "incomplete",
+    "assembly_error",
+    "assembly_detail",
+    "duplicate_chunks",
+    "assembly_us",
+)
+_new = object.__new__
+_setters: list[Any] = [
+    getattr(AssembledCall.__dict__.get(n), "__set__", None) for n in _CALL_FIELDS
+]
+(
+    _set_stream_id,
+    _set_call_id,
+    _set_tool,
+    _set_arguments,
+    _set_channel,
+    _set_tool_version,
+    _set_idempotency_key,
+    _set_trace,
+    _set_source,
+    _set_chunks,
+    _set_incomplete,
+    _set_assembly_error,
+    _set_assembly_detail,
+    _set_duplicate_chunks,
+    _set_assembly_us,
+) = _setters
+_BY_SLOTS = tuple(f.name for f in fields(AssembledCall)) == _CALL_FIELDS
+
+
 @dataclass(frozen=True, slots=True)
 class AssemblyLimits:
     idle_timeout_s: float = 60.0
@@ -49,10 +94,15 @@ class AssemblyLimits:
     max_open_calls_per_partition: int = 10_000
 
 
+_Scope = tuple[str, int]  # (topic, partition)
+_Key = tuple[str, str]  # (stream_id, call_id)
+
+
 class _OpenCall:
     """The state of one open call: small, and its text as the list of deltas received."""
 
     __slots__ = (
+        "activity_key",
         "busy_ns",
         "call_id",
         "channel",
@@ -72,7 +122,14 @@ class _OpenCall:
         "trace",
     )
 
-    def __init__(self, chunk: Chunk, call_id: str, offset: int, now: float) -> None:
+    def __init__(
+        self,
+        chunk: Chunk,
+        call_id: str,
+        offset: int,
+        now: float,
+        activity_key: tuple[_Scope, _Key],
+    ) -> None:
         self.stream_id = chunk.stream_id
         self.call_id = call_id
         self.channel = chunk.kind
@@ -90,10 +147,7 @@ class _OpenCall:
         self.last_seen = now
         self.overflow: Code | None = None
         self.busy_ns = 0
-
-
-_Scope = tuple[str, int]  # (topic, partition)
-_Key = tuple[str, str]  # (stream_id, call_id)
+        self.activity_key = activity_key  # its key in the reassembler's activity order
 
 
 class _Partition:
@@ -133,34 +187,40 @@ class Reassembler:
             part = self._partitions[scope] = _Partition()
         if chunk.kind is ChunkKind.END:
             return self._end_stream(scope, part, chunk, offset)
-        call_id = chunk.call_id or f"{chunk.stream_id}:{chunk.kind.value}"
-        key = (chunk.stream_id, call_id)
-        state = part.calls.get(key)
+        stream_id = chunk.stream_id
+        call_id = chunk.call_id or f"{stream_id}:{chunk.kind.value}"
+        key = (stream_id, call_id)
+        calls = part.calls
+        state = calls.get(key)
         done: list[AssembledCall] = []
         if state is None:
             if key in part.closed:  # a late chunk of a call already closed: never reopened
                 self.duplicates_dropped += 1
                 return done
-            state = _OpenCall(chunk, call_id, offset, now)
-            if len(part.calls) >= self.limits.max_open_calls_per_partition:
-                _, oldest = part.calls.popitem(last=False)
+            state = _OpenCall(chunk, call_id, offset, now, (scope, key))
+            if len(calls) >= self.limits.max_open_calls_per_partition:
+                _, oldest = calls.popitem(last=False)
                 done.append(self._close(scope, part, oldest, IncompleteReason.EVICTED, popped=True))
-            part.calls[key] = state
-            part.streams.setdefault(chunk.stream_id, set()).add(call_id)
+            calls[key] = state
+            siblings = part.streams.get(stream_id)
+            if siblings is None:
+                part.streams[stream_id] = {call_id}
+            else:
+                siblings.add(call_id)
+            self._by_activity[state.activity_key] = state
         else:
-            self._by_activity.move_to_end((scope, key))
-        self._by_activity[(scope, key)] = state
+            self._by_activity.move_to_end(state.activity_key)
 
-        if chunk.seq is not None:
-            if chunk.seq < state.next_seq:
+        seq = chunk.seq
+        if seq is not None and seq != state.next_seq:
+            if seq < state.next_seq:
                 state.duplicates += 1
                 self.duplicates_dropped += 1
                 state.last_seen = now
                 return done
-            if chunk.seq > state.next_seq:
-                state.last_offset = offset
-                done.append(self._close(scope, part, state, IncompleteReason.SEQUENCE_GAP))
-                return done
+            state.last_offset = offset
+            done.append(self._close(scope, part, state, IncompleteReason.SEQUENCE_GAP))
+            return done
         state.next_seq += 1
         state.chunks += 1
         state.last_offset = offset
@@ -258,7 +318,7 @@ class Reassembler:
         key = (state.stream_id, state.call_id)
         if not popped:
             del part.calls[key]
-        del self._by_activity[(scope, key)]
+        del self._by_activity[state.activity_key]
         stream_calls = part.streams.get(state.stream_id)
         if stream_calls is not None:
             stream_calls.discard(state.call_id)
@@ -275,20 +335,40 @@ class Reassembler:
             detail = f"the call exceeded {self.limits.max_call_bytes} bytes"
         elif error is Code.TOO_MANY_CHUNKS:
             detail = f"the call exceeded {self.limits.max_call_chunks} chunks"
-        return AssembledCall(
-            stream_id=state.stream_id,
-            call_id=state.call_id,
-            tool=state.tool,
-            arguments=text,
-            channel=state.channel,
-            tool_version=state.tool_version,
-            idempotency_key=state.idempotency_key,
-            trace=state.trace,
-            source=SourceSpan(scope[0], scope[1], state.first_offset, state.last_offset),
-            chunks=state.chunks,
-            incomplete=incomplete,
-            assembly_error=error,
-            assembly_detail=detail,
-            duplicate_chunks=state.duplicates,
-            assembly_us=(state.busy_ns + perf_counter_ns() - started) // 1000,
-        )
+        source = SourceSpan(scope[0], scope[1], state.first_offset, state.last_offset)
+        assembly_us = (state.busy_ns + perf_counter_ns() - started) // 1000
+        if not _BY_SLOTS:
+            return AssembledCall(
+                stream_id=state.stream_id,
+                call_id=state.call_id,
+                tool=state.tool,
+                arguments=text,
+                channel=state.channel,
+                tool_version=state.tool_version,
+                idempotency_key=state.idempotency_key,
+                trace=state.trace,
+                source=source,
+                chunks=state.chunks,
+                incomplete=incomplete,
+                assembly_error=error,
+                assembly_detail=detail,
+                duplicate_chunks=state.duplicates,
+                assembly_us=assembly_us,
+            )
+        call: AssembledCall = _new(AssembledCall)
+        _set_stream_id(call, state.stream_id)
+        _set_call_id(call, state.call_id)
+        _set_tool(call, state.tool)
+        _set_arguments(call, text)
+        _set_channel(call, state.channel)
+        _set_tool_version(call, state.tool_version)
+        _set_idempotency_key(call, state.idempotency_key)
+        _set_trace(call, state.trace)
+        _set_source(call, source)
+        _set_chunks(call, state.chunks)
+        _set_incomplete(call, incomplete)
+        _set_assembly_error(call, error)
+        _set_assembly_detail(call, detail)
+        _set_duplicate_chunks(call, state.duplicates)
+        _set_assembly_us(call, assembly_us)
+        return call
