@@ -82,6 +82,9 @@ class EmbeddedBroker:
         """Start the process and return once its listener accepts connections."""
         if self._process is not None:
             raise BrokerStartError("embedded broker already started")
+        if _accepts(self.host, self.port):
+            # something else listens there: waiting for "our" listener would find the other one
+            raise BrokerStartError(f"port {self.port} on {self.host} is already in use")
         command = self.command()
         log = open(self._log_file, "ab") if self._log_file else subprocess.DEVNULL  # noqa: SIM115
         try:

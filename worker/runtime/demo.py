@@ -76,7 +76,7 @@ async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
     await create_topics(bootstrap, [input_topic, *outputs], partitions=DEMO_PARTITIONS)
 
     run = f"demo-{uuid.uuid4().hex[:6]}"
-    records = [rec for i in range(repeat) for rec in sample_traffic(f"{run}.{i}")]
+    records = [rec for i in range(repeat) for rec in sample_traffic(f"{run}-{i}")]
     scenarios = len({(rec.scenario) for rec in records})
     await _produce(settings, input_topic, records)
     print(

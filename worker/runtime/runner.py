@@ -131,11 +131,10 @@ class Runner:
         """Connect the producer, then join the consumer group. Raises `BrokerError`."""
         producer = AIOKafkaProducer(**self._producer_options)
         consumer = AIOKafkaConsumer(**self._consumer_options)
+        self._producer, self._consumer = producer, consumer
         try:
             await producer.start()
-            self._producer = producer
             await consumer.start()
-            self._consumer = consumer
         except KafkaError as exc:
             await self._close_clients()
             servers = ",".join(self.settings.kafka.bootstrap_servers)

@@ -95,7 +95,7 @@ class _Envelopes:
                 if version is not None:
                     env["tool_version"] = version
                 if idempotency_key is not None:
-                    env["idempotency_key"] = f"{self.run}:{idempotency_key}"
+                    env["idempotency_key"] = idempotency_key
             chunks.append(env)
         chunks[-1]["final"] = final
         return chunks
@@ -110,6 +110,18 @@ def _interleave(*calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [chunk for chunk in merged if chunk is not None]
 
 
+def _payment(amount_minor: int, key: str | None) -> str:
+    arguments: dict[str, Any] = {
+        "amount_minor": amount_minor,
+        "currency": "EUR",
+        "recipient": "acct_4711",
+        "description": "invoice 2026-118",
+    }
+    if key is not None:
+        arguments["idempotency_key"] = key
+    return orjson.dumps(arguments).decode()
+
+
 def _repeat_first(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [chunks[0], *chunks]
 
@@ -120,9 +132,10 @@ def _drop_second(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def envelope_streams(run: str) -> list[_Stream]:
     e = _Envelopes(run)
-    weather = '{"city": "Hangzhou", "unit": "celsius"}'
-    payment = '{"amount": 1250, "currency": "EUR", "recipient": "acct_4711"}'
-    other_payment = '{"amount": 9900, "currency": "EUR", "recipient": "acct_4711"}'
+    weather = '{"city": "Hangzhou", "units": "celsius"}'
+    key = f"{run}-order-1".replace(".", "-").replace(":", "-")
+    payment = _payment(1250, key)
+    other_payment = _payment(9900, key)
     stalled = e.call("stalled", "get_weather", weather, final=False)[:2]
     return [
         e.stream(
@@ -135,7 +148,7 @@ def envelope_streams(run: str) -> list[_Stream]:
                 *e.call(
                     "w2",
                     "get_weather",
-                    '{"location": {"city": "Oslo"}, "units": "metric"}',
+                    '{"city": "Oslo", "units": "celsius", "days": 3}',
                     version="2",
                 ),
                 _end("tool_calls"),
@@ -146,8 +159,10 @@ def envelope_streams(run: str) -> list[_Stream]:
             "parallel interleaved calls",
             [
                 *_interleave(
-                    e.call("p1", "get_weather", '{"city": "Lisbon"}', parts=4),
-                    e.call("p2", "get_weather", '{"city": "Porto", "unit": "fahrenheit"}', parts=5),
+                    e.call("p1", "get_weather", '{"city": "Lisbon", "units": "celsius"}', parts=4),
+                    e.call(
+                        "p2", "get_weather", '{"city": "Porto", "units": "fahrenheit"}', parts=5
+                    ),
                 ),
                 _end("tool_calls"),
             ],
@@ -171,7 +186,10 @@ def envelope_streams(run: str) -> list[_Stream]:
         e.stream(
             "violation",
             "schema violation",
-            [*e.call("s1", "get_weather", '{"unit": "kelvin"}'), _end("tool_calls")],
+            [
+                *e.call("s1", "get_weather", '{"city": "Rome", "units": "kelvin"}'),
+                _end("tool_calls"),
+            ],
         ),
         e.stream(
             "fenced",
@@ -181,7 +199,12 @@ def envelope_streams(run: str) -> list[_Stream]:
         e.stream(
             "dupkey",
             "duplicate key",
-            [*e.call("d1", "get_weather", '{"city": "Rome", "city": "Milan"}'), _end("tool_calls")],
+            [
+                *e.call(
+                    "d1", "get_weather", '{"city": "Rome", "city": "Milan", "units": "celsius"}'
+                ),
+                _end("tool_calls"),
+            ],
         ),
         e.stream(
             "badjson",
@@ -197,16 +220,16 @@ def envelope_streams(run: str) -> list[_Stream]:
             "pay",
             "payment, then its replay (duplicate), then a conflict",
             [
-                *e.call("pay1", "create_payment", payment, idempotency_key="order-1"),
-                *e.call("pay2", "create_payment", payment, idempotency_key="order-1"),
-                *e.call("pay3", "create_payment", other_payment, idempotency_key="order-1"),
+                *e.call("pay1", "create_payment", payment, idempotency_key=key),
+                *e.call("pay2", "create_payment", payment, idempotency_key=key),
+                *e.call("pay3", "create_payment", other_payment, idempotency_key=key),
                 _end("tool_calls"),
             ],
         ),
         e.stream(
             "nokey",
             "side-effecting tool without an idempotency key",
-            [*e.call("pay4", "create_payment", payment), _end("tool_calls")],
+            [*e.call("pay4", "create_payment", _payment(700, None)), _end("tool_calls")],
         ),
         e.stream(
             "dupchunk",
@@ -317,14 +340,16 @@ def _sample_json(file: str) -> Any:
 
 
 def vendor_streams(run: str) -> list[_Stream]:
-    weather = '{"city": "Paris", "unit": "celsius"}'
+    weather = '{"city": "Paris", "units": "celsius"}'
     return [
         _openai_chat_call(run, "valid", weather, "tool_calls"),
         _openai_chat_call(run, "truncated", '{"city": "Par', "length"),
         _anthropic_call(run, "valid", weather, "tool_use"),
         _anthropic_call(run, "max-tokens", '{"city": "Pa', "max_tokens"),
-        _mcp(run, "result", "get_weather_data", _sample_json("mcp_structured_content.json")),
-        _mcp(run, "tool-error", "get_weather_data", _sample_json("mcp_tool_error.json")),
+        _mcp(
+            run, "result", "weather.get_weather_data", _sample_json("mcp_structured_content.json")
+        ),
+        _mcp(run, "tool-error", "weather.get_weather_data", _sample_json("mcp_tool_error.json")),
         _replay(
             run,
             "parallel_tool_calls_weather_and_stock.sse",

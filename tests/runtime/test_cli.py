@@ -1,0 +1,112 @@
+"""`callgate run` / `callgate demo` command line: the settings reference and start-up errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from kafka_helpers import REPO
+from pydantic import BaseModel
+
+from worker.settings import Settings
+
+
+def _env_names(model: type[BaseModel], prefix: str = "CALLGATE_") -> list[str]:
+    names = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names += _env_names(annotation, f"{prefix}{name.upper()}__")
+        else:
+            names.append(f"{prefix}{name.upper()}")
+    return names
+
+
+def _callgate(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        env={**clean, "PYTHONPATH": str(REPO), **env},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_run_help_lists_every_setting_with_its_environment_name() -> None:
+    result = _callgate("run", "--help")
+    assert result.returncode == 0, result.stderr
+    names = _env_names(Settings)
+    assert len(names) > 30
+    missing = [name for name in names if f"  {name}=" not in result.stdout]
+    assert missing == []
+    assert "CALLGATE_KAFKA__MAX_PENDING_PRODUCES=20000" in result.stdout
+    assert "--settings FILE" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"CALLGATE_KAFKA__SECURITY_PROTOCOL": "BOGUS"}, "CALLGATE_KAFKA__SECURITY_PROTOCOL"),
+        ({}, "CALLGATE_KAFKA__BOOTSTRAP_SERVERS is empty"),
+        (
+            {"CALLGATE_KAFKA__BOOTSTRAP_SERVERS": "k:9092", "CALLGATE_TOPICS__INPUT": "^(bad"},
+            "CALLGATE_TOPICS__INPUT",
+        ),
+        (
+            {
+                "CALLGATE_KAFKA__BOOTSTRAP_SERVERS": "k:9092",
+                "CALLGATE_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+            },
+            "needs sasl_mechanism, sasl_username, sasl_password",
+        ),
+        (
+            {
+                "CALLGATE_KAFKA__BOOTSTRAP_SERVERS": "k:9092",
+                "CALLGATE_SCHEMAS__DIR": "/nonexistent",
+            },
+            "/nonexistent",
+        ),
+    ],
+)
+def test_a_wrong_setting_stops_start_up_with_one_message_and_status_2(
+    env: dict[str, str], message: str
+) -> None:
+    result = _callgate("run", **{"CALLGATE_METRICS__ENABLED": "false", **env})
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_settings_file_is_read_and_a_broken_one_is_named(tmp_path: os.PathLike[str]) -> None:
+    broken = os.path.join(tmp_path, "settings.json")
+    with open(broken, "w") as fp:
+        fp.write("{not json")
+    result = _callgate("run", "--settings", broken)
+    assert result.returncode == 2
+    assert "settings.json" in result.stderr
+    good = os.path.join(tmp_path, "good.json")
+    with open(good, "w") as fp:
+        fp.write(
+            '{"kafka": {"bootstrap_servers": "k:9092", "security_protocol": "SSL",'
+            ' "ssl_cafile": "/no/such/ca.pem"}}'
+        )
+    result = _callgate("run", "--settings", good, CALLGATE_METRICS__ENABLED="false")
+    assert result.returncode == 2
+    assert "CALLGATE_KAFKA__SSL_CAFILE: no such file: /no/such/ca.pem" in result.stderr
+
+
+def test_unreachable_broker_is_an_infrastructure_failure_status_1() -> None:
+    result = _callgate(
+        "run",
+        CALLGATE_KAFKA__BOOTSTRAP_SERVERS="127.0.0.1:1",
+        CALLGATE_METRICS__ENABLED="false",
+    )
+    assert result.returncode == 1, result.stderr
+    assert "cannot connect to Kafka at 127.0.0.1:1" in result.stderr
+    assert "Unclosed" not in result.stderr
