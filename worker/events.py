@@ -21,8 +21,14 @@ _TRACE_FIELDS = ("trace_id", "run_id", "step_id", "traceparent", "attempt")
 
 
 def event_id(call: AssembledCall) -> str:
+    """The call's identity: its partition, stream and call id (not its offsets).
+
+    Offsets are left out on purpose: a replay that starts inside a call already judged feeds
+    only its tail, which comes out with another first offset (and verdict); it must still name
+    the same call, so consumers that de-duplicate by `event_id` drop it.
+    """
     source = call.source
-    where = f"{source.topic}\0{source.partition}\0{source.first_offset}" if source else ""
+    where = f"{source.topic}\0{source.partition}" if source else ""
     text = f"{where}\0{call.stream_id}\0{call.call_id}".encode("utf-8", "surrogatepass")
     return blake2b(text, digest_size=16).hexdigest()
 

@@ -60,3 +60,40 @@ def test_state_is_kept_per_scope_and_dropped_with_it() -> None:
     assert decoder.open_streams == 2
     decoder.drop_scope("p0")
     assert decoder.open_streams == 1
+
+
+MESSAGE_START = (
+    b'{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant",'
+    b'"model":"m","content":[],"stop_reason":null,"usage":{"input_tokens":1,"output_tokens":1}}}'
+)
+MESSAGE_STOP = b'{"type":"message_stop"}'
+
+
+def test_an_open_vendor_stream_holds_the_safe_offset_until_it_finishes() -> None:
+    decoder = Decoder()
+    assert decoder.safe_offset("p0") is None
+    decoder.decode(MESSAGE_START, fmt="anthropic.messages", key=b"a", scope="p0", offset=3)
+    decoder.decode(MESSAGE_START, fmt="anthropic.messages", key=b"b", scope="p0", offset=5)
+    assert decoder.safe_offset("p0") == 3
+    decoder.decode(MESSAGE_STOP, fmt="anthropic.messages", key=b"a", scope="p0", offset=9)
+    assert decoder.safe_offset("p0") == 5
+    decoder.decode(MESSAGE_STOP, fmt="anthropic.messages", key=b"b", scope="p0", offset=10)
+    assert decoder.safe_offset("p0") is None
+    assert decoder.open_streams == 0
+
+
+def test_idle_vendor_streams_expire_by_the_callers_clock() -> None:
+    decoder = Decoder(idle_timeout_s=10)
+    decoder.decode(MESSAGE_START, fmt="anthropic.messages", key=b"a", scope="p", offset=0, now=0)
+    decoder.decode(MESSAGE_START, fmt="anthropic.messages", key=b"b", scope="p", offset=1, now=5)
+    assert decoder.expire(9.0) == 0
+    assert decoder.expire(10.0) == 1
+    assert decoder.safe_offset("p") == 1
+
+
+def test_streams_past_the_bound_are_forgotten_oldest_first() -> None:
+    decoder = Decoder(max_streams=2)
+    for offset, key in enumerate((b"a", b"b", b"c")):
+        decoder.decode(MESSAGE_START, fmt="anthropic.messages", key=key, scope="p", offset=offset)
+    assert decoder.open_streams == 2
+    assert decoder.safe_offset("p") == 1

@@ -157,3 +157,49 @@ def test_stream_end_marks_open_calls_incomplete(processor: Processor) -> None:
     )
     event = orjson.loads(emission.value)
     assert (event["outcome"], event["reason"]) == ("incomplete", "max_tokens")
+
+
+def test_a_replay_inside_a_judged_call_names_the_same_event(processor: Processor) -> None:
+    """Commit stops at an open call; a judged call's tail fed again keeps the original id."""
+    rec = Records()
+    values = [
+        envelope(call_id="b", seq=0, tool="get_weather", delta='{"city":"Oslo",'),  # 0
+        envelope(call_id="a", seq=0, tool="get_weather", delta="{"),  # 1: stays open
+        envelope(call_id="b", seq=1, delta='"units":"celsius"}', final=True),  # 2
+    ]
+    (judged,) = [e for v in values for e in processor.feed(rec(v), now=0)]
+    assert processor.commit_offset("in", 0) == 1
+    replay = Processor.from_settings(load_settings(schemas={"dir": SCHEMAS}))
+    tail = [
+        e
+        for offset in (1, 2)
+        for e in replay.feed(InboundRecord("in", 0, offset, b"r1", values[offset]), now=0)
+    ]
+    (fragment,) = tail
+    assert orjson.loads(fragment.value)["reason"] == "sequence_gap"
+    assert orjson.loads(fragment.value)["event_id"] == orjson.loads(judged.value)["event_id"]
+
+
+def test_commit_offset_waits_for_an_open_vendor_stream(processor: Processor) -> None:
+    rec = Records()
+    start = (
+        b'{"type":"message_start","message":{"id":"m","type":"message","role":"assistant",'
+        b'"model":"m","content":[],"stop_reason":null,"usage":{"input_tokens":1,"output_tokens":1}}}'
+    )
+    processor.feed(rec(start, key=b"anthropic-1", **{"content-format": "anthropic.messages"}), 0)
+    processor.feed(
+        rec(
+            envelope(
+                call_id="c",
+                seq=0,
+                tool="get_weather",
+                final=True,
+                delta='{"city":"Oslo","units":"celsius"}',
+            )
+        ),
+        now=0,
+    )
+    assert processor.commit_offset("in", 0) == 0
+    stop = b'{"type":"message_stop"}'
+    processor.feed(rec(stop, key=b"anthropic-1", **{"content-format": "anthropic.messages"}), 0)
+    assert processor.commit_offset("in", 0) == rec.offset

@@ -45,12 +45,36 @@ def formats() -> list[str]:
     return sorted({ENVELOPE, *ADAPTERS})
 
 
-class Decoder:
-    """Decodes records of any supported format; bounded in the number of streams it remembers."""
+class _Open:
+    """One vendor stream's adapter, where the stream began and when it was last heard."""
 
-    def __init__(self, max_streams: int = 100_000) -> None:
+    __slots__ = ("adapter", "first_offset", "last_seen")
+
+    def __init__(self, adapter: StreamAdapter, first_offset: int, now: float) -> None:
+        self.adapter = adapter
+        self.first_offset = first_offset
+        self.last_seen = now
+
+
+_Slot = tuple[Hashable, str, str]  # (scope, format, stream id)
+
+
+class Decoder:
+    """Decodes records of any supported format, keeping vendor streams' state, bounded.
+
+    A vendor stream's state is as much part of an unfinished response as an open call: a replay
+    that starts after the stream's first record could not decode the rest. So `safe_offset`
+    answers the first record of the oldest stream still open in a scope, and the commit must not
+    pass it. Streams are forgotten when they finish, when idle past `idle_timeout_s` (`expire`,
+    with the caller's `now`), oldest first past `max_streams`, and with their scope.
+    """
+
+    def __init__(self, max_streams: int = 100_000, idle_timeout_s: float = 60.0) -> None:
         self._max_streams = max_streams
-        self._streams: OrderedDict[tuple[Hashable, str, str], StreamAdapter] = OrderedDict()
+        self._idle_timeout_s = idle_timeout_s
+        self._by_activity: OrderedDict[_Slot, _Open] = OrderedDict()
+        # per scope, in first-offset order: the first entry is the oldest open stream
+        self._by_scope: dict[Hashable, OrderedDict[_Slot, None]] = {}
 
     def decode(
         self,
@@ -60,6 +84,8 @@ class Decoder:
         key: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         scope: Hashable = None,
+        offset: int = 0,
+        now: float = 0.0,
     ) -> list[Chunk]:
         headers = headers or {}
         if fmt is None or fmt == ENVELOPE:
@@ -84,23 +110,53 @@ class Decoder:
         if not isinstance(event, dict):
             raise InputFormatError(f"{fmt} event must be a JSON object")
         slot = (scope, fmt, stream_id)
-        adapter = self._streams.get(slot)
-        if adapter is None:
-            adapter = factory(stream_id, headers)
-            self._streams[slot] = adapter
-            if len(self._streams) > self._max_streams:
-                self._streams.popitem(last=False)
+        stream = self._by_activity.get(slot)
+        if stream is None:
+            stream = _Open(factory(stream_id, headers), offset, now)
+            self._by_activity[slot] = stream
+            self._by_scope.setdefault(scope, OrderedDict())[slot] = None
+            if len(self._by_activity) > self._max_streams:
+                self._forget(next(iter(self._by_activity)))
         else:
-            self._streams.move_to_end(slot)
-        chunks = adapter.feed(event)
-        if adapter.finished:
-            del self._streams[slot]
+            stream.last_seen = now
+            self._by_activity.move_to_end(slot)
+        try:
+            chunks = stream.adapter.feed(event)
+        finally:
+            if stream.adapter.finished:
+                self._forget(slot)
         return chunks
 
+    def expire(self, now: float) -> int:
+        """Forget streams idle past the timeout (their calls time out in the reassembler)."""
+        deadline = now - self._idle_timeout_s
+        expired = 0
+        while self._by_activity:
+            slot, stream = next(iter(self._by_activity.items()))
+            if stream.last_seen > deadline:
+                break
+            self._forget(slot)
+            expired += 1
+        return expired
+
+    def safe_offset(self, scope: Hashable) -> int | None:
+        """The first record of the scope's oldest open vendor stream, or None."""
+        slots = self._by_scope.get(scope)
+        if not slots:
+            return None
+        return self._by_activity[next(iter(slots))].first_offset
+
     def drop_scope(self, scope: Hashable) -> None:
-        for slot in [slot for slot in self._streams if slot[0] == scope]:
-            del self._streams[slot]
+        for slot in list(self._by_scope.get(scope, ())):
+            self._forget(slot)
 
     @property
     def open_streams(self) -> int:
-        return len(self._streams)
+        return len(self._by_activity)
+
+    def _forget(self, slot: _Slot) -> None:
+        del self._by_activity[slot]
+        slots = self._by_scope[slot[0]]
+        del slots[slot]
+        if not slots:
+            del self._by_scope[slot[0]]

@@ -61,7 +61,10 @@ class Processor:
         return cls(
             Gate.from_settings(settings),
             Reassembler(assembly),
-            Decoder(max_streams=limits.max_open_calls_per_partition * 8),
+            Decoder(
+                max_streams=limits.max_open_calls_per_partition * 8,
+                idle_timeout_s=settings.assembly.idle_timeout_s,
+            ),
         )
 
     @property
@@ -88,6 +91,8 @@ class Processor:
                 key=record.key,
                 headers=record.headers,
                 scope=scope,
+                offset=record.offset,
+                now=now,
             )
         except InputFormatError as exc:
             self.poison_records += 1
@@ -102,6 +107,7 @@ class Processor:
         return emissions
 
     def expire(self, now: float) -> list[Emission]:
+        self.decoder.expire(now)
         return [self._emit(call) for call in self.reassembler.expire(now)]
 
     def flush(self) -> list[Emission]:
@@ -113,12 +119,17 @@ class Processor:
         self._next_offset.pop((topic, partition), None)
 
     def commit_offset(self, topic: str, partition: int) -> int | None:
-        """The offset safe to commit: never past the first record of a call still open there."""
+        """The offset safe to commit: never past the first record of a call, or of a vendor
+        stream, still open there, so a replay from it decodes and assembles them whole."""
         fed = self._next_offset.get((topic, partition))
         if fed is None:
             return None
-        open_from = self.reassembler.safe_offset(topic, partition)
-        return fed if open_from is None else min(fed, open_from)
+        candidates = [
+            fed,
+            self.reassembler.safe_offset(topic, partition),
+            self.decoder.safe_offset((topic, partition)),
+        ]
+        return min(offset for offset in candidates if offset is not None)
 
     def _emit(self, call: AssembledCall) -> Emission:
         verdict = self.gate.judge(call)
