@@ -13,48 +13,39 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import core, e2e, observability, profile, scaling
 from benchmarks.common import RESULTS, write_results
 
 
-def _core(quick: bool, repeats: int | None) -> dict[str, Any]:
-    from benchmarks import core
-
+def _core(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
     if quick:
         return core.run(calls=40, repeats=repeats or 2)
     return core.run(repeats=repeats or 5)
 
 
-def _observability(quick: bool, repeats: int | None) -> dict[str, Any]:
-    from benchmarks import observability
-
+def _observability(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
     if quick:
         return observability.run(calls=40, repeats=repeats or 2)
     return observability.run(repeats=repeats or 7)
 
 
-def _scaling(quick: bool, repeats: int | None) -> dict[str, Any]:
-    from benchmarks import scaling
-
+def _scaling(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
     if quick:
         return scaling.run(quick=True, repeats=repeats or 1)
     return scaling.run(repeats=repeats or 3)
 
 
-def _e2e(quick: bool, repeats: int | None) -> dict[str, Any]:
-    from benchmarks import e2e
-
+def _e2e(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
     if quick:
         return e2e.run(quick=True, repeats=repeats or 1)
     return e2e.run(repeats=repeats or 3)
 
 
-def _profile(quick: bool, repeats: int | None) -> dict[str, Any]:
-    from benchmarks import profile
-
-    return profile.run(calls=200 if quick else 20_000)
+def _profile(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
+    return profile.run(calls=200 if quick else 20_000, out=out)
 
 
-BENCHMARKS: dict[str, Callable[[bool, int | None], dict[str, Any]]] = {
+BENCHMARKS: dict[str, Callable[[bool, int | None, Path], dict[str, Any]]] = {
     "core": _core,
     "observability": _observability,
     "scaling": _scaling,
@@ -76,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
     for name in args.names or DEFAULT:
         print(f"== {name}", file=sys.stderr, flush=True)
-        body = BENCHMARKS[name](args.quick, args.repeats)
+        body = BENCHMARKS[name](args.quick, args.repeats, args.out)
         path = write_results(name, body, args.out)
         print(f"   wrote {path}", file=sys.stderr, flush=True)
     return 0
