@@ -203,3 +203,10 @@ def test_commit_offset_waits_for_an_open_vendor_stream(processor: Processor) -> 
     stop = b'{"type":"message_stop"}'
     processor.feed(rec(stop, key=b"anthropic-1", **{"content-format": "anthropic.messages"}), 0)
     assert processor.commit_offset("in", 0) == rec.offset
+
+
+def test_tool_names_by_alias(processor: Processor) -> None:
+    assert processor.tool_name("weather.get_weather") == "get_weather"
+    assert processor.tool_name("get_weather") == "get_weather"
+    assert processor.tool_name("rm_rf") == "rm_rf"
+    assert processor.tool_name(None) is None

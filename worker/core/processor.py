@@ -79,6 +79,12 @@ class Processor:
     def tool_names(self) -> frozenset[str]:
         return self.gate.registry.tool_names()
 
+    def tool_name(self, name: str | None) -> str | None:
+        """The registry's own name of a tool a call named by alias (schema id), else the name."""
+        if name is None:
+            return None
+        return self.gate.registry.tool_name(name) or name
+
     def feed(self, record: InboundRecord, now: float) -> list[Emission]:
         scope = (record.topic, record.partition)
         self._next_offset[scope] = record.offset + 1

@@ -247,7 +247,7 @@ class Runner:
             metrics.add_chunks(records)
         for emission in emissions:
             call = emission.call
-            metrics.observe(emission.verdict, call.tool)
+            metrics.observe(emission.verdict, processor.tool_name(call.tool))
             if call.duplicate_chunks:
                 metrics.add_duplicate_chunks(call.duplicate_chunks)
             if emission.verdict.code in _POISON:
@@ -482,10 +482,10 @@ def serve(settings: Settings) -> int:
         settings.metrics.enabled, processor.tool_names, engine=settings.schemas.engine
     )
     runner = Runner(settings, processor, metrics)
+    # always served: the probes need /healthz and /readyz even with metrics off (empty /metrics)
     health = HealthServer(metrics.registry, runner.readiness)
-    if settings.metrics.enabled:
-        port = health.start(settings.metrics.host, settings.metrics.port)
-        log.info("metrics on http://%s:%d/metrics", settings.metrics.host, port)
+    port = health.start(settings.metrics.host, settings.metrics.port)
+    log.info("health and metrics on http://%s:%d/", settings.metrics.host, port)
     try:
         asyncio.run(run_until_stopped(runner))
     except BrokerError as exc:

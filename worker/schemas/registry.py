@@ -265,6 +265,11 @@ class SchemaRegistry:
     def tool_names(self) -> frozenset[str]:
         return frozenset(entry.newest.tool for entry in self._by_name.values())
 
+    def tool_name(self, name: str) -> str | None:
+        """The tool's own name for any name a call may use (bare name or schema id)."""
+        entry = self._by_name.get(name)
+        return entry.newest.tool if entry is not None else None
+
     def contracts(self) -> tuple[Contract, ...]:
         """Every loaded contract, each version once."""
         entries = {entry.schema_id: entry for entry in self._by_name.values()}
