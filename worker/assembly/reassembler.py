@@ -102,7 +102,6 @@ class _OpenCall:
     """The state of one open call: small, and its text as the list of deltas received."""
 
     __slots__ = (
-        "activity_key",
         "busy_ns",
         "call_id",
         "channel",
@@ -110,6 +109,7 @@ class _OpenCall:
         "duplicates",
         "first_offset",
         "idempotency_key",
+        "key",
         "last_offset",
         "last_seen",
         "nbytes",
@@ -128,7 +128,7 @@ class _OpenCall:
         call_id: str,
         offset: int,
         now: float,
-        activity_key: tuple[_Scope, _Key],
+        key: _Key,
     ) -> None:
         self.stream_id = chunk.stream_id
         self.call_id = call_id
@@ -147,16 +147,18 @@ class _OpenCall:
         self.last_seen = now
         self.overflow: Code | None = None
         self.busy_ns = 0
-        self.activity_key = activity_key  # its key in the reassembler's activity order
+        self.key = key  # (stream_id, call_id), the very tuple its partition is keyed by
 
 
 class _Partition:
-    __slots__ = ("calls", "closed", "streams")
+    __slots__ = ("calls", "closed", "scope", "streams")
 
-    def __init__(self) -> None:
+    def __init__(self, scope: _Scope) -> None:
+        self.scope = scope  # one tuple per partition, shared by everything that names it
         # insertion order is first-offset order: the first entry is the oldest open call
         self.calls: OrderedDict[_Key, _OpenCall] = OrderedDict()
-        self.streams: dict[str, set[str]] = {}
+        # call ids open per stream: a list, as a stream has one or a few calls open at a time
+        self.streams: dict[str, list[str]] = {}
         # recently closed calls, so late duplicates are dropped, not reopened
         self.closed: OrderedDict[_Key, None] = OrderedDict()
 
@@ -165,7 +167,8 @@ class Reassembler:
     def __init__(self, limits: AssemblyLimits | None = None) -> None:
         self.limits = limits or AssemblyLimits()
         self._partitions: dict[_Scope, _Partition] = {}
-        self._by_activity: OrderedDict[tuple[_Scope, _Key], _OpenCall] = OrderedDict()
+        # every open call, least recently fed first, with its partition's scope
+        self._by_activity: OrderedDict[_OpenCall, _Scope] = OrderedDict()
         self._buffered = 0
         self.duplicates_dropped = 0
 
@@ -181,10 +184,10 @@ class Reassembler:
         self, chunk: Chunk, *, topic: str, partition: int, offset: int, now: float
     ) -> list[AssembledCall]:
         started = perf_counter_ns()
-        scope = (topic, partition)
-        part = self._partitions.get(scope)
+        part = self._partitions.get((topic, partition))
         if part is None:
-            part = self._partitions[scope] = _Partition()
+            part = self._partitions[(topic, partition)] = _Partition((topic, partition))
+        scope = part.scope
         if chunk.kind is ChunkKind.END:
             return self._end_stream(scope, part, chunk, offset)
         stream_id = chunk.stream_id
@@ -197,19 +200,19 @@ class Reassembler:
             if key in part.closed:  # a late chunk of a call already closed: never reopened
                 self.duplicates_dropped += 1
                 return done
-            state = _OpenCall(chunk, call_id, offset, now, (scope, key))
+            state = _OpenCall(chunk, call_id, offset, now, key)
             if len(calls) >= self.limits.max_open_calls_per_partition:
                 _, oldest = calls.popitem(last=False)
                 done.append(self._close(scope, part, oldest, IncompleteReason.EVICTED, popped=True))
             calls[key] = state
             siblings = part.streams.get(stream_id)
             if siblings is None:
-                part.streams[stream_id] = {call_id}
+                part.streams[stream_id] = [call_id]
             else:
-                siblings.add(call_id)
-            self._by_activity[state.activity_key] = state
+                siblings.append(call_id)
+            self._by_activity[state] = scope
         else:
-            self._by_activity.move_to_end(state.activity_key)
+            self._by_activity.move_to_end(state)
 
         seq = chunk.seq
         if seq is not None and seq != state.next_seq:
@@ -252,7 +255,7 @@ class Reassembler:
         deadline = now - self.limits.idle_timeout_s
         done: list[AssembledCall] = []
         while self._by_activity:
-            (scope, _), state = next(iter(self._by_activity.items()))
+            state, scope = next(iter(self._by_activity.items()))
             if state.last_seen > deadline:
                 break
             part = self._partitions[scope]
@@ -262,7 +265,7 @@ class Reassembler:
     def flush(self) -> list[AssembledCall]:
         """End of all input: every open call ends `incomplete` `stream_ended`."""
         done = []
-        for (scope, _), state in list(self._by_activity.items()):
+        for state, scope in list(self._by_activity.items()):
             done.append(
                 self._close(scope, self._partitions[scope], state, IncompleteReason.STREAM_ENDED)
             )
@@ -273,9 +276,9 @@ class Reassembler:
         part = self._partitions.pop((topic, partition), None)
         if part is None:
             return
-        for key, state in part.calls.items():
+        for state in part.calls.values():
             self._buffered -= state.nbytes
-            del self._by_activity[((topic, partition), key)]
+            del self._by_activity[state]
 
     def safe_offset(self, topic: str, partition: int) -> int | None:
         """The first offset of the partition's oldest open call, or None when none is open."""
@@ -315,13 +318,14 @@ class Reassembler:
         popped: bool = False,
     ) -> AssembledCall:
         started = perf_counter_ns()
-        key = (state.stream_id, state.call_id)
+        key = state.key
         if not popped:
             del part.calls[key]
-        del self._by_activity[state.activity_key]
+        del self._by_activity[state]
         stream_calls = part.streams.get(state.stream_id)
         if stream_calls is not None:
-            stream_calls.discard(state.call_id)
+            if state.call_id in stream_calls:
+                stream_calls.remove(state.call_id)
             if not stream_calls:
                 del part.streams[state.stream_id]
         part.closed[key] = None
