@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from worker.adapters import fields as f
+from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
 from worker.model import Chunk, ChunkKind, FinishReason
 
@@ -32,20 +33,14 @@ _OTHER = ""  # a block that is not a client tool call
 _CLOSED = None  # a client tool call's block after its stop
 
 
-class AnthropicAdapter:
+class AnthropicAdapter(VendorAdapter):
     """Incremental decoder of one Messages API stream (one `StreamAdapter`)."""
 
     def __init__(self, stream_id: str, headers: Mapping[str, str]) -> None:
-        self._stream = stream_id
-        self._trace = f.trace_from_headers(headers)
+        super().__init__(stream_id, headers)
         self._blocks: dict[int, str | None] = {}  # index -> open call id, _OTHER or _CLOSED
         self._stop: FinishReason | None = None
         self._refusal: str | None = None
-        self._finished = False
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         if self._finished:
@@ -60,9 +55,9 @@ class AnthropicAdapter:
         if kind == "message_delta":
             self._message_delta(event, kind)
         elif kind == "message_stop":
-            return self._end()
+            return self._message_stop()
         elif kind == "error":
-            return self._error(event)
+            return self._error_event(event)
         return []
 
     def _start(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
@@ -119,43 +114,15 @@ class AnthropicAdapter:
             explanation = details.get("explanation")
             self._refusal = explanation if isinstance(explanation, str) else ""
 
-    def _end(self) -> list[Chunk]:
-        self._finished = True
+    def _message_stop(self) -> list[Chunk]:
         out = []
         if self._refusal is not None:
             refusal_id = f"{self._stream}:refusal"
             out.append(self._chunk(ChunkKind.REFUSAL, refusal_id, delta=self._refusal, final=True))
-        out.append(Chunk(self._stream, ChunkKind.END, finish_reason=self._stop, trace=self._trace))
+        out.append(self._end(self._stop))
         return out
 
-    def _error(self, event: Mapping[str, Any]) -> list[Chunk]:
+    def _error_event(self, event: Mapping[str, Any]) -> list[Chunk]:
         error = event.get("error")
         code = f.short_code(error.get("type"), "error") if isinstance(error, dict) else "error"
-        self._finished = True
-        return [
-            self._chunk(ChunkKind.ERROR, f"{self._stream}:error", delta=code, final=True),
-            Chunk(self._stream, ChunkKind.END, finish_reason=FinishReason.ERROR, trace=self._trace),
-        ]
-
-    def _chunk(
-        self,
-        kind: ChunkKind,
-        call_id: str,
-        *,
-        tool: str | None = None,
-        delta: str = "",
-        final: bool = False,
-    ) -> Chunk:
-        return Chunk(
-            self._stream,
-            kind,
-            call_id=call_id,
-            tool=tool,
-            delta=delta,
-            final=final,
-            trace=self._trace,
-        )
-
-
-def factory(stream_id: str, headers: Mapping[str, str]) -> AnthropicAdapter:
-    return AnthropicAdapter(stream_id, headers)
+        return self._error(code)

@@ -36,7 +36,10 @@ class StreamAdapter(Protocol):
 #: format name -> factory(stream_id, headers) of a fresh adapter for one stream.
 AdapterFactory = Callable[[str, Mapping[str, str]], StreamAdapter]
 ADAPTERS: dict[str, AdapterFactory] = {
-    module.FORMAT: module.factory for module in (openai_chat, openai_responses, anthropic, mcp)
+    openai_chat.FORMAT: openai_chat.OpenAIChatAdapter,
+    openai_responses.FORMAT: openai_responses.OpenAIResponsesAdapter,
+    anthropic.FORMAT: anthropic.AnthropicAdapter,
+    mcp.FORMAT: mcp.MCPResultAdapter,
 }
 
 

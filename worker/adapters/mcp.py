@@ -14,25 +14,19 @@ from typing import Any
 
 import orjson
 
-from worker.adapters import fields as f
+from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
 from worker.model import Chunk, ChunkKind
 
 FORMAT = "mcp.result"
 
 
-class MCPResultAdapter:
+class MCPResultAdapter(VendorAdapter):
     """One MCP result record; finished after its only event."""
 
     def __init__(self, stream_id: str, headers: Mapping[str, str]) -> None:
-        self._stream = stream_id
+        super().__init__(stream_id, headers)
         self._headers = headers
-        self._trace = f.trace_from_headers(headers)
-        self._finished = False
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         if self._finished:
@@ -52,18 +46,12 @@ class MCPResultAdapter:
             raise InputFormatError("mcp.result: the record needs a 'tool' header naming the tool")
         call_id = self._headers.get("call-id") or str(rpc_id)
         return [
-            Chunk(
-                self._stream,
+            self._chunk(
                 ChunkKind.MCP_RESULT,
-                call_id=call_id,
+                call_id,
                 tool=tool,
                 tool_version=self._headers.get("tool-version") or None,
                 delta=orjson.dumps(event).decode(),
                 final=True,
-                trace=self._trace,
             )
         ]
-
-
-def factory(stream_id: str, headers: Mapping[str, str]) -> MCPResultAdapter:
-    return MCPResultAdapter(stream_id, headers)

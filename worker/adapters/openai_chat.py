@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.adapters import fields as f
+from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
 from worker.model import Chunk, ChunkKind, FinishReason
 
@@ -58,39 +59,32 @@ class _Choice:
     finish: FinishReason | None = None
 
 
-class OpenAIChatAdapter:
+class OpenAIChatAdapter(VendorAdapter):
     """Incremental decoder of one Chat Completions stream (one `StreamAdapter`)."""
 
     def __init__(self, stream_id: str, headers: Mapping[str, str]) -> None:
-        self._stream = stream_id
-        self._trace = f.trace_from_headers(headers)
+        super().__init__(stream_id, headers)
         self._choices: dict[int, _Choice] = {}
-        self._finished = False
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         if self._finished:
             raise InputFormatError("openai.chat: event after the end of the stream")
         if "error" in event and "choices" not in event:
-            return self._error(event)
+            return self._error_event(event)
         choices = f.array(event, "choices", "chat.completion.chunk")
         out: list[Chunk] = []
         if not choices:
             # The usage chunk is the stream's last one.
             self._finished = True
             if self._choices:
-                out.append(self._end())
+                out.append(self._end(self._end_reason()))
             return out
         for raw in choices:
             if not isinstance(raw, dict):
                 raise InputFormatError("chat.completion.chunk: each of 'choices' must be an object")
             self._choice(raw, out)
         if all(choice.done for choice in self._choices.values()):
-            self._finished = True
-            out.append(self._end())
+            out.append(self._end(self._end_reason()))
         return out
 
     def _choice(self, raw: Mapping[str, Any], out: list[Chunk]) -> None:
@@ -159,47 +153,20 @@ class OpenAIChatAdapter:
             if choice.refusal:
                 out.append(self._chunk(ChunkKind.REFUSAL, self._refusal_id(index), final=True))
 
-    def _error(self, event: Mapping[str, Any]) -> list[Chunk]:
+    def _error_event(self, event: Mapping[str, Any]) -> list[Chunk]:
         error = event.get("error")
         code = "error"
         if isinstance(error, dict):
             code = f.short_code(error.get("code"), f.short_code(error.get("type"), "error"))
-        self._finished = True
-        return [
-            self._chunk(ChunkKind.ERROR, f"{self._stream}:error", delta=code, final=True),
-            Chunk(self._stream, ChunkKind.END, finish_reason=FinishReason.ERROR, trace=self._trace),
-        ]
+        return self._error(code)
 
-    def _end(self) -> Chunk:
+    def _end_reason(self) -> FinishReason | None:
         reasons = {choice.finish for choice in self._choices.values()}
         finish = next((reason for reason in _PRIORITY if reason in reasons), None)
         if None in reasons and finish in _CLOSES:
             finish = None  # a choice without a known finish reason: its calls ended with the stream
-        return Chunk(self._stream, ChunkKind.END, finish_reason=finish, trace=self._trace)
+        return finish
 
     def _refusal_id(self, choice_index: int) -> str:
         base = f"{self._stream}:refusal"
         return base if choice_index == 0 else f"{base}:{choice_index}"
-
-    def _chunk(
-        self,
-        kind: ChunkKind,
-        call_id: str,
-        *,
-        tool: str | None = None,
-        delta: str = "",
-        final: bool = False,
-    ) -> Chunk:
-        return Chunk(
-            self._stream,
-            kind,
-            call_id=call_id,
-            tool=tool,
-            delta=delta,
-            final=final,
-            trace=self._trace,
-        )
-
-
-def factory(stream_id: str, headers: Mapping[str, str]) -> OpenAIChatAdapter:
-    return OpenAIChatAdapter(stream_id, headers)

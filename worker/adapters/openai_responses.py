@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.adapters import fields as f
+from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
 from worker.model import Chunk, ChunkKind, FinishReason
 
@@ -48,22 +49,16 @@ class _Call:
     digest: Any = field(default_factory=_digest)
 
 
-class OpenAIResponsesAdapter:
+class OpenAIResponsesAdapter(VendorAdapter):
     """Incremental decoder of one Responses API stream (one `StreamAdapter`)."""
 
     def __init__(self, stream_id: str, headers: Mapping[str, str]) -> None:
-        self._stream = stream_id
-        self._trace = f.trace_from_headers(headers)
+        super().__init__(stream_id, headers)
         self._calls: dict[str, _Call] = {}  # by item id
         self._items: dict[int, str] = {}  # output_index -> item id
         self._numbered: bool | None = None
         self._last_seq = -1
         self._refusal: bool | None = None  # None: none seen; True: open; False: closed
-        self._finished = False
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         if self._finished:
@@ -231,34 +226,14 @@ class OpenAIResponsesAdapter:
         code = f.short_code(source.get("code"), f.short_code(source.get("type"), "error"))
         return self._error(code)
 
-    def _error(self, code: str) -> list[Chunk]:
-        error = self._chunk(ChunkKind.ERROR, f"{self._stream}:error", delta=code, final=True)
-        return [error, self._end(FinishReason.ERROR)]
-
-    def _end(self, finish: FinishReason | None) -> Chunk:
-        self._finished = True
-        return Chunk(self._stream, ChunkKind.END, finish_reason=finish, trace=self._trace)
-
     def _call_chunk(
         self, call: _Call, *, tool: str | None = None, delta: str = "", final: bool = False
     ) -> Chunk:
         seq = None
         if self._numbered:
             seq, call.next_seq = call.next_seq, call.next_seq + 1
-        return Chunk(
-            self._stream,
-            ChunkKind.TOOL_CALL,
-            call_id=call.call_id,
-            seq=seq,
-            tool=tool,
-            delta=delta,
-            final=final,
-            trace=self._trace,
-        )
-
-    def _chunk(self, kind: ChunkKind, call_id: str, *, delta: str, final: bool = False) -> Chunk:
-        return Chunk(
-            self._stream, kind, call_id=call_id, delta=delta, final=final, trace=self._trace
+        return self._chunk(
+            ChunkKind.TOOL_CALL, call.call_id, seq=seq, tool=tool, delta=delta, final=final
         )
 
 
@@ -274,7 +249,3 @@ _HANDLERS = {
     "response.failed": OpenAIResponsesAdapter._failed,
     "error": OpenAIResponsesAdapter._error_event,
 }
-
-
-def factory(stream_id: str, headers: Mapping[str, str]) -> OpenAIResponsesAdapter:
-    return OpenAIResponsesAdapter(stream_id, headers)
