@@ -9,8 +9,11 @@ join, `json.loads`, `jsonschema.Draft202012Validator` built once) runs in the sa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from benchmarks import workload
 from benchmarks.common import (
@@ -22,10 +25,23 @@ from benchmarks.common import (
     one_core,
     paired_ratio,
 )
-from benchmarks.harness import callgate_run, outcomes, processor_factory, seed_run
+from benchmarks.harness import Run, callgate_run, outcomes, processor_factory, seed_run
+from worker.core.processor import InboundRecord
 
 TARGETS = {"fastjsonschema": 10.0, "jsonschema-rs": 20.0}
 SCHEMA_DIRS = {"small": SEED_SCHEMAS, "large": BENCH_SCHEMAS}
+
+
+def envelope_parse_only(records: Sequence[InboundRecord]) -> Run:
+    """The floor of any design that parses each envelope: `orjson.loads` per record, no more."""
+
+    def run() -> int:
+        loads = orjson.loads
+        for record in records:
+            loads(record.value or b"")
+        return len(records)
+
+    return run
 
 
 def run(*, calls: int = 4000, repeats: int = 5, fragments: int = 10) -> dict[str, Any]:
@@ -35,7 +51,10 @@ def run(*, calls: int = 4000, repeats: int = 5, fragments: int = 10) -> dict[str
             directory: Path = SCHEMA_DIRS[label]
             for mix, share in workload.MIXES.items():
                 records = workload.records(workload.calls(schema, calls, share), fragments)
-                runs = {"seed": seed_run(directory, records)}
+                runs = {
+                    "seed": seed_run(directory, records),
+                    "floor": envelope_parse_only(records),
+                }
                 makers = {}
                 for engine in ENGINES:
                     makers[engine] = processor_factory(directory, engine)
@@ -50,6 +69,11 @@ def run(*, calls: int = 4000, repeats: int = 5, fragments: int = 10) -> dict[str
                     "calls": calls,
                     "fragments_per_call": fragments,
                     "seed_calls_per_s": round(seed_rate),
+                    # the best ratio any per-record design could reach: orjson.loads per
+                    # envelope and nothing else (no reassembly, parse, validation or event)
+                    "ceiling_ratio_envelope_parse_only": round(
+                        paired_ratio(seconds["seed"], seconds["floor"]), 1
+                    ),
                     "engines": {},
                 }
                 for engine in ENGINES:
