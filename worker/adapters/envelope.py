@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
@@ -50,6 +51,32 @@ _setters: list[Any] = [getattr(Chunk.__dict__.get(n), "__set__", None) for n in 
 _BY_SLOTS = tuple(f.name for f in fields(Chunk)) == _CHUNK_FIELDS
 
 
+def _chunk(stream_id: str, call_id: str, seq: int | None, delta: str, final: bool) -> Chunk:
+    """A tool-call chunk with no tool, version, key or trace: most chunks of a stream."""
+    if not _BY_SLOTS:
+        return Chunk(
+            stream_id=stream_id,
+            kind=ChunkKind.TOOL_CALL,
+            call_id=call_id,
+            seq=seq,
+            delta=delta,
+            final=final,
+        )
+    chunk: Chunk = _new(Chunk)
+    _set_stream_id(chunk, stream_id)
+    _set_kind(chunk, ChunkKind.TOOL_CALL)
+    _set_call_id(chunk, call_id)
+    _set_seq(chunk, seq)
+    _set_tool(chunk, None)
+    _set_tool_version(chunk, None)
+    _set_delta(chunk, delta)
+    _set_final(chunk, final)
+    _set_finish_reason(chunk, None)
+    _set_idempotency_key(chunk, None)
+    _set_trace(chunk, NO_TRACE)
+    return chunk
+
+
 def _optional_str(obj: Mapping[str, Any], name: str) -> str | None:
     value = obj.get(name)
     if value is None or isinstance(value, str):
@@ -82,8 +109,29 @@ def decode_envelope(value: bytes, traceparent: str | None = None) -> Chunk:
     return chunk_from_envelope(obj, traceparent)
 
 
+#: the fields of a middle chunk, which carries nothing else (one C call fetches them all)
+_MIDDLE = operator.itemgetter("stream_id", "call_id", "seq", "kind", "delta", "final")
+
+
 def chunk_from_envelope(obj: Mapping[str, Any], traceparent: str | None = None) -> Chunk:
     # The hot path of every canonical record: checks inline, in the order errors are reported.
+    if traceparent is None and len(obj) == 6:
+        try:
+            stream_id, call_id, seq, raw_kind, delta, final = _MIDDLE(obj)
+        except KeyError:
+            pass
+        else:
+            if (
+                type(stream_id) is str
+                and stream_id
+                and type(call_id) is str
+                and call_id
+                and raw_kind == "tool_call"
+                and (seq is None or (type(seq) is int and seq >= 0))
+                and type(delta) is str
+                and (final is True or final is False)
+            ):
+                return _chunk(stream_id, call_id, seq, delta, final)
     get = obj.get
     stream_id = get("stream_id")
     if not isinstance(stream_id, str) or not stream_id:
