@@ -20,6 +20,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from worker.runtime.broker import create_topics
+from worker.runtime.demo import assign_from_start
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
@@ -128,15 +129,10 @@ async def read_outcomes(
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        partitions = []
-        for topic in sorted(set(topics)):
-            found = consumer.partitions_for_topic(topic)
-            if not found:
-                await consumer._client.force_metadata_update()
-                found = consumer.partitions_for_topic(topic) or {0}
-            partitions.extend(TopicPartition(topic, p) for p in sorted(found))
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
+        names = sorted(set(topics))
+        if not all(consumer.partitions_for_topic(topic) for topic in names):
+            await consumer._client.force_metadata_update()
+        await assign_from_start(consumer, names)
         deadline = time.monotonic() + timeout_s
         settle_until: float | None = None
         while time.monotonic() < deadline:
@@ -218,13 +214,7 @@ class OutcomeTail:
     async def __aenter__(self) -> OutcomeTail:
         consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False)
         await consumer.start()
-        partitions = [
-            TopicPartition(topic, p)
-            for topic in self._topics
-            for p in sorted(consumer.partitions_for_topic(topic) or {0})
-        ]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
+        await assign_from_start(consumer, self._topics)
         self._consumer = consumer
         self._task = asyncio.create_task(self._follow())
         return self
@@ -312,8 +302,9 @@ def check_outcomes(
     outcomes: Outcomes, expected: Mapping[str, tuple[str, str | None]]
 ) -> dict[str, int]:
     """Every expected call has at least one event, the expected one; all its events (replays and
-    fragments alike) carry one event_id; nothing unexpected. Fragment events (a replay that re-judged only the tail
-    of an already-judged call) are counted apart. Returns figures for the report."""
+    fragments alike) carry one event_id; nothing unexpected. Fragment events (a replay that
+    re-judged only the tail of an already-judged call) are counted apart. Returns figures for
+    the report."""
     missing = [call for call in expected if call not in outcomes.by_call]
     assert not missing, f"{len(missing)} calls lost, e.g. {missing[:5]}"
     unexpected = [call for call in outcomes.by_call if call not in expected]

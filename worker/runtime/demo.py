@@ -4,6 +4,8 @@ Without configured bootstrap servers it starts tansu on a free loopback port (an
 end); with them, it uses that cluster and only counts the events of its own run. It creates the
 topics, produces the sample traffic of `traffic.py`, runs the same `Runner` as `callgate run`,
 shows a live progress line, and ends with a table of outcomes by phase and code.
+`assign_from_start` (reading topics from their start, without a group) is shared with the
+integration tests, which read outcome topics the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any, TextIO
 
 import orjson
@@ -151,6 +154,17 @@ async def _produce(settings: Settings, topic: str, records: list[SampleRecord]) 
         await producer.stop()
 
 
+async def assign_from_start(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
+    """Assign every partition of `topics` to the started `consumer`, each at its first offset."""
+    partitions = [
+        TopicPartition(topic, p)
+        for topic in topics
+        for p in sorted(consumer.partitions_for_topic(topic) or {0})
+    ]
+    consumer.assign(partitions)
+    await consumer.seek_to_beginning(*partitions)
+
+
 class _OutcomeReader:
     """Reads the outcome topics from the start and tallies this run's events."""
 
@@ -170,13 +184,7 @@ class _OutcomeReader:
             **connection_options(self._settings.kafka), enable_auto_commit=False
         )
         await consumer.start()
-        partitions = [
-            TopicPartition(topic, p)
-            for topic in self._topics
-            for p in sorted(consumer.partitions_for_topic(topic) or {0})
-        ]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
+        await assign_from_start(consumer, self._topics)
         self._consumer = consumer
 
     async def poll(self) -> None:
