@@ -181,6 +181,7 @@ def worker_env(
             "CALLGATE_SCHEMAS__DIR": str(SCHEMAS),
             "CALLGATE_PLUGINS": "",
             "CALLGATE_METRICS__ENABLED": "false",
+            "CALLGATE_METRICS__PORT": "0",  # health is always served: a free port each
             "CALLGATE_SHUTDOWN_GRACE_S": "8",
             "CALLGATE_LOG_LEVEL": "INFO",
         }

@@ -28,7 +28,7 @@ def _callgate(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
     return subprocess.run(
         [sys.executable, "-m", "worker", *args],
-        env={**clean, "PYTHONPATH": str(REPO), **env},
+        env={**clean, "PYTHONPATH": str(REPO), "CALLGATE_METRICS__PORT": "0", **env},
         cwd=REPO,
         capture_output=True,
         text=True,
