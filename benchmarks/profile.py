@@ -20,18 +20,21 @@ ENGINE = "jsonschema-rs"
 
 
 def _shares(profiler: Profiler, top: int = 12) -> list[dict[str, Any]]:
+    """Self time by function (pyinstrument's "[self]" pseudo-frames folded into their parent)."""
     session = profiler.last_session
     assert session is not None
     root = session.root_frame()
     assert root is not None
     total = root.time or 1.0
     selfs: dict[str, float] = {}
-    stack = [root]
+    stack: list[tuple[Any, str]] = [(root, "")]
     while stack:
-        frame = stack.pop()
-        name = f"{frame.function} ({frame.file_path_short}:{frame.line_no})"
-        selfs[name] = selfs.get(name, 0.0) + frame.total_self_time
-        stack.extend(frame.children)
+        frame, parent = stack.pop()
+        own = f"{frame.function} ({frame.file_path_short}:{frame.line_no})"
+        name = parent if frame.function == "[self]" and parent else own
+        spent = frame.time - sum(child.time for child in frame.children)
+        selfs[name] = selfs.get(name, 0.0) + spent
+        stack.extend((child, own) for child in frame.children)
     ranked = sorted(selfs.items(), key=lambda item: -item[1])[:top]
     return [{"function": name, "self_share": round(t / total, 3)} for name, t in ranked]
 

@@ -40,6 +40,7 @@ _INCOMPLETE_BY_FINISH = {
     FinishReason.CONTENT_FILTER: IncompleteReason.CONTENT_FILTER,
 }
 _RECENTLY_CLOSED = 4096
+_END, _NO_TRACE = ChunkKind.END, NO_TRACE  # module globals: one lookup each on the hot path
 
 
 # A frozen dataclass's __init__ sets each field through object.__setattr__ by name; setting the
@@ -166,6 +167,8 @@ class _Partition:
 class Reassembler:
     def __init__(self, limits: AssemblyLimits | None = None) -> None:
         self.limits = limits or AssemblyLimits()
+        self._max_call_bytes = self.limits.max_call_bytes  # read per chunk: kept at hand
+        self._max_call_chunks = self.limits.max_call_chunks
         self._partitions: dict[_Scope, _Partition] = {}
         # every open call, least recently fed first, with its partition's scope
         self._by_activity: OrderedDict[_OpenCall, _Scope] = OrderedDict()
@@ -188,7 +191,7 @@ class Reassembler:
         if part is None:
             part = self._partitions[(topic, partition)] = _Partition((topic, partition))
         scope = part.scope
-        if chunk.kind is ChunkKind.END:
+        if chunk.kind is _END:
             return self._end_stream(scope, part, chunk, offset)
         stream_id = chunk.stream_id
         call_id = chunk.call_id or f"{stream_id}:{chunk.kind.value}"
@@ -232,18 +235,18 @@ class Reassembler:
             state.tool, state.tool_version = chunk.tool, chunk.tool_version
         if state.idempotency_key is None:
             state.idempotency_key = chunk.idempotency_key
-        if state.trace is NO_TRACE:
+        if state.trace is _NO_TRACE:
             state.trace = chunk.trace
         delta = chunk.delta
         if delta and state.overflow is None:
             size = len(delta) if delta.isascii() else len(delta.encode("utf-8", "surrogatepass"))
-            if state.nbytes + size > self.limits.max_call_bytes:
+            if state.nbytes + size > self._max_call_bytes:
                 self._overflow(state, Code.TOO_LARGE)
             else:
                 state.parts.append(delta)
                 state.nbytes += size
                 self._buffered += size
-        if state.chunks > self.limits.max_call_chunks and state.overflow is None:
+        if state.chunks > self._max_call_chunks and state.overflow is None:
             self._overflow(state, Code.TOO_MANY_CHUNKS)
         state.busy_ns += perf_counter_ns() - started
         if chunk.final:
