@@ -34,23 +34,25 @@ def processor_factory(schema_dir: Path, engine: str, **overrides: Any) -> Callab
     return make
 
 
+_BATCH = 2000
+
+
 def callgate_run(
     make: Callable[[], Processor],
     records: Sequence[InboundRecord],
     observe: Callable[[Any, str | None], None] | None = None,
 ) -> Run:
     def run() -> int:
+        # as the runner does: one feed_many per fetched batch (fetch_max_records = 2000)
         processor = make()
-        feed = processor.feed
+        feed_many = processor.feed_many
         emitted = 0
-        if observe is None:
-            for record in records:
-                emitted += len(feed(record, 0.0))
-        else:
-            for record in records:
-                for emission in feed(record, 0.0):
+        for start in range(0, len(records), _BATCH):
+            emissions = feed_many(records[start : start + _BATCH], 0.0)
+            emitted += len(emissions)
+            if observe is not None:
+                for emission in emissions:
                     observe(emission.verdict, emission.call.tool)
-                    emitted += 1
         return emitted
 
     return run

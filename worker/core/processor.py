@@ -7,15 +7,16 @@ record never stops a partition. Pure: the caller passes `now` and moves the byte
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from worker.adapters.decoder import Decoder
+from worker.adapters.envelope import decode_envelope
 from worker.assembly.reassembler import AssemblyLimits, Reassembler
 from worker.core.pipeline import Gate
 from worker.errors import InputFormatError
 from worker.events import encode_event
-from worker.model import AssembledCall, Code, SourceSpan, Verdict
+from worker.model import AssembledCall, Chunk, Code, SourceSpan, Verdict
 from worker.settings import Settings
 
 
@@ -86,30 +87,57 @@ class Processor:
         return self.gate.registry.tool_name(name) or name
 
     def feed(self, record: InboundRecord, now: float) -> list[Emission]:
-        scope = (record.topic, record.partition)
-        self._next_offset[scope] = record.offset + 1
-        try:
-            if record.value is None:
-                raise InputFormatError("record has no value (a tombstone is not a chunk)")
-            chunks = self.decoder.decode(
-                record.value,
-                fmt=record.headers.get("content-format"),
-                key=record.key,
-                headers=record.headers,
-                scope=scope,
-                offset=record.offset,
-                now=now,
-            )
-        except InputFormatError as exc:
-            self.poison_records += 1
-            return [self._emit(_malformed_call(record, str(exc)))]
-        self.chunks_seen += len(chunks)
+        return self.feed_many((record,), now)
+
+    def feed_many(self, records: Iterable[InboundRecord], now: float) -> list[Emission]:
+        """A batch of records, in partition order, to the events they complete.
+
+        The per-record loop lives here, with its lookups bound once: this is the hot path.
+        Envelopes (no `content-format` header) go straight to their stateless decoder.
+        """
         emissions: list[Emission] = []
-        for chunk in chunks:
-            for call in self.reassembler.feed(
-                chunk, topic=record.topic, partition=record.partition, offset=record.offset, now=now
-            ):
-                emissions.append(self._emit(call))
+        emit = emissions.append
+        judge = self._emit
+        decode = self.decoder.decode
+        assemble = self.reassembler.feed
+        next_offset = self._next_offset
+        chunks_seen = 0
+        for record in records:
+            topic, partition, offset, value = (
+                record.topic,
+                record.partition,
+                record.offset,
+                record.value,
+            )
+            scope = (topic, partition)
+            next_offset[scope] = offset + 1
+            headers = record.headers
+            try:
+                if value is None:
+                    raise InputFormatError("record has no value (a tombstone is not a chunk)")
+                if not headers:
+                    chunks: list[Chunk] = [decode_envelope(value)]
+                else:
+                    chunks = decode(
+                        value,
+                        fmt=headers.get("content-format"),
+                        key=record.key,
+                        headers=headers,
+                        scope=scope,
+                        offset=offset,
+                        now=now,
+                    )
+            except InputFormatError as exc:
+                self.poison_records += 1
+                emit(judge(_malformed_call(record, str(exc))))
+                continue
+            chunks_seen += len(chunks)
+            for chunk in chunks:
+                for call in assemble(
+                    chunk, topic=topic, partition=partition, offset=offset, now=now
+                ):
+                    emit(judge(call))
+        self.chunks_seen += chunks_seen
         return emissions
 
     def expire(self, now: float) -> list[Emission]:

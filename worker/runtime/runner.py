@@ -213,20 +213,25 @@ class Runner:
             batch = {}
         now = self._clock()
         processor, metrics = self.processor, self.metrics
-        feed = processor.feed
         emissions: list[Emission] = []
         records = 0
         for tp, fetched in batch.items():
-            for record in fetched:
-                inbound = InboundRecord(
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    record.key,
-                    record.value,
-                    decode_headers(record.headers),
+            emissions.extend(
+                processor.feed_many(
+                    (
+                        InboundRecord(
+                            record.topic,
+                            record.partition,
+                            record.offset,
+                            record.key,
+                            record.value,
+                            decode_headers(record.headers),
+                        )
+                        for record in fetched
+                    ),
+                    now,
                 )
-                emissions.extend(feed(inbound, now))
+            )
             records += len(fetched)
             if fetched:
                 next_offset = fetched[-1].offset + 1
