@@ -52,6 +52,9 @@ class KafkaSettings(BaseModel):
     ssl_password: SecretStr | None = None
     fetch_max_records: int = Field(2000, ge=1, description="records per getmany() batch")
     fetch_timeout_ms: int = Field(200, ge=1)
+    fetch_max_wait_ms: int = Field(
+        50, ge=0, description="how long the broker may hold a fetch for more data (latency)"
+    )
     session_timeout_ms: int = Field(10_000, ge=1000)
     max_poll_interval_ms: int = Field(300_000, ge=1000)
     linger_ms: int = Field(5, ge=0)

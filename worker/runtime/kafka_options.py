@@ -88,6 +88,7 @@ def consumer_options(settings: Settings) -> dict[str, Any]:
         "heartbeat_interval_ms": max(100, kafka.session_timeout_ms // 3),
         "max_poll_interval_ms": kafka.max_poll_interval_ms,
         "max_poll_records": kafka.fetch_max_records,
+        "fetch_max_wait_ms": kafka.fetch_max_wait_ms,
     }
 
 
