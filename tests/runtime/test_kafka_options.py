@@ -30,6 +30,7 @@ def test_plain_consumer_commits_only_by_hand(monkeypatch: pytest.MonkeyPatch) ->
         KAFKA__GROUP_ID="gate",
         KAFKA__SESSION_TIMEOUT_MS="6000",
         KAFKA__FETCH_MAX_RECORDS="500",
+        KAFKA__FETCH_MAX_WAIT_MS="20",
     )
     options = consumer_options(settings)
     assert options["bootstrap_servers"] == ["k1:9092", "k2:9093"]
@@ -39,6 +40,7 @@ def test_plain_consumer_commits_only_by_hand(monkeypatch: pytest.MonkeyPatch) ->
     assert options["session_timeout_ms"] == 6000
     assert options["heartbeat_interval_ms"] == 2000
     assert options["max_poll_records"] == 500
+    assert options["fetch_max_wait_ms"] == 20
     assert options["security_protocol"] == "PLAINTEXT"
     assert "sasl_mechanism" not in options
     assert "ssl_context" not in options
