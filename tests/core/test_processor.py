@@ -23,6 +23,17 @@ def envelope(**fields: Any) -> bytes:
     return orjson.dumps({"stream_id": "r1", "kind": "tool_call", **fields})
 
 
+def complete_call(call_id: str) -> bytes:
+    """A whole valid get_weather call in one envelope."""
+    return envelope(
+        call_id=call_id,
+        seq=0,
+        tool="get_weather",
+        final=True,
+        delta='{"city":"Oslo","units":"celsius"}',
+    )
+
+
 class Records:
     def __init__(self) -> None:
         self.offset = 0
@@ -83,15 +94,7 @@ def test_poison_records_are_rejected_and_the_partition_moves_on(processor: Proce
     ] * 5
     assert "gemini.stream" in events[-1]["violations"][0]["message"]
     (good,) = processor.feed(
-        rec(
-            envelope(
-                call_id="c",
-                seq=0,
-                tool="get_weather",
-                final=True,
-                delta='{"city":"Oslo","units":"celsius"}',
-            )
-        ),
+        rec(complete_call("c")),
         now=0,
     )
     assert orjson.loads(good.value)["outcome"] == "accepted"
@@ -103,18 +106,7 @@ def test_commit_offset_never_passes_an_open_call(processor: Processor) -> None:
     rec = Records()
     processor.feed(rec(envelope(call_id="open", seq=0, tool="get_weather", delta="{")), now=0)
     for i in range(5):
-        processor.feed(
-            rec(
-                envelope(
-                    call_id=f"c{i}",
-                    seq=0,
-                    tool="get_weather",
-                    final=True,
-                    delta='{"city":"Oslo","units":"celsius"}',
-                )
-            ),
-            now=0,
-        )
+        processor.feed(rec(complete_call(f"c{i}")), now=0)
     assert processor.commit_offset("in", 0) == 0
     processor.feed(rec(envelope(call_id="open", seq=1, delta="}", final=True)), now=0)
     assert processor.commit_offset("in", 0) == rec.offset
@@ -188,15 +180,7 @@ def test_commit_offset_waits_for_an_open_vendor_stream(processor: Processor) -> 
     )
     processor.feed(rec(start, key=b"anthropic-1", **{"content-format": "anthropic.messages"}), 0)
     processor.feed(
-        rec(
-            envelope(
-                call_id="c",
-                seq=0,
-                tool="get_weather",
-                final=True,
-                delta='{"city":"Oslo","units":"celsius"}',
-            )
-        ),
+        rec(complete_call("c")),
         now=0,
     )
     assert processor.commit_offset("in", 0) == 0
