@@ -147,6 +147,13 @@ class Chunk:
     trace: Trace = NO_TRACE
 
 
+#: A tool-call chunk that carries nothing but its place and text: (stream_id, call_id, seq, delta,
+#: final), every other field of `Chunk` at its default. Most chunks of a stream are such middle
+#: fragments, and the hot path hands them from the envelope to the reassembler as this plain
+#: tuple instead of a `Chunk`, whose construction would cost more than the rest of their way.
+Fragment = tuple[str, str, int | None, str, bool]
+
+
 @dataclass(frozen=True, slots=True)
 class SourceSpan:
     """Where a call's records sit in Kafka (or in an input file: topic is the file name)."""

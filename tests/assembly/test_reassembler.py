@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from worker.assembly.reassembler import AssemblyLimits, Reassembler
-from worker.model import AssembledCall, Chunk, ChunkKind, Code, FinishReason, IncompleteReason
+from worker.model import (
+    AssembledCall,
+    Chunk,
+    ChunkKind,
+    Code,
+    FinishReason,
+    Fragment,
+    IncompleteReason,
+)
 
 
 def call_chunk(stream: str, call: str, seq: int | None, delta: str, **kw: object) -> Chunk:
@@ -165,3 +178,49 @@ def test_many_interleaved_streams_keep_memory_bounded() -> None:
     assert all(c.arguments == b'{"k":1}' for c in done)
     assert feed.r.open_calls == 0
     assert feed.r.buffered_bytes == 0
+
+
+FRAGMENTS = st.lists(
+    st.tuples(
+        st.sampled_from(["s1", "s2"]),
+        st.sampled_from(["a", "b", "c"]),
+        st.none() | st.integers(0, 4),
+        st.sampled_from(["", "{", '"x":1', "}", "é"]),
+        st.booleans(),
+    ),
+    max_size=60,
+)
+
+
+def _timeless(calls: list[AssembledCall]) -> list[AssembledCall]:
+    """The calls with their measured assembly time, the one field that may differ, zeroed."""
+    return [replace(call, assembly_us=0) for call in calls]
+
+
+@settings(max_examples=300, deadline=None)
+@given(fragments=FRAGMENTS, ends=st.sets(st.integers(0, 59), max_size=4))
+def test_a_bare_fragment_assembles_as_its_chunk_does(
+    fragments: list[Fragment], ends: set[int]
+) -> None:
+    limits = AssemblyLimits(max_call_bytes=8, max_call_chunks=3, max_open_calls_per_partition=3)
+    by_chunk, by_fragment = Reassembler(limits), Reassembler(limits)
+    for offset, fragment in enumerate(fragments):
+        stream_id, call_id, seq, delta, final = fragment
+        chunk = Chunk(stream_id, ChunkKind.TOOL_CALL, call_id, seq, delta=delta, final=final)
+        now = float(offset)
+        closed = by_chunk.feed(chunk, topic="t", partition=0, offset=offset, now=now)
+        assert _timeless(closed) == _timeless(
+            by_fragment.feed_fragment(fragment, topic="t", partition=0, offset=offset, now=now)
+        )
+        if offset in ends:  # a stream's end between fragments closes what it holds
+            end = Chunk(stream_id, ChunkKind.END, finish_reason=FinishReason.LENGTH)
+            assert _timeless(
+                by_chunk.feed(end, topic="t", partition=0, offset=offset, now=now)
+            ) == (_timeless(by_fragment.feed(end, topic="t", partition=0, offset=offset, now=now)))
+        assert by_fragment.safe_offset("t", 0) == by_chunk.safe_offset("t", 0)
+    assert (by_chunk.open_calls, by_chunk.buffered_bytes, by_chunk.duplicates_dropped) == (
+        by_fragment.open_calls,
+        by_fragment.buffered_bytes,
+        by_fragment.duplicates_dropped,
+    )
+    assert _timeless(by_chunk.flush()) == _timeless(by_fragment.flush())

@@ -194,3 +194,27 @@ def test_tool_names_by_alias(processor: Processor) -> None:
     assert processor.tool_name("get_weather") == "get_weather"
     assert processor.tool_name("rm_rf") == "rm_rf"
     assert processor.tool_name(None) is None
+
+
+def test_bare_middle_fragments_judge_as_full_envelopes_do() -> None:
+    """Middle chunks with only their six fields skip the Chunk; the events must not show it."""
+    pieces = ['{"city":', '"Oslo",', '"units":', '"kelvin"}']
+
+    def events(extra: dict[str, Any]) -> list[dict[str, Any]]:
+        processor = Processor.from_settings(load_settings(schemas={"dir": SCHEMAS}))
+        rec = Records()
+        records = [rec(envelope(call_id="c", seq=0, tool="get_weather", delta=pieces[0]))]
+        for seq, delta in enumerate(pieces[1:], start=1):
+            fields = {"call_id": "c", "seq": seq, "delta": delta, "final": seq == 3, **extra}
+            records.append(rec(envelope(**fields)))
+        out = [orjson.loads(e.value) for e in processor.feed_many(records, now=0)]
+        for event in out:
+            event["metrics"]["phases_us"] = sorted(event["metrics"]["phases_us"])
+        return out
+
+    # a seventh field (null, so it changes nothing) sends every middle chunk down the general path
+    bare, general = events({}), events({"idempotency_key": None})
+    assert bare == general
+    assert [(e["outcome"], e["error_code"], e["metrics"]["chunks"]) for e in bare] == [
+        ("rejected", "schema_violation", 4)
+    ]

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from worker.errors import InputFormatError
-from worker.model import NO_TRACE, Chunk, ChunkKind, FinishReason, Trace
+from worker.model import NO_TRACE, Chunk, ChunkKind, FinishReason, Fragment, Trace
 
 _KINDS = {kind.value: kind for kind in ChunkKind if kind is not ChunkKind.MCP_RESULT}
 _FINISH = {reason.value: reason for reason in FinishReason}
@@ -100,38 +100,57 @@ def trace_of(obj: Mapping[str, Any], traceparent: str | None) -> Trace:
 
 def decode_envelope(value: bytes, traceparent: str | None = None) -> Chunk:
     """Parse one envelope record. Raises `InputFormatError` naming what is wrong."""
+    return chunk_from_envelope(parse_envelope(value), traceparent)
+
+
+def parse_envelope(value: bytes) -> dict[str, Any]:
+    """The record's JSON object, not yet checked as an envelope. Raises `InputFormatError`."""
     try:
         obj = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
         raise InputFormatError(f"record is not JSON: {exc}") from None
     if type(obj) is not dict:
         raise InputFormatError("envelope must be a JSON object")
-    return chunk_from_envelope(obj, traceparent)
+    return obj
 
 
 #: the fields of a middle chunk, which carries nothing else (one C call fetches them all)
 _MIDDLE = operator.itemgetter("stream_id", "call_id", "seq", "kind", "delta", "final")
 
 
+def bare_fragment(obj: Mapping[str, Any]) -> Fragment | None:
+    """The fields of a valid tool-call envelope with exactly the six fields of a middle chunk.
+
+    None for any other envelope, valid or not: `chunk_from_envelope` then decides, and reports
+    what is wrong. The hot path of every canonical record, so the checks are inline.
+    """
+    if len(obj) != 6:
+        return None
+    try:
+        stream_id, call_id, seq, raw_kind, delta, final = _MIDDLE(obj)
+    except KeyError:
+        return None
+    if (
+        type(stream_id) is str
+        and stream_id
+        and type(call_id) is str
+        and call_id
+        and raw_kind == "tool_call"
+        and (seq is None or (type(seq) is int and seq >= 0))
+        and type(delta) is str
+        and (final is True or final is False)
+    ):
+        return (stream_id, call_id, seq, delta, final)
+    return None
+
+
 def chunk_from_envelope(obj: Mapping[str, Any], traceparent: str | None = None) -> Chunk:
-    # The hot path of every canonical record: checks inline, in the order errors are reported.
-    if traceparent is None and len(obj) == 6:
-        try:
-            stream_id, call_id, seq, raw_kind, delta, final = _MIDDLE(obj)
-        except KeyError:
-            pass
-        else:
-            if (
-                type(stream_id) is str
-                and stream_id
-                and type(call_id) is str
-                and call_id
-                and raw_kind == "tool_call"
-                and (seq is None or (type(seq) is int and seq >= 0))
-                and type(delta) is str
-                and (final is True or final is False)
-            ):
-                return _chunk(stream_id, call_id, seq, delta, final)
+    """The chunk of one envelope object. Raises `InputFormatError` naming the first bad field,
+    checked in the order the fields are reported."""
+    if traceparent is None:
+        fragment = bare_fragment(obj)
+        if fragment is not None:
+            return _chunk(*fragment)
     get = obj.get
     stream_id = get("stream_id")
     if not isinstance(stream_id, str) or not stream_id:

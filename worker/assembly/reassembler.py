@@ -31,6 +31,7 @@ from worker.model import (
     ChunkKind,
     Code,
     FinishReason,
+    Fragment,
     IncompleteReason,
     SourceSpan,
 )
@@ -40,7 +41,8 @@ _INCOMPLETE_BY_FINISH = {
     FinishReason.CONTENT_FILTER: IncompleteReason.CONTENT_FILTER,
 }
 _RECENTLY_CLOSED = 4096
-_END, _NO_TRACE = ChunkKind.END, NO_TRACE  # module globals: one lookup each on the hot path
+# module globals: one lookup each on the hot path
+_END, _TOOL_CALL, _NO_TRACE = ChunkKind.END, ChunkKind.TOOL_CALL, NO_TRACE
 
 
 # A frozen dataclass's __init__ sets each field through object.__setattr__ by name; setting the
@@ -123,21 +125,18 @@ class _OpenCall:
         "trace",
     )
 
-    def __init__(
-        self,
-        chunk: Chunk,
-        call_id: str,
-        offset: int,
-        now: float,
-        key: _Key,
-    ) -> None:
-        self.stream_id = chunk.stream_id
-        self.call_id = call_id
-        self.channel = chunk.kind
-        self.tool = chunk.tool
-        self.tool_version = chunk.tool_version
-        self.idempotency_key = chunk.idempotency_key
-        self.trace = chunk.trace
+    def __init__(self, key: _Key, chunk: Chunk | None, *, offset: int, now: float) -> None:
+        self.stream_id, self.call_id = key
+        if chunk is None:  # a bare fragment: a tool call that names nothing yet
+            self.channel = _TOOL_CALL
+            self.tool = self.tool_version = self.idempotency_key = None
+            self.trace = _NO_TRACE
+        else:
+            self.channel = chunk.kind
+            self.tool = chunk.tool
+            self.tool_version = chunk.tool_version
+            self.idempotency_key = chunk.idempotency_key
+            self.trace = chunk.trace
         self.parts: list[str] = []
         self.nbytes = 0
         self.chunks = 0
@@ -186,15 +185,41 @@ class Reassembler:
     def feed(
         self, chunk: Chunk, *, topic: str, partition: int, offset: int, now: float
     ) -> list[AssembledCall]:
-        started = perf_counter_ns()
+        if chunk.kind is _END:
+            part = self._partition(topic, partition)
+            return self._end_stream(part.scope, part, chunk, offset)
+        stream_id = chunk.stream_id
+        call_id = chunk.call_id or f"{stream_id}:{chunk.kind.value}"
+        fragment = (stream_id, call_id, chunk.seq, chunk.delta, chunk.final)
+        return self._add(fragment, chunk, topic=topic, partition=partition, offset=offset, now=now)
+
+    def feed_fragment(
+        self, fragment: Fragment, *, topic: str, partition: int, offset: int, now: float
+    ) -> list[AssembledCall]:
+        """`feed` for a bare tool-call fragment, with the same result as feeding its `Chunk`."""
+        return self._add(fragment, None, topic=topic, partition=partition, offset=offset, now=now)
+
+    def _partition(self, topic: str, partition: int) -> _Partition:
         part = self._partitions.get((topic, partition))
         if part is None:
             part = self._partitions[(topic, partition)] = _Partition((topic, partition))
+        return part
+
+    def _add(
+        self,
+        fragment: Fragment,
+        chunk: Chunk | None,
+        *,
+        topic: str,
+        partition: int,
+        offset: int,
+        now: float,
+    ) -> list[AssembledCall]:
+        """One call's next piece; `chunk` is None for a bare fragment, which names nothing."""
+        started = perf_counter_ns()
+        part = self._partitions.get((topic, partition)) or self._partition(topic, partition)
         scope = part.scope
-        if chunk.kind is _END:
-            return self._end_stream(scope, part, chunk, offset)
-        stream_id = chunk.stream_id
-        call_id = chunk.call_id or f"{stream_id}:{chunk.kind.value}"
+        stream_id, call_id, seq, delta, final = fragment
         key = (stream_id, call_id)
         calls = part.calls
         state = calls.get(key)
@@ -203,7 +228,7 @@ class Reassembler:
             if key in part.closed:  # a late chunk of a call already closed: never reopened
                 self.duplicates_dropped += 1
                 return done
-            state = _OpenCall(chunk, call_id, offset, now, key)
+            state = _OpenCall(key, chunk, offset=offset, now=now)
             if len(calls) >= self.limits.max_open_calls_per_partition:
                 _, oldest = calls.popitem(last=False)
                 done.append(self._close(scope, part, oldest, IncompleteReason.EVICTED, popped=True))
@@ -217,7 +242,6 @@ class Reassembler:
         else:
             self._by_activity.move_to_end(state)
 
-        seq = chunk.seq
         if seq is not None and seq != state.next_seq:
             if seq < state.next_seq:
                 state.duplicates += 1
@@ -231,13 +255,13 @@ class Reassembler:
         state.chunks += 1
         state.last_offset = offset
         state.last_seen = now
-        if state.tool is None and chunk.tool is not None:
-            state.tool, state.tool_version = chunk.tool, chunk.tool_version
-        if state.idempotency_key is None:
-            state.idempotency_key = chunk.idempotency_key
-        if state.trace is _NO_TRACE:
-            state.trace = chunk.trace
-        delta = chunk.delta
+        if chunk is not None:
+            if state.tool is None and chunk.tool is not None:
+                state.tool, state.tool_version = chunk.tool, chunk.tool_version
+            if state.idempotency_key is None:
+                state.idempotency_key = chunk.idempotency_key
+            if state.trace is _NO_TRACE:
+                state.trace = chunk.trace
         if delta and state.overflow is None:
             size = len(delta) if delta.isascii() else len(delta.encode("utf-8", "surrogatepass"))
             if state.nbytes + size > self._max_call_bytes:
@@ -249,7 +273,7 @@ class Reassembler:
         if state.chunks > self._max_call_chunks and state.overflow is None:
             self._overflow(state, Code.TOO_MANY_CHUNKS)
         state.busy_ns += perf_counter_ns() - started
-        if chunk.final:
+        if final:
             done.append(self._close(scope, part, state, None))
         return done
 

@@ -7,16 +7,16 @@ record never stops a partition. Pure: the caller passes `now` and moves the byte
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from worker.adapters.decoder import Decoder
-from worker.adapters.envelope import decode_envelope
+from worker.adapters.envelope import bare_fragment, chunk_from_envelope, parse_envelope
 from worker.assembly.reassembler import AssemblyLimits, Reassembler
 from worker.core.pipeline import Gate
 from worker.errors import InputFormatError
 from worker.events import encode_event
-from worker.model import AssembledCall, Chunk, Code, SourceSpan, Verdict
+from worker.model import AssembledCall, Chunk, Code, Fragment, SourceSpan, Verdict
 from worker.settings import Settings
 
 
@@ -93,13 +93,15 @@ class Processor:
         """A batch of records, in partition order, to the events they complete.
 
         The per-record loop lives here, with its lookups bound once: this is the hot path.
-        Envelopes (no `content-format` header) go straight to their stateless decoder.
+        Envelopes (no `content-format` header) go straight to their stateless decoder, and a
+        bare middle fragment straight from its JSON object to the reassembler.
         """
         emissions: list[Emission] = []
         emit = emissions.append
         judge = self._emit
         decode = self.decoder.decode
         assemble = self.reassembler.feed
+        assemble_fragment = self.reassembler.feed_fragment
         next_offset = self._next_offset
         chunks_seen = 0
         for record in records:
@@ -112,11 +114,15 @@ class Processor:
             scope = (topic, partition)
             next_offset[scope] = offset + 1
             headers = record.headers
+            fragment: Fragment | None = None
             try:
                 if value is None:
                     raise InputFormatError("record has no value (a tombstone is not a chunk)")
                 if not headers:
-                    chunks: list[Chunk] = [decode_envelope(value)]
+                    envelope = parse_envelope(value)
+                    # most records are a call's middle fragment: no Chunk is built for those
+                    fragment = bare_fragment(envelope)
+                    chunks: Sequence[Chunk] = () if fragment else (chunk_from_envelope(envelope),)
                 else:
                     chunks = decode(
                         value,
@@ -130,6 +136,13 @@ class Processor:
             except InputFormatError as exc:
                 self.poison_records += 1
                 emit(judge(_malformed_call(record, str(exc))))
+                continue
+            if fragment:
+                chunks_seen += 1
+                for call in assemble_fragment(
+                    fragment, topic=topic, partition=partition, offset=offset, now=now
+                ):
+                    emit(judge(call))
                 continue
             chunks_seen += len(chunks)
             for chunk in chunks:
