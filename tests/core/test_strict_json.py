@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.core.strict_json import ParseError, parse, scan
+from worker.core.strict_json import ParseError, depth_over, parse, scan
 from worker.model import Code
 
 SUITE = Path(__file__).resolve().parents[3] / "shared" / "conformance" / "json-test-suite"
@@ -143,3 +143,20 @@ def test_the_largest_64_bit_integers_pass() -> None:
 def test_scan_measures_depth_outside_strings() -> None:
     assert scan(b'{"a": [[{"b": "[[[[["}]]]}').depth == 4
     assert scan(b"123").depth == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "over"),
+    [
+        (b'{"a": 1}', 1, None),
+        (b"[[[]]]", 3, None),  # exactly at the limit
+        (b"[[[[]]]]", 3, 4),
+        (b'{"a": {"b": [1, {"c": []}]}}', 3, 5),
+        (b'{"s": "[[[[[[[[[[{{{{{{{{{{"}', 2, None),  # brackets in a string are text
+        (b"[" * 40 + b"]" * 40, 32, 40),
+        (b"[[],[],[],[],[]]", 2, None),  # many brackets, shallow: counted, then scanned
+        (b"[[[[", 3, 4),  # truncated text still has a depth
+    ],
+)
+def test_depth_over_answers_only_past_the_limit(text: bytes, limit: int, over: int | None) -> None:
+    assert depth_over(text, limit) == over

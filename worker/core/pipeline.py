@@ -16,7 +16,7 @@ from typing import Any
 from worker.core.feedback import build_feedback
 from worker.core.idempotency import IdempotencyStore, Seen, canonical_digest
 from worker.core.repair import strip_fence
-from worker.core.strict_json import ParseError, parse, scan
+from worker.core.strict_json import ParseError, depth_over, parse
 from worker.core.tool_output import check_tool_result
 from worker.model import (
     AssembledCall,
@@ -156,10 +156,10 @@ class Gate:
             clock.lap(Phase.LIMITS)
             message = f"the arguments are {size} bytes; the limit is {limits.max_bytes}"
             return reject(Phase.LIMITS, Code.TOO_LARGE, (Violation("", "maxBytes", message),))
-        pre = scan(call.arguments)
+        depth = depth_over(call.arguments, limits.max_depth)
         clock.lap(Phase.LIMITS)
-        if pre.depth > limits.max_depth:
-            message = f"the arguments nest {pre.depth} levels deep; the limit is {limits.max_depth}"
+        if depth is not None:
+            message = f"the arguments nest {depth} levels deep; the limit is {limits.max_depth}"
             return reject(Phase.LIMITS, Code.TOO_DEEP, (Violation("", "maxDepth", message),))
 
         text, repair = strip_fence(call.arguments)
@@ -169,7 +169,7 @@ class Gate:
             reject.repairs = repairs
         clock.lap(Phase.REPAIR)
 
-        value = parse(text, pre if repair is None else None)
+        value = parse(text)
         clock.lap(Phase.JSON_PARSE)
         if isinstance(value, ParseError):
             violation = Violation(value.path, value.code.value, value.message)

@@ -9,7 +9,8 @@ surrogate escapes and a byte-order mark. Two gaps remain, and this module closes
 - integer literals beyond 64 bits: orjson turns them into floats, silently losing digits (an
   `amount_minor` of 12345678901234567890123 would be rewritten). They are refused.
 
-`scan(text)` is the cheap pre-parse pass of the limits phase: the nesting depth, outside strings.
+`scan(text)` measures the nesting depth outside strings, before any parse; `depth_over(text, limit)`
+is the limits phase's check built on it, which scans only a text that could be too deep.
 
 Speed (the hot path is valid text): both checks first run as a few C-speed byte operations and
 fall back to the exact, slower walk only when the fast test cannot decide. Duplicates: every
@@ -97,12 +98,20 @@ def scan(text: bytes) -> Scan:
     return Scan(deepest)
 
 
-def parse(text: bytes, pre: Scan | None = None) -> Any | ParseError:
-    """Any JSON value, or the first reason the text is not strict JSON. Never raises.
+def depth_over(text: bytes, limit: int) -> int | None:
+    """The nesting depth of `text` when it is deeper than `limit`, else None.
 
-    `pre` (the limits phase's scan) is accepted for the callers' convenience; parsing needs
-    nothing from it.
+    The limits phase's check. A text with no more than `limit` opening brackets (strings
+    included) cannot nest deeper, and two byte counts prove it; only a text with more is scanned.
     """
+    if text.count(b"[") + text.count(b"{") <= limit:
+        return None
+    depth = scan(text).depth
+    return depth if depth > limit else None
+
+
+def parse(text: bytes) -> Any | ParseError:
+    """Any JSON value, or the first reason the text is not strict JSON. Never raises."""
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
