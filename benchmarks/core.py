@@ -4,16 +4,14 @@ Calls/s of decode + reassembly + strict parse (duplicate keys detected) + valida
 encoding, 10 fragments per call fed as canonical envelope bytes through `Processor.feed`, for the
 small (get_weather v1) and large (benchmark-only place_order, 17 properties) schemas, for the
 valid / mixed (20 % invalid) / invalid mixes, for both engines; the seed (`json.loads` per chunk,
-join, `json.loads`, `jsonschema.Draft202012Validator` built once) runs in the same repeat loop.
+join, `json.loads`, `jsonschema.Draft202012Validator` built once) runs in the same repeat loop, and
+so do the floors (`benchmarks.floors`) that bound what any per-record Python design can reach.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from benchmarks import workload
 from benchmarks.common import (
@@ -25,23 +23,11 @@ from benchmarks.common import (
     one_core,
     paired_ratio,
 )
-from benchmarks.harness import Run, callgate_run, outcomes, processor_factory, seed_run
-from worker.core.processor import InboundRecord
+from benchmarks.floors import bare_python_gate, envelope_parse_only
+from benchmarks.harness import callgate_run, outcomes, processor_factory, seed_run
 
 TARGETS = {"fastjsonschema": 10.0, "jsonschema-rs": 20.0}
 SCHEMA_DIRS = {"small": SEED_SCHEMAS, "large": BENCH_SCHEMAS}
-
-
-def envelope_parse_only(records: Sequence[InboundRecord]) -> Run:
-    """The floor of any design that parses each envelope: `orjson.loads` per record, no more."""
-
-    def run() -> int:
-        loads = orjson.loads
-        for record in records:
-            loads(record.value or b"")
-        return len(records)
-
-    return run
 
 
 def run(*, calls: int = 4000, repeats: int = 5, fragments: int = 10) -> dict[str, Any]:
@@ -51,6 +37,7 @@ def run(*, calls: int = 4000, repeats: int = 5, fragments: int = 10) -> dict[str
             directory: Path = SCHEMA_DIRS[label]
             for mix, share in workload.MIXES.items():
                 records = workload.records(workload.calls(schema, calls, share), fragments)
+                schema_file = next(directory.glob(f"*/{schema.tool}.v{schema.version}.schema.json"))
                 runs = {
                     "seed": seed_run(directory, records),
                     "floor": envelope_parse_only(records),
@@ -59,6 +46,7 @@ def run(*, calls: int = 4000, repeats: int = 5, fragments: int = 10) -> dict[str
                 for engine in ENGINES:
                     makers[engine] = processor_factory(directory, engine)
                     runs[engine] = callgate_run(makers[engine], records)
+                    runs[f"bare:{engine}"] = bare_python_gate(schema_file, engine, records)
                 seconds = alternate(runs, repeats)
                 seed_rate = calls / median(seconds["seed"])
                 row: dict[str, Any] = {
@@ -83,6 +71,10 @@ def run(*, calls: int = 4000, repeats: int = 5, fragments: int = 10) -> dict[str
                         "calls_per_s": round(rate),
                         "chunks_per_s": round(rate * fragments),
                         "ratio_vs_seed": round(ratio, 2),
+                        # the least any Python gate could do on this engine (benchmarks.floors)
+                        "bare_python_gate_ratio": round(
+                            paired_ratio(seconds["seed"], seconds[f"bare:{engine}"]), 1
+                        ),
                         "target": TARGETS[engine],
                         "meets_target": ratio >= TARGETS[engine],
                         "outcomes": outcomes(makers[engine], records),

@@ -14,6 +14,11 @@ from typing import Any
 
 import pytest
 
+from benchmarks import workload
+from benchmarks.baseline import SeedGate, load_validators
+from benchmarks.common import SEED_SCHEMAS
+from benchmarks.floors import BarePythonGate
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -65,10 +70,12 @@ def test_core_covers_both_schemas_every_mix_and_both_engines(tmp_path: Path) -> 
     }
     for row in rows:
         assert _positive(row["seed_calls_per_s"])
+        assert _positive(row["ceiling_ratio_envelope_parse_only"])
         assert set(row["engines"]) == {"fastjsonschema", "jsonschema-rs"}
         for engine in row["engines"].values():
             assert _positive(engine["calls_per_s"])
             assert _positive(engine["ratio_vs_seed"])
+            assert _positive(engine["bare_python_gate_ratio"])
             assert isinstance(engine["meets_target"], bool)
             # every call got exactly one outcome, and the mix decided which
             assert sum(engine["outcomes"].values()) == row["calls"]
@@ -132,3 +139,22 @@ def test_e2e_drains_through_passthrough_and_callgate(tmp_path: Path) -> None:
     latency = document["latency_at_half_rate"]
     assert latency["answered"] == latency["calls"] > 0
     assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+
+
+def test_the_bare_python_gate_accepts_what_the_seed_accepts() -> None:
+    """A floor must do the work it stands for: every call decided, and the same calls accepted,
+    with the same arguments, as the seed (both keep the last of duplicate keys)."""
+    calls = workload.calls(workload.SMALL, 50, 0.2)
+    records = workload.records(calls, 10)
+    seed = SeedGate(load_validators(SEED_SCHEMAS))
+    seed_events = [json.loads(e) for r in records if (e := seed.feed(r)) is not None]
+    seed_accepted = {
+        e["call_id"]: e["arguments"] for e in seed_events if e["outcome"] == "accepted"
+    }
+    assert 40 <= len(seed_accepted) < len(calls)
+    schema_file = SEED_SCHEMAS / "weather" / "get_weather.v1.schema.json"
+    values = [record.value or b"" for record in records]
+    for engine in ("fastjsonschema", "jsonschema-rs"):
+        events = [json.loads(e) for e in BarePythonGate(schema_file, engine).judge_all(values)]
+        assert len(events) == len(calls)
+        assert {e["call_id"]: e["arguments"] for e in events if e["accepted"]} == seed_accepted
