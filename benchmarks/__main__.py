@@ -1,8 +1,9 @@
 """`python -m benchmarks [name ...]`: run benchmarks, write benchmarks/results/<name>.json.
 
-Names: core, observability, scaling, e2e, profile (a pyinstrument text profile of the core hot
-path, written beside the results); none means all but profile. `--quick` runs every benchmark at
-a tiny size (the smoke tests use it; its figures mean nothing).
+Names: core, observability, scaling, e2e, instructions (the core ratios counted in CPU
+instructions under callgrind; needs valgrind), profile (a pyinstrument text profile of the core
+hot path, written beside the results); none means all but instructions and profile. `--quick`
+runs every benchmark at a tiny size (the smoke tests use it; its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import core, e2e, observability, profile, scaling
+from benchmarks import core, e2e, instructions, observability, profile, scaling
 from benchmarks.common import RESULTS, write_results
 
 
@@ -41,6 +42,13 @@ def _e2e(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
     return e2e.run(repeats=repeats or 3)
 
 
+def _instructions(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
+    if quick:
+        quick_contenders = ("seed", "callgate:jsonschema-rs")
+        return instructions.run(calls=10, rows=(("small", "valid"),), contenders=quick_contenders)
+    return instructions.run()
+
+
 def _profile(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
     return profile.run(calls=200 if quick else 20_000, out=out)
 
@@ -50,6 +58,7 @@ BENCHMARKS: dict[str, Callable[[bool, int | None, Path], dict[str, Any]]] = {
     "observability": _observability,
     "scaling": _scaling,
     "e2e": _e2e,
+    "instructions": _instructions,
     "profile": _profile,
 }
 DEFAULT = ("core", "observability", "scaling", "e2e")

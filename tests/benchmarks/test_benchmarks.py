@@ -158,3 +158,18 @@ def test_the_bare_python_gate_accepts_what_the_seed_accepts() -> None:
         events = [json.loads(e) for e in BarePythonGate(schema_file, engine).judge_all(values)]
         assert len(events) == len(calls)
         assert {e["call_id"]: e["arguments"] for e in events if e["accepted"]} == seed_accepted
+
+
+@pytest.mark.timeout(400)
+def test_instructions_counts_each_contender_under_callgrind(tmp_path: Path) -> None:
+    (row,) = _run("instructions", tmp_path, timeout=380)["rows"]
+    assert (row["schema"], row["mix"]) == ("small", "valid")
+    counts = row["instructions_per_call"]
+    assert set(counts) == {"seed", "callgate:jsonschema-rs"}
+    # a call is tens of thousands of instructions at the least: the difference of two runs
+    # measured the calls, not noise around zero
+    assert all(n > 10_000 for n in counts.values())
+    assert row["ratio_vs_seed"]["callgate:jsonschema-rs"] == pytest.approx(
+        counts["seed"] / counts["callgate:jsonschema-rs"], rel=0.01
+    )
+    assert row["targets"] == {"callgate:jsonschema-rs": 20.0}
