@@ -185,6 +185,7 @@ class Reassembler:
     def feed(
         self, chunk: Chunk, *, topic: str, partition: int, offset: int, now: float
     ) -> list[AssembledCall]:
+        """One chunk at its record's position; the calls it closed, if any."""
         if chunk.kind is _END:
             part = self._partition(topic, partition)
             return self._end_stream(part.scope, part, chunk, offset)
