@@ -102,9 +102,11 @@ def depth_over(text: bytes, limit: int) -> int | None:
     """The nesting depth of `text` when it is deeper than `limit`, else None.
 
     The limits phase's check. A text with no more than `limit` opening brackets (strings
-    included) cannot nest deeper, and two byte counts prove it; only a text with more is scanned.
+    included) cannot nest deeper, and byte counts prove it; only a text with more is scanned.
+    Braces are counted first: a text with many of them goes to the scan after one count.
     """
-    if text.count(b"[") + text.count(b"{") <= limit:
+    braces = text.count(b"{")
+    if braces <= limit and braces + text.count(b"[") <= limit:
         return None
     depth = scan(text).depth
     return depth if depth > limit else None
