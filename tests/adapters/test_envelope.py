@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.adapters.envelope import bare_fragment, chunk_from_envelope, parse_envelope
+from worker.adapters.envelope import (
+    bare_fragment,
+    chunk_from_envelope,
+    decode_envelope,
+    parse_envelope,
+)
 from worker.errors import InputFormatError
 from worker.model import Chunk, ChunkKind, Trace
 
@@ -70,27 +75,32 @@ DROP = object()
 def test_a_bare_fragment_is_what_the_general_path_decodes(changes: dict[str, Any]) -> None:
     obj = {**MIDDLE, **changes}
     obj = {name: value for name, value in obj.items() if value is not DROP}
-    # a traceparent sends chunk_from_envelope down its general, field-by-field path
     fragment = bare_fragment(obj)
     try:
-        general = chunk_from_envelope(obj, traceparent="tp")
+        general = chunk_from_envelope(obj)
     except InputFormatError:
         assert fragment is None
         return
     if fragment is not None:
         stream_id, call_id, seq, delta, final = fragment
         assert general == Chunk(
-            stream_id,
-            ChunkKind.TOOL_CALL,
-            call_id=call_id,
-            seq=seq,
-            delta=delta,
-            final=final,
-            trace=Trace(traceparent="tp"),
-        )
-        assert chunk_from_envelope(obj) == Chunk(
             stream_id, ChunkKind.TOOL_CALL, call_id=call_id, seq=seq, delta=delta, final=final
         )
+
+
+def test_decode_envelope_takes_the_fast_path_unless_a_traceparent_is_given() -> None:
+    bare = Chunk("r1", ChunkKind.TOOL_CALL, call_id="c1", seq=3, delta='"Oslo"', final=False)
+    assert decode_envelope(orjson.dumps(MIDDLE)) == bare
+    traced = decode_envelope(orjson.dumps(MIDDLE), traceparent="tp")
+    assert traced == Chunk(
+        "r1",
+        ChunkKind.TOOL_CALL,
+        call_id="c1",
+        seq=3,
+        delta='"Oslo"',
+        final=False,
+        trace=Trace(traceparent="tp"),
+    )
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,9 @@ def trace_of(obj: Mapping[str, Any], traceparent: str | None) -> Trace:
 
 def decode_envelope(value: bytes, traceparent: str | None = None) -> Chunk:
     """Parse one envelope record. Raises `InputFormatError` naming what is wrong."""
-    return chunk_from_envelope(parse_envelope(value), traceparent)
+    obj = parse_envelope(value)
+    fragment = bare_fragment(obj) if traceparent is None else None
+    return _chunk(*fragment) if fragment else chunk_from_envelope(obj, traceparent)
 
 
 def parse_envelope(value: bytes) -> dict[str, Any]:
@@ -145,12 +147,8 @@ def bare_fragment(obj: Mapping[str, Any]) -> Fragment | None:
 
 
 def chunk_from_envelope(obj: Mapping[str, Any], traceparent: str | None = None) -> Chunk:
-    """The chunk of one envelope object. Raises `InputFormatError` naming the first bad field,
-    checked in the order the fields are reported."""
-    if traceparent is None:
-        fragment = bare_fragment(obj)
-        if fragment is not None:
-            return _chunk(*fragment)
+    """The chunk of any envelope object, field by field (`bare_fragment` is the fast path for
+    middle chunks). Raises `InputFormatError` naming the first bad field, in report order."""
     get = obj.get
     stream_id = get("stream_id")
     if not isinstance(stream_id, str) or not stream_id:
