@@ -37,7 +37,7 @@ def run(*, calls: int = 4000, repeats: int = 5, fragments: int = 10) -> dict[str
             directory: Path = SCHEMA_DIRS[label]
             for mix, share in workload.MIXES.items():
                 records = workload.records(workload.calls(schema, calls, share), fragments)
-                schema_file = next(directory.glob(f"*/{schema.tool}.v{schema.version}.schema.json"))
+                schema_file = schema.schema_file(directory)
                 runs = {
                     "seed": seed_run(directory, records),
                     "floor": envelope_parse_only(records),

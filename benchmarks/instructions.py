@@ -49,7 +49,7 @@ def child_run(contender: str, label: str, mix: str, calls: int, total: int) -> R
     if kind == "callgate":
         return callgate_run(processor_factory(directory, engine), records)
     if kind == "bare":
-        schema_file = next(directory.glob(f"*/{schema.tool}.v{schema.version}.schema.json"))
+        schema_file = schema.schema_file(directory)
         return bare_python_gate(schema_file, engine, records)
     if kind == "envelope_parse_only":
         return envelope_parse_only(records)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 
@@ -36,6 +37,10 @@ class Schema:
     version: str
     valid: Callable[[int], dict[str, object]]
     violating: Callable[[int], dict[str, object]]
+
+    def schema_file(self, directory: Path) -> Path:
+        """This contract's `<domain>/<tool>.v<N>.schema.json` under a schema directory."""
+        return next(directory.glob(f"*/{self.tool}.v{self.version}.schema.json"))
 
 
 # --- small: the seed's get_weather v1 ---------------------------------------------------------

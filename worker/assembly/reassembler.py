@@ -218,6 +218,7 @@ class Reassembler:
     ) -> list[AssembledCall]:
         """One call's next piece; `chunk` is None for a bare fragment, which names nothing."""
         started = perf_counter_ns()
+        # per chunk: the dict lookup inline, the helper only for a partition's first chunk
         part = self._partitions.get((topic, partition)) or self._partition(topic, partition)
         scope = part.scope
         stream_id, call_id, seq, delta, final = fragment
