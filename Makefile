@@ -1,12 +1,18 @@
-# The two set-up commands a fresh machine needs: `make demo` and `make test`.
+# The two commands a fresh machine needs: `make demo` and `make test`. Everything they need is
+# set up from here: the virtualenv with the native core built in, and (tools/setup-system) the
+# Debian packages the tests use.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+NATIVE := native/Cargo.toml Cargo.toml $(wildcard Cargo.lock) $(shell find native/src -name '*.rs')
+# cargo's test binaries link libpython: tell them (and pyo3's build) which one
+CARGO_ENV := PYO3_PYTHON=$(abspath $(BIN)/python) \
+	LD_LIBRARY_PATH=$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: demo test lint typecheck unit integration bench clean
+.PHONY: demo test system lint typecheck rust unit integration bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
@@ -15,6 +21,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/callgate demo
 
+system:
+	tools/setup-system
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -22,17 +31,22 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: lint typecheck
+rust: $(STAMP)
+	cargo fmt --all --check
+	$(CARGO_ENV) cargo clippy --workspace --all-targets -- -D warnings
+	$(CARGO_ENV) cargo test --workspace --quiet
+
+test: system lint typecheck rust
 	$(BIN)/pytest
 
 unit: $(STAMP)
 	$(BIN)/pytest -m "not integration"
 
-integration: $(STAMP)
+integration: system $(STAMP)
 	$(BIN)/pytest -m integration
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) target .mypy_cache .ruff_cache .pytest_cache

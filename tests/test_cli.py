@@ -8,8 +8,10 @@ from pathlib import Path
 
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "tests" / "fixtures" / "envelopes.jsonl"
+from tests.datafiles import REPO, data_path
+
+ROOT = REPO
+SAMPLE = data_path("generated", "envelopes.jsonl")
 
 
 def callgate(*args: str | Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

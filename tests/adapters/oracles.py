@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,12 +20,13 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
 
+from tests.datafiles import data_path
 from worker.adapters.decoder import Decoder
 from worker.assembly.reassembler import AssemblyLimits, Reassembler
 from worker.model import AssembledCall, Chunk
 
 Triple = tuple[str, str, str]
-RECORDED = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "streams"
+RECORDED = data_path("streams")
 
 
 @dataclass

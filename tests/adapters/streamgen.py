@@ -1,8 +1,8 @@
 """Generated vendor streams for what the recordings lack (pure: a seeded `Random` in, events out).
 
 Every builder returns the vendor's own events as dicts, shaped like the recorded ones in
-`../shared/fixtures/streams/`; `to_sse` writes them as the vendor sends them. Run this module to
-rewrite the committed files under `tests/fixtures/` (a test checks they are current).
+`tests/data/streams/`; `to_sse` writes them as the vendor sends them. Run this module to
+rewrite the committed files under `tests/data/generated/` (a test checks they are current).
 """
 
 from __future__ import annotations
@@ -10,15 +10,16 @@ from __future__ import annotations
 import random
 import sys
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
 
+from tests.datafiles import DATA
+
 Event = dict[str, Any]
 Call = tuple[str, str, str]  # (call id, tool name, argument text)
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = DATA / "generated"
 
 
 def split_text(text: str, rng: random.Random, max_piece: int = 8) -> list[str]:
@@ -373,7 +374,7 @@ SHELL: Call = ("call_shell_3", "run_shell", '{"argv":["ls","pwd"]}')
 
 
 def committed_fixtures() -> dict[str, bytes]:
-    """The generated streams kept as files under tests/fixtures/, for `callgate check`."""
+    """The generated streams kept as files under tests/data/generated/, for `callgate check`."""
     return {
         "openai_responses_parallel_calls.sse": to_sse(
             responses_stream("resp_gen_parallel", [WEATHER, STOCK, SHELL], random.Random(1)),

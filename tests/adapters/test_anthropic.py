@@ -6,9 +6,9 @@ import random
 from typing import Any
 
 import pytest
-import streamgen
-from oracles import assemble, chunks_of, encode, sdk_calls
 
+from tests.adapters import streamgen
+from tests.adapters.oracles import assemble, chunks_of, encode, sdk_calls
 from worker.adapters.anthropic import AnthropicAdapter
 from worker.errors import InputFormatError
 from worker.model import ChunkKind, FinishReason, IncompleteReason

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import orjson
 import pytest
-from oracles import RECORDED
 
+from tests.adapters.oracles import RECORDED
+from tests.datafiles import SCHEMAS, data_path
 from worker.adapters.input import read_records
 from worker.check import run_check
 from worker.errors import InputFormatError
 from worker.settings import load_settings
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
-GENERATED = Path(__file__).resolve().parents[1] / "fixtures"
+GENERATED = data_path("generated")
 
 
 def records(data: bytes, fmt: str | None = None) -> list[bytes]:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import orjson
 import pytest
-import streamgen
 
+from tests.adapters import streamgen
 from worker.adapters.decoder import ENVELOPE, Decoder
 from worker.assembly.reassembler import AssemblyLimits, Reassembler
 from worker.model import AssembledCall, IncompleteReason

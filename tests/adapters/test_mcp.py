@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from tests.datafiles import SCHEMAS, data_path
 from worker.adapters.decoder import Decoder
 from worker.adapters.input import read_records
 from worker.core.processor import InboundRecord, Processor
@@ -16,8 +16,7 @@ from worker.model import ChunkKind, Outcome
 from worker.settings import load_settings
 
 FMT = "mcp.result"
-MCP = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "streams" / "mcp"
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+MCP = data_path("streams", "mcp")
 TOOL = "weather.get_weather_data"
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import orjson
 import pytest
-import streamgen
-from oracles import assemble, chunks_of, encode
 
+from tests.adapters import streamgen
+from tests.adapters.oracles import assemble, chunks_of, encode
 from worker.adapters.decoder import Decoder
 from worker.adapters.openai_chat import OpenAIChatAdapter
 from worker.core.processor import InboundRecord, Processor

@@ -7,9 +7,9 @@ from typing import Any
 
 import orjson
 import pytest
-import streamgen
-from oracles import RECORDED, assemble, chunks_of, encode, sdk_calls
 
+from tests.adapters import streamgen
+from tests.adapters.oracles import RECORDED, assemble, chunks_of, encode, sdk_calls
 from worker.adapters.openai_responses import OpenAIResponsesAdapter
 from worker.errors import InputFormatError
 from worker.model import ChunkKind, FinishReason, IncompleteReason

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import orjson
 import pytest
-import streamgen
-from oracles import RECORDED, assemble, sdk_calls
 
+from tests.adapters import streamgen
+from tests.adapters.oracles import RECORDED, assemble, sdk_calls
+from tests.datafiles import data_files, data_path
 from worker.adapters.input import read_records
 from worker.model import ChunkKind, IncompleteReason
 
-GENERATED = Path(__file__).resolve().parents[1] / "fixtures"
+GENERATED = data_path("generated")
 FORMATS = {
     "openai_chat": "openai.chat",
     "openai_responses": "openai.responses",
@@ -35,10 +36,10 @@ TRUNCATED = {
 def _streams() -> list[tuple[str, Path]]:
     found = [
         (FORMATS[path.parent.name], path)
-        for path in sorted(RECORDED.glob("*/*.sse"))
+        for path in data_files("streams", "*/*.sse", at_least=12)
         if path.parent.name in FORMATS
     ]
-    for path in sorted(GENERATED.glob("*.sse")):
+    for path in data_files("generated", "*.sse", at_least=3):
         prefix = next(name for name in FORMATS if path.name.startswith(name))
         found.append((FORMATS[prefix], path))
     return found

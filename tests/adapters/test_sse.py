@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder as SdkDecoder
-from oracles import RECORDED
 
+from tests.adapters.oracles import RECORDED
 from worker.adapters.sse import SSEDecoder, SSEEvent
 from worker.errors import InputFormatError
 

@@ -18,8 +18,9 @@ from benchmarks import workload
 from benchmarks.baseline import SeedGate, load_validators
 from benchmarks.common import SEED_SCHEMAS
 from benchmarks.floors import BarePythonGate
+from tests.datafiles import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def _run(name: str, out: Path, timeout: float = 240) -> dict[str, Any]:

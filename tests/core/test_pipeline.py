@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from tests.datafiles import SCHEMAS
 from worker.core.pipeline import Gate, GateLimits
 from worker.model import (
     AssembledCall,
@@ -23,8 +23,6 @@ from worker.model import (
 )
 from worker.plugins import Plugins, load_plugins
 from worker.schemas.registry import SchemaRegistry
-
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 @pytest.fixture(scope="module")

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from tests.datafiles import SCHEMAS
 from worker.core.processor import InboundRecord, Processor
 from worker.settings import load_settings
-
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 @pytest.fixture

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.datafiles import SCHEMAS
 from worker.core.pipeline import Gate
 from worker.model import AssembledCall, Outcome
 from worker.plugins import load_plugins
 from worker.schemas.registry import SchemaRegistry
 
 GATE = Gate(
-    SchemaRegistry.load(Path(__file__).resolve().parents[2] / "schemas"),
+    SchemaRegistry.load(SCHEMAS),
     load_plugins(["worker.plugins.builtin"]),
 )
 TOOLS = st.sampled_from(["get_weather", "create_payment", "nope", "weather.get_weather"])

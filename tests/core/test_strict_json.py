@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.datafiles import data_files, data_path
 from worker.core.strict_json import ParseError, depth_over, parse, scan
 from worker.model import Code
 
-SUITE = Path(__file__).resolve().parents[3] / "shared" / "conformance" / "json-test-suite"
-CASES = sorted((SUITE / "test_parsing").glob("*.json"))
+SUITE = data_path("json-test-suite")
+CASES = data_files("json-test-suite/test_parsing", "*.json", at_least=300)
 
 # Each implementation-defined case, decided: True = accepted, else the code it is rejected with.
 I_DECISIONS: dict[str, bool | Code] = {

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from tests.datafiles import data_path
 from worker.core.tool_output import ToolOutputFinding, check_tool_result
 from worker.model import Code, IncompleteReason, Outcome
 from worker.schemas.contract import CompiledCheck
 from worker.schemas.registry import SchemaRegistry
 
-MCP = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "streams" / "mcp"
+MCP = data_path("streams", "mcp")
 PREFIX = "2026-07-28__"
 
 

@@ -29,9 +29,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.datafiles import REPO
 from worker.runtime.broker import ChildWait, free_port, stop_child, wait_for_child
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 DEPLOY = ROOT / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "callgate.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yaml"

@@ -6,8 +6,14 @@ import re
 import subprocess
 
 import yaml
-from prometheus_helpers import ALERTS, DEPLOY, alert_rules, metric_names, promtool_binary
 
+from tests.deploy.prometheus_helpers import (
+    ALERTS,
+    DEPLOY,
+    alert_rules,
+    metric_names,
+    promtool_binary,
+)
 from worker.metrics import Metrics
 
 DECLARED = Metrics().series_names()

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import yaml
-from prometheus_helpers import (
+
+from tests.deploy.prometheus_helpers import (
     DASHBOARD,
     DEPLOY,
     data_panels,
@@ -15,7 +16,6 @@ from prometheus_helpers import (
     panel_queries,
     variable_queries,
 )
-
 from worker.metrics import Metrics
 
 DECLARED = Metrics(frozenset({"any_tool"})).series_names()

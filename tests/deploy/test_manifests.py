@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_helpers import DEPLOY, ROOT
 from pydantic import BaseModel
 
+from tests.deploy.prometheus_helpers import DEPLOY, ROOT
 from worker.settings import MetricsSettings, Settings
 
 K8S = DEPLOY / "k8s"

@@ -27,7 +27,8 @@ from pathlib import Path
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
-from prometheus_helpers import (
+
+from tests.deploy.prometheus_helpers import (
     ALERTS,
     ROOT,
     PrometheusAPI,
@@ -39,7 +40,6 @@ from prometheus_helpers import (
     prometheus_binary,
     scrape_config,
 )
-
 from worker.core.processor import InboundRecord, Processor
 from worker.health import HealthServer
 from worker.metrics import Metrics

@@ -19,10 +19,10 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from tests.datafiles import REPO
 from worker.runtime.broker import create_topics
 from worker.runtime.demo import assign_from_start
 
-REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
 Record = tuple[bytes, bytes, list[tuple[str, bytes]]]

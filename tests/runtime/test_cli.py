@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from kafka_helpers import REPO
 from pydantic import BaseModel
 
+from tests.runtime.kafka_helpers import REPO
 from worker.settings import Settings
 
 

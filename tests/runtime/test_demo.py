@@ -9,8 +9,8 @@ import sys
 
 import orjson
 import pytest
-from kafka_helpers import REPO
 
+from tests.runtime.kafka_helpers import REPO
 from worker.runtime.traffic import sample_traffic
 
 pytestmark = pytest.mark.integration

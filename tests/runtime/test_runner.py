@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import Producer
-from kafka_helpers import (
+
+from tests.runtime.kafka_helpers import (
     SCHEMAS,
     Record,
     committed,
@@ -26,7 +27,6 @@ from kafka_helpers import (
     read_outcomes,
     unique,
 )
-
 from worker.core.processor import Processor
 from worker.metrics import Metrics
 from worker.runtime.runner import Runner

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka_helpers import (
+
+from tests.runtime.kafka_helpers import (
     ASSIGNED,
     OutcomeTail,
     check_outcomes,

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.datafiles import REPO
+
 WEATHER = REPO / "schemas/weather"
 
 

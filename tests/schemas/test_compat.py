@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.datafiles import SCHEMAS
 from worker.schemas.compat import Mode, compare
-
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 def obj(properties: dict[str, Any], required: list[str], closed: bool = True) -> dict[str, Any]:

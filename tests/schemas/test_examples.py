@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.datafiles import SCHEMAS
 from worker.schemas import examples
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 ENGINES = ["fastjsonschema", "jsonschema-rs"]
 FOUND, PROBLEMS = examples.collect(SCHEMAS)
 

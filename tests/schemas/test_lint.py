@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.datafiles import SCHEMAS
 from worker.schemas.lint import lint_path
-
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 def findings(tmp_path: Path, schema: Any, name: str = "t.v1.schema.json") -> set[tuple[str, str]]:

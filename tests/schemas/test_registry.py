@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
+from tests.datafiles import SCHEMAS, data_path
 from worker.errors import SchemaLoadError, UnsupportedKeywordError
 from worker.model import Code, Violation
 from worker.schemas.contract import Contract, IdempotencyPolicy, LookupFailure
 from worker.schemas.registry import SchemaRegistry
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 ENGINES = ["fastjsonschema", "jsonschema-rs"]
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared/fixtures/streams/mcp"
+FIXTURES = data_path("streams", "mcp")
 
 
 def write(directory: Path, relative: str, document: Any) -> Path:
