@@ -10,7 +10,7 @@ NATIVE := native/Cargo.toml Cargo.toml $(wildcard Cargo.lock) $(shell find nativ
 CARGO_ENV := PYO3_PYTHON=$(abspath $(BIN)/python) \
 	LD_LIBRARY_PATH=$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: demo test system lint typecheck rust unit integration bench clean
+.PHONY: demo test system kafka lint typecheck rust unit integration bench clean
 
 $(STAMP): pyproject.toml $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(STAMP)
 system:
 	tools/setup-system
 
+# Apache Kafka's jars for the tests' real broker (Maven Central -> .cache/kafka-<version>/libs)
+kafka: system
+	tools/kafka/fetch
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -36,13 +40,13 @@ rust: $(STAMP)
 	$(CARGO_ENV) cargo clippy --workspace --all-targets -- -D warnings
 	$(CARGO_ENV) cargo test --workspace --quiet
 
-test: system lint typecheck rust
+test: system kafka lint typecheck rust
 	$(BIN)/pytest
 
 unit: $(STAMP)
 	$(BIN)/pytest -m "not integration"
 
-integration: system $(STAMP)
+integration: system kafka $(STAMP)
 	$(BIN)/pytest -m integration
 
 bench: $(STAMP)

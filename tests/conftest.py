@@ -1,6 +1,7 @@
-"""Shared fixtures: one embedded Kafka-protocol broker (tansu) for the whole test session.
+"""Shared fixtures: the session's brokers, one embedded Kafka-protocol broker (tansu) and, for
+the tests that need the real thing, one Apache Kafka broker (KRaft, jars from tools/kafka/fetch).
 
-Every integration test shares this broker (a group join costs seconds on tansu, a broker start
+Every integration test shares these brokers (a group join costs seconds on tansu, a broker start
 about 0.1 s): tests keep apart by using their own topic names and group ids. When CI=true a
 broker that cannot start fails the tests that need it; elsewhere they are skipped with the reason.
 """
@@ -13,16 +14,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.apache_kafka import ApacheKafka, ApacheKafkaError, fetch_libs
 from worker.errors import BrokerStartError
 from worker.runtime.broker import EmbeddedBroker
 
 BROKER_START_TIMEOUT_S = 15.0
+# both within pytest's per-test timeout, which counts the set-up of the first test that asks:
+# a cold fetch from Maven Central took 8 to 15 s here, a start (format included) about 4 s
+APACHE_KAFKA_FETCH_TIMEOUT_S = 60.0
+APACHE_KAFKA_START_TIMEOUT_S = 45.0
 
 
-def _unavailable(reason: str) -> None:
+def _unavailable(reason: str, service: str = "embedded broker") -> None:
     if os.environ.get("CI") == "true":
-        pytest.fail(f"embedded broker unavailable in CI: {reason}", pytrace=False)
-    pytest.skip(f"embedded broker unavailable: {reason}")
+        pytest.fail(f"{service} unavailable in CI: {reason}", pytrace=False)
+    pytest.skip(f"{service} unavailable: {reason}")
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +50,21 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedB
 def bootstrap(kafka_broker: EmbeddedBroker) -> str:
     """host:port of the session broker."""
     return kafka_broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApacheKafka]:
+    """The session's Apache Kafka broker on free loopback ports; stopped (that pid only) at the end.
+
+    It assembles the jars first (tools/kafka/fetch) when a fresh checkout has none yet.
+    """
+    try:
+        libs = fetch_libs(timeout_s=APACHE_KAFKA_FETCH_TIMEOUT_S)
+        broker = ApacheKafka(libs, tmp_path_factory.mktemp("apache-kafka"))
+        broker.start(timeout_s=APACHE_KAFKA_START_TIMEOUT_S)
+    except ApacheKafkaError as exc:
+        _unavailable(str(exc), "Apache Kafka broker")
+    try:
+        yield broker
+    finally:
+        broker.stop()
