@@ -5,10 +5,17 @@
 
 use pyo3::prelude::*;
 
-mod json;
+mod assembler;
+mod envelope;
+mod event;
+mod face;
+pub mod json;
+mod snapshot;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     json::register(m)?;
+    face::register(m)?;
+    event::register(m)?;
     Ok(())
 }

@@ -1,0 +1,450 @@
+//! The canonical chunk envelope: one JSON object per record, decoded strictly into a [`Piece`].
+//!
+//! ```json
+//! {"stream_id": "resp_1", "call_id": "call_1", "seq": 0, "kind": "tool_call",
+//!  "tool": "get_weather", "tool_version": "1", "delta": "{\"city\":\"Hang", "final": false,
+//!  "idempotency_key": null, "trace_id": null, "run_id": null, "step_id": null, "attempt": null}
+//! ```
+//!
+//! `kind` is `tool_call | text | refusal | error | end`; an `end` names its stream and an
+//! optional `finish_reason`. Strict: the text must be one JSON object, no field twice, every
+//! known field of its type, identifiers and trace fields at most `max_id_bytes` long. Unknown
+//! fields are allowed (producers may add their own) but must be strict JSON too. What is wrong is
+//! said in a [`Malformed`], together with whatever stream and call it could still name, so the
+//! caller can end those calls instead of letting them go on without this piece.
+//!
+//! Pure Rust and no Python: `lib.rs` runs it on a whole batch with the interpreter released.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use jiter::{Jiter, NumberAny, NumberInt, Peek};
+
+use crate::assembler::{CallPiece, Channel, Finish, Piece, Trace};
+
+/// Why a record is not an envelope, and the stream and call it still names, if any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Malformed {
+    pub message: String,
+    pub stream_id: Option<String>,
+    pub call_id: Option<String>,
+}
+
+/// A field's value as the envelope rules need to see it.
+#[derive(Clone, Debug, PartialEq)]
+enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Str(String),
+    /// A number that is not an integer, an array or an object: never right for a known field.
+    Other,
+}
+
+const FIELDS: [&str; 14] = [
+    "stream_id",
+    "call_id",
+    "seq",
+    "kind",
+    "tool",
+    "tool_version",
+    "delta",
+    "final",
+    "idempotency_key",
+    "finish_reason",
+    "trace_id",
+    "run_id",
+    "step_id",
+    "attempt",
+];
+const KINDS: &str = "['end', 'error', 'refusal', 'text', 'tool_call']";
+
+/// Decode one envelope record. `traceparent` comes from the record's header.
+pub fn decode(
+    text: &[u8],
+    traceparent: Option<&str>,
+    max_id_bytes: usize,
+) -> Result<Piece, Malformed> {
+    let mut fields = read_fields(text).map_err(|message| Malformed {
+        message,
+        stream_id: None,
+        call_id: None,
+    })?;
+    Fields {
+        values: &mut fields,
+        max_id_bytes,
+    }
+    .piece(traceparent)
+}
+
+fn read_fields(text: &[u8]) -> Result<Vec<Option<Value>>, String> {
+    let mut values: Vec<Option<Value>> = vec![None; FIELDS.len()];
+    let mut jiter = Jiter::new(text);
+    let not_json = |e: jiter::JiterError| format!("record is not JSON: {e}");
+    if jiter.peek().map_err(not_json)? != Peek::Object {
+        return Err("envelope must be a JSON object".to_owned());
+    }
+    let mut unknown: Vec<String> = Vec::new();
+    let mut key = jiter.known_object().map_err(not_json)?.map(str::to_owned);
+    while let Some(name) = key {
+        match FIELDS.iter().position(|f| *f == name) {
+            Some(index) => {
+                if values[index].is_some() {
+                    return Err(format!("envelope has the field {name:?} twice"));
+                }
+                values[index] = Some(
+                    read_value(&mut jiter).map_err(|e| format!("envelope field {name:?}: {e}"))?,
+                );
+            }
+            None => {
+                if unknown.contains(&name) {
+                    return Err(format!("envelope has the field {name:?} twice"));
+                }
+                skip_strict(&mut jiter, 0).map_err(|e| format!("envelope field {name:?}: {e}"))?;
+                unknown.push(name);
+            }
+        }
+        key = jiter.next_key().map_err(not_json)?.map(str::to_owned);
+    }
+    jiter.finish().map_err(not_json)?;
+    Ok(values)
+}
+
+fn read_value(jiter: &mut Jiter) -> Result<Value, String> {
+    let peek = jiter.peek().map_err(|e| e.to_string())?;
+    Ok(match peek {
+        Peek::Null => {
+            jiter.known_null().map_err(|e| e.to_string())?;
+            Value::Null
+        }
+        Peek::True | Peek::False => Value::Bool(jiter.known_bool(peek).map_err(|e| e.to_string())?),
+        Peek::String => Value::Str(jiter.known_str().map_err(|e| e.to_string())?.to_owned()),
+        _ if peek.is_num() => match jiter.known_number(peek).map_err(|e| e.to_string())? {
+            NumberAny::Int(NumberInt::Int(i)) => Value::Int(i),
+            _ => Value::Other,
+        },
+        _ => {
+            skip_strict(jiter, 0)?;
+            Value::Other
+        }
+    })
+}
+
+/// Nesting allowed inside an unknown field's value.
+const MAX_SKIP_DEPTH: usize = 64;
+
+/// Skip one value, refusing what strict JSON refuses beyond jiter: duplicate keys, deep nesting.
+fn skip_strict(jiter: &mut Jiter, depth: usize) -> Result<(), String> {
+    if depth > MAX_SKIP_DEPTH {
+        return Err(format!("nests deeper than {MAX_SKIP_DEPTH} levels"));
+    }
+    let text = |e: jiter::JiterError| e.to_string();
+    match jiter.peek().map_err(text)? {
+        Peek::Object => {
+            let mut seen: HashSet<String> = HashSet::new();
+            let mut key = jiter.known_object().map_err(text)?.map(str::to_owned);
+            while let Some(name) = key {
+                skip_strict(jiter, depth + 1)?;
+                if !seen.insert(name) {
+                    return Err("an object has the same key twice".to_owned());
+                }
+                key = jiter.next_key().map_err(text)?.map(str::to_owned);
+            }
+        }
+        Peek::Array => {
+            let mut next = jiter.known_array().map_err(text)?;
+            while next.is_some() {
+                skip_strict(jiter, depth + 1)?;
+                next = jiter.array_step().map_err(text)?;
+            }
+        }
+        peek => jiter.known_skip(peek).map_err(text)?,
+    }
+    Ok(())
+}
+
+struct Fields<'a> {
+    values: &'a mut [Option<Value>],
+    max_id_bytes: usize,
+}
+
+impl Fields<'_> {
+    fn take(&mut self, name: &str) -> Value {
+        let index = FIELDS
+            .iter()
+            .position(|f| *f == name)
+            .expect("a known field");
+        self.values[index].take().unwrap_or(Value::Null)
+    }
+
+    /// An optional string field, at most `max_id_bytes` long.
+    fn id(&mut self, name: &str) -> Result<Option<String>, String> {
+        match self.take(name) {
+            Value::Null => Ok(None),
+            Value::Str(s) if s.len() > self.max_id_bytes => Err(format!(
+                "envelope field {name:?} is longer than {} bytes",
+                self.max_id_bytes
+            )),
+            Value::Str(s) => Ok(Some(s)),
+            _ => Err(format!("envelope field {name:?} must be a string or null")),
+        }
+    }
+
+    fn required_id(&mut self, name: &str, what: &str) -> Result<String, String> {
+        match self.id(name) {
+            Ok(Some(s)) if !s.is_empty() => Ok(s),
+            Ok(_) => Err(format!("{what} needs a non-empty string {name:?}")),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn piece(mut self, traceparent: Option<&str>) -> Result<Piece, Malformed> {
+        let fail = |message: String, stream: Option<&str>, call: Option<&str>| Malformed {
+            message,
+            stream_id: stream.map(str::to_owned),
+            call_id: call.map(str::to_owned),
+        };
+        let stream_id = self
+            .required_id("stream_id", "envelope")
+            .map_err(|m| fail(m, None, None))?;
+        let stream = Some(stream_id.as_str());
+        let kind = match self.take("kind") {
+            Value::Str(kind) if kind == "end" => None,
+            Value::Str(kind) => match Channel::parse(&kind) {
+                Some(Channel::McpResult) | None => {
+                    return Err(fail(
+                        format!("envelope 'kind' must be one of {KINDS}"),
+                        stream,
+                        None,
+                    ))
+                }
+                Some(channel) => Some(channel),
+            },
+            _ => {
+                return Err(fail(
+                    format!("envelope 'kind' must be one of {KINDS}"),
+                    stream,
+                    None,
+                ))
+            }
+        };
+        let trace = self.trace(traceparent).map_err(|m| fail(m, stream, None))?;
+        let Some(channel) = kind else {
+            let finish = match self.take("finish_reason") {
+                Value::Null => None,
+                Value::Str(name) if Finish::parse(&name).is_some() => Finish::parse(&name),
+                _ => {
+                    let names = Finish::NAMES.map(|n| format!("'{n}'")).join(", ");
+                    return Err(fail(
+                        format!("'finish_reason' must be one of [{names}]"),
+                        stream,
+                        None,
+                    ));
+                }
+            };
+            return Ok(Piece::End {
+                stream_id: Arc::from(stream_id),
+                finish,
+            });
+        };
+        let what = format!("a '{}' envelope", channel.as_str());
+        let call_id = self
+            .required_id("call_id", &what)
+            .map_err(|m| fail(m, stream, None))?;
+        let call = Some(call_id.as_str());
+        let seq = match self.take("seq") {
+            Value::Null => None,
+            Value::Int(seq) if (0..=i64::from(u32::MAX)).contains(&seq) => Some(seq as u32),
+            _ => {
+                return Err(fail(
+                    "envelope field 'seq' must be an integer >= 0".to_owned(),
+                    stream,
+                    call,
+                ))
+            }
+        };
+        let delta = match self.take("delta") {
+            Value::Null => String::new(),
+            Value::Str(delta) => delta,
+            _ => {
+                return Err(fail(
+                    "envelope field 'delta' must be a string".to_owned(),
+                    stream,
+                    call,
+                ))
+            }
+        };
+        let is_final = match self.take("final") {
+            Value::Null => false,
+            Value::Bool(b) => b,
+            _ => {
+                return Err(fail(
+                    "envelope field 'final' must be true or false".to_owned(),
+                    stream,
+                    call,
+                ))
+            }
+        };
+        let tool = self.id("tool").map_err(|m| fail(m, stream, call))?;
+        let tool_version = match self.take("tool_version") {
+            Value::Null => None,
+            Value::Int(v) => Some(v.to_string()),
+            Value::Str(v) if v.len() <= self.max_id_bytes => Some(v),
+            Value::Str(_) => {
+                return Err(fail(
+                    format!(
+                        "envelope field 'tool_version' is longer than {} bytes",
+                        self.max_id_bytes
+                    ),
+                    stream,
+                    call,
+                ))
+            }
+            _ => {
+                return Err(fail(
+                    "envelope field 'tool_version' must be a string, an integer or null".to_owned(),
+                    stream,
+                    call,
+                ))
+            }
+        };
+        let idempotency_key = self
+            .id("idempotency_key")
+            .map_err(|m| fail(m, stream, call))?;
+        Ok(Piece::Call(CallPiece {
+            stream_id: Arc::from(stream_id),
+            call_id: Arc::from(call_id),
+            channel,
+            seq,
+            tool: tool.map(Into::into),
+            tool_version: tool_version.map(Into::into),
+            delta,
+            is_final,
+            idempotency_key: idempotency_key.map(Into::into),
+            trace,
+            expected: None,
+        }))
+    }
+
+    fn trace(&mut self, traceparent: Option<&str>) -> Result<Option<Box<Trace>>, String> {
+        let attempt = match self.take("attempt") {
+            Value::Null => None,
+            Value::Int(a) if (1..=i64::from(u32::MAX)).contains(&a) => Some(a as u32),
+            _ => return Err("envelope field 'attempt' must be an integer >= 1".to_owned()),
+        };
+        let trace = Trace {
+            trace_id: self.id("trace_id")?.map(Into::into),
+            run_id: self.id("run_id")?.map(Into::into),
+            step_id: self.id("step_id")?.map(Into::into),
+            traceparent: traceparent.map(Into::into),
+            attempt,
+        };
+        Ok((!trace.is_empty()).then(|| Box::new(trace)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(text: &str) -> CallPiece {
+        match decode(text.as_bytes(), None, 64) {
+            Ok(Piece::Call(piece)) => piece,
+            other => panic!("not a call piece: {other:?}"),
+        }
+    }
+
+    fn malformed(text: &str) -> Malformed {
+        decode(text.as_bytes(), None, 64).expect_err("must be malformed")
+    }
+
+    #[test]
+    fn a_middle_chunk() {
+        let piece = call(
+            r#"{"stream_id":"s","call_id":"c","seq":2,"kind":"tool_call","delta":"x","final":false}"#,
+        );
+        assert_eq!(
+            (&*piece.stream_id, &*piece.call_id, piece.seq),
+            ("s", "c", Some(2))
+        );
+        assert_eq!(piece.delta, "x");
+        assert!(!piece.is_final && piece.trace.is_none());
+    }
+
+    #[test]
+    fn a_duplicate_field_is_malformed_and_names_nothing_it_cannot_trust() {
+        let bad = malformed(
+            r#"{"stream_id":"s","call_id":"c","kind":"tool_call","delta":"a","delta":"b"}"#,
+        );
+        assert_eq!(bad.message, "envelope has the field \"delta\" twice");
+        assert_eq!(bad.stream_id, None);
+    }
+
+    #[test]
+    fn a_bad_field_names_the_stream_and_call_it_belongs_to() {
+        let bad = malformed(r#"{"stream_id":"s","call_id":"c","kind":"tool_call","delta":{}}"#);
+        assert_eq!(bad.message, "envelope field 'delta' must be a string");
+        assert_eq!(
+            (bad.stream_id.as_deref(), bad.call_id.as_deref()),
+            (Some("s"), Some("c"))
+        );
+    }
+
+    #[test]
+    fn identifiers_are_bounded() {
+        let long = "x".repeat(65);
+        let bad = malformed(&format!(
+            r#"{{"stream_id":"s","call_id":"{long}","kind":"tool_call"}}"#
+        ));
+        assert_eq!(
+            bad.message,
+            "envelope field \"call_id\" is longer than 64 bytes"
+        );
+        assert_eq!(bad.stream_id.as_deref(), Some("s"));
+    }
+
+    #[test]
+    fn an_integer_version_is_its_decimal_text() {
+        let piece = call(
+            r#"{"stream_id":"s","call_id":"c","kind":"tool_call","tool":"t","tool_version":2}"#,
+        );
+        assert_eq!(piece.tool_version.as_deref(), Some("2"));
+    }
+
+    #[test]
+    fn an_end_with_a_finish_reason() {
+        let piece = decode(
+            br#"{"stream_id":"s","kind":"end","finish_reason":"length"}"#,
+            None,
+            64,
+        );
+        assert!(matches!(
+            piece,
+            Ok(Piece::End {
+                finish: Some(Finish::Length),
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn unknown_fields_pass_but_must_be_strict() {
+        call(r#"{"stream_id":"s","call_id":"c","kind":"tool_call","x-mine":{"a":[1,2]}}"#);
+        let bad =
+            malformed(r#"{"stream_id":"s","call_id":"c","kind":"tool_call","x":{"a":1,"a":2}}"#);
+        assert!(
+            bad.message.starts_with("envelope field \"x\""),
+            "{}",
+            bad.message
+        );
+    }
+
+    #[test]
+    fn not_an_object() {
+        assert_eq!(malformed("[1]").message, "envelope must be a JSON object");
+        assert!(malformed("{").message.starts_with("record is not JSON"));
+        assert!(malformed(r#"{"a":1} x"#)
+            .message
+            .starts_with("record is not JSON"));
+    }
+}

@@ -1,0 +1,305 @@
+//! The outcome event: the one JSON object emitted per call, written here and nowhere else.
+//!
+//! ```json
+//! {"event_id": "…", "outcome": "rejected", "stream_id": "resp_1", "call_id": "call_1",
+//!  "tool": "get_weather", "schema": {"id": "weather.get_weather", "version": "1"},
+//!  "phase": "schema_validation", "error_code": "schema_violation", "reason": null,
+//!  "violations": [{"path": "/units", "keyword": "required", "message": "…"}],
+//!  "retry_feedback": {…}, "repairs": [{"kind": "markdown_fence"}], "retryable": true,
+//!  "idempotency_key": null, "duplicate_of": null,
+//!  "source": {"topic": "model-output", "partition": 2, "first_offset": 40, "last_offset": 43},
+//!  "metrics": {"chunks": 4, "bytes": 17, "duplicate_chunks": 0, "phases_us": {"assembly": 3}},
+//!  "arguments": {…}, "requires_approval": false, "trace_id": "…", …}
+//! ```
+//!
+//! `arguments` and `requires_approval` only on accepted events; `arguments` is embedded as the
+//! JSON text it was validated as (or re-encoded by a version adapter), never re-serialized here.
+//! The trace fields only when set. `encode_event` returns None when the event would exceed the
+//! byte bound it is given: the caller decides what to send instead.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use crate::face::AssembledCall;
+
+/// Appends JSON to a byte buffer.
+struct Writer {
+    out: Vec<u8>,
+}
+
+impl Writer {
+    fn raw(&mut self, bytes: &[u8]) {
+        self.out.extend_from_slice(bytes);
+    }
+
+    fn string(&mut self, text: &str) {
+        self.out.push(b'"');
+        let bytes = text.as_bytes();
+        let mut start = 0;
+        for (i, &byte) in bytes.iter().enumerate() {
+            let escape: &[u8] = match byte {
+                b'"' => b"\\\"",
+                b'\\' => b"\\\\",
+                b'\n' => b"\\n",
+                b'\r' => b"\\r",
+                b'\t' => b"\\t",
+                0x08 => b"\\b",
+                0x0c => b"\\f",
+                0x00..=0x1f => {
+                    self.out.extend_from_slice(&bytes[start..i]);
+                    self.out
+                        .extend_from_slice(format!("\\u{byte:04x}").as_bytes());
+                    start = i + 1;
+                    continue;
+                }
+                _ => continue,
+            };
+            self.out.extend_from_slice(&bytes[start..i]);
+            self.out.extend_from_slice(escape);
+            start = i + 1;
+        }
+        self.out.extend_from_slice(&bytes[start..]);
+        self.out.push(b'"');
+    }
+
+    fn key(&mut self, name: &str, first: bool) {
+        if !first {
+            self.out.push(b',');
+        }
+        self.string(name);
+        self.out.push(b':');
+    }
+
+    fn opt_py_str(&mut self, value: Option<&Bound<'_, PyString>>) -> PyResult<()> {
+        match value {
+            Some(text) => self.string(text.to_str()?),
+            None => self.raw(b"null"),
+        }
+        Ok(())
+    }
+
+    /// A Python value that is None or a str.
+    fn py_str_or_null(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        if value.is_none() {
+            self.raw(b"null");
+        } else {
+            self.string(value.cast::<PyString>()?.to_str()?);
+        }
+        Ok(())
+    }
+
+    fn int(&mut self, value: i64) {
+        self.raw(value.to_string().as_bytes());
+    }
+
+    fn boolean(&mut self, value: bool) {
+        self.raw(if value { b"true" } else { b"false" });
+    }
+}
+
+/// The event of `call` judged as `verdict`, or None when it would be longer than `max_bytes`.
+///
+/// `verdict` is read by attribute: `outcome`, `phase`, `code`, `reason` (str or None),
+/// `schema` (None or an object with `id` and `version`), `violations` (objects with `path`,
+/// `keyword`, `message`), `repairs` (str kinds), `retryable`, `requires_approval` (bool),
+/// `feedback_json` and `arguments_json` (bytes of JSON, or None), `idempotency_key` and
+/// `duplicate_of` (str or None), `phases_us` (a mapping of phase name to microseconds).
+#[pyfunction]
+pub fn encode_event<'py>(
+    py: Python<'py>,
+    call: &Bound<'py, AssembledCall>,
+    verdict: &Bound<'py, PyAny>,
+    max_bytes: usize,
+) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    let call = call.get();
+    let get = |name: &Bound<'py, PyString>| verdict.getattr(name);
+    let mut w = Writer {
+        out: Vec::with_capacity(512 + call.arguments.bind(py).as_bytes().len()),
+    };
+    w.raw(b"{");
+    w.key("event_id", true);
+    w.string(call.event_id.bind(py).to_str()?);
+    let outcome = get(pyo3::intern!(py, "outcome"))?;
+    let outcome_text = outcome.cast::<PyString>()?.to_str()?.to_owned();
+    w.key("outcome", false);
+    w.string(&outcome_text);
+    w.key("stream_id", false);
+    w.string(call.stream_id.bind(py).to_str()?);
+    w.key("call_id", false);
+    w.string(call.call_id.bind(py).to_str()?);
+    w.key("tool", false);
+    w.opt_py_str(call.tool.as_ref().map(|t| t.bind(py)))?;
+    w.key("schema", false);
+    let schema = get(pyo3::intern!(py, "schema"))?;
+    if schema.is_none() {
+        w.raw(b"null");
+    } else {
+        w.raw(b"{");
+        w.key("id", true);
+        w.py_str_or_null(&schema.getattr(pyo3::intern!(py, "id"))?)?;
+        w.key("version", false);
+        w.py_str_or_null(&schema.getattr(pyo3::intern!(py, "version"))?)?;
+        w.raw(b"}");
+    }
+    for (field, attribute) in [
+        ("phase", "phase"),
+        ("error_code", "code"),
+        ("reason", "reason"),
+    ] {
+        w.key(field, false);
+        w.py_str_or_null(&verdict.getattr(attribute)?)?;
+    }
+    w.key("violations", false);
+    w.raw(b"[");
+    for (index, violation) in get(pyo3::intern!(py, "violations"))?
+        .try_iter()?
+        .enumerate()
+    {
+        let violation = violation?;
+        if index > 0 {
+            w.raw(b",");
+        }
+        w.raw(b"{");
+        w.key("path", true);
+        w.py_str_or_null(&violation.getattr(pyo3::intern!(py, "path"))?)?;
+        w.key("keyword", false);
+        w.py_str_or_null(&violation.getattr(pyo3::intern!(py, "keyword"))?)?;
+        w.key("message", false);
+        w.py_str_or_null(&violation.getattr(pyo3::intern!(py, "message"))?)?;
+        w.raw(b"}");
+    }
+    w.raw(b"]");
+    w.key("retry_feedback", false);
+    raw_or_null(&mut w, &get(pyo3::intern!(py, "feedback_json"))?)?;
+    w.key("repairs", false);
+    w.raw(b"[");
+    for (index, kind) in get(pyo3::intern!(py, "repairs"))?.try_iter()?.enumerate() {
+        if index > 0 {
+            w.raw(b",");
+        }
+        w.raw(b"{");
+        w.key("kind", true);
+        w.py_str_or_null(&kind?)?;
+        w.raw(b"}");
+    }
+    w.raw(b"]");
+    w.key("retryable", false);
+    w.boolean(get(pyo3::intern!(py, "retryable"))?.is_truthy()?);
+    w.key("idempotency_key", false);
+    w.py_str_or_null(&get(pyo3::intern!(py, "idempotency_key"))?)?;
+    w.key("duplicate_of", false);
+    w.py_str_or_null(&get(pyo3::intern!(py, "duplicate_of"))?)?;
+    w.key("source", false);
+    w.raw(b"{");
+    w.key("topic", true);
+    w.string(call.topic.bind(py).to_str()?);
+    w.key("partition", false);
+    w.int(i64::from(call.partition));
+    w.key("first_offset", false);
+    w.int(call.first_offset);
+    w.key("last_offset", false);
+    w.int(call.last_offset);
+    w.raw(b"}");
+    w.key("metrics", false);
+    w.raw(b"{");
+    w.key("chunks", true);
+    w.int(i64::from(call.chunks));
+    w.key("bytes", false);
+    w.int(call.nbytes as i64);
+    w.key("duplicate_chunks", false);
+    w.int(i64::from(call.duplicate_chunks));
+    w.key("phases_us", false);
+    w.raw(b"{");
+    let phases = get(pyo3::intern!(py, "phases_us"))?;
+    for (index, item) in phases
+        .call_method0(pyo3::intern!(py, "items"))?
+        .try_iter()?
+        .enumerate()
+    {
+        let (phase, micros): (Bound<'py, PyString>, i64) = item?.extract()?;
+        w.key(phase.to_str()?, index == 0);
+        w.int(micros);
+    }
+    w.raw(b"}}");
+    if outcome_text == "accepted" {
+        w.key("arguments", false);
+        raw_or_null(&mut w, &get(pyo3::intern!(py, "arguments_json"))?)?;
+        w.key("requires_approval", false);
+        w.boolean(get(pyo3::intern!(py, "requires_approval"))?.is_truthy()?);
+    }
+    let trace = [
+        ("trace_id", &call.trace_id),
+        ("run_id", &call.run_id),
+        ("step_id", &call.step_id),
+        ("traceparent", &call.traceparent),
+    ];
+    for (name, value) in trace {
+        if let Some(value) = value {
+            w.key(name, false);
+            w.string(value.bind(py).to_str()?);
+        }
+    }
+    if let Some(attempt) = call.attempt {
+        w.key("attempt", false);
+        w.int(i64::from(attempt));
+    }
+    w.raw(b"}");
+    if w.out.len() > max_bytes {
+        return Ok(None);
+    }
+    Ok(Some(PyBytes::new(py, &w.out)))
+}
+
+/// Already-encoded JSON (bytes), or null.
+fn raw_or_null(w: &mut Writer, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    if value.is_none() {
+        w.raw(b"null");
+    } else {
+        w.raw(value.cast::<PyBytes>()?.as_bytes());
+    }
+    Ok(())
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(encode_event, m)?)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Writer;
+
+    fn string(text: &str) -> String {
+        let mut w = Writer { out: Vec::new() };
+        w.string(text);
+        String::from_utf8(w.out).expect("UTF-8 in, UTF-8 out")
+    }
+
+    #[test]
+    fn strings_are_escaped_as_rfc_8259_asks() {
+        assert_eq!(string("a\"b\\c"), r#""a\"b\\c""#);
+        assert_eq!(string("\n\r\t\u{8}\u{c}"), r#""\n\r\t\b\f""#);
+        assert_eq!(string("\u{0}\u{1f}"), r#""\u0000\u001f""#);
+        assert_eq!(string("é€😀/"), "\"é€😀/\"");
+    }
+
+    #[test]
+    fn escaped_strings_read_back_as_they_were() {
+        for text in [
+            "",
+            "plain",
+            "\u{0}\u{7f}\u{80}",
+            "\"\\\"",
+            "tab\tend\u{2028}",
+        ] {
+            let read: String = serde_json_free_parse(&string(text));
+            assert_eq!(read, text);
+        }
+    }
+
+    /// Reads back one JSON string with the crate's own strict parser.
+    fn serde_json_free_parse(json: &str) -> String {
+        let mut jiter = jiter::Jiter::new(json.as_bytes());
+        jiter.next_str().expect("a JSON string").to_owned()
+    }
+}
