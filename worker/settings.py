@@ -41,7 +41,11 @@ class KafkaSettings(BaseModel):
         description="host:port list, comma-separated; empty means the embedded broker (demo only)",
     )
     client_id: str = "callgate"
-    group_id: str = "callgate"
+    group_id: str = Field(
+        "callgate",
+        pattern=r"^[A-Za-z0-9._-]{1,100}$",
+        description="the consumer group; also names the internal topics",
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
@@ -130,26 +134,92 @@ class MetricsSettings(BaseModel):
 
 
 class LimitSettings(BaseModel):
+    """Every bound on what one call, one record or one event may hold: each defined here once."""
+
     model_config = _FROZEN
 
     max_bytes: int = Field(256 * 1024, ge=1, description="argument bytes per call")
     max_chunks: int = Field(4096, ge=1, description="chunks per call")
-    max_depth: int = Field(32, ge=1, description="nesting depth of the arguments")
+    max_depth: int = Field(32, ge=1, le=512, description="nesting depth of the arguments")
     max_open_calls_per_partition: int = Field(10_000, ge=1)
+    max_id_bytes: int = Field(
+        256,
+        ge=16,
+        le=4096,
+        description="stream_id, call_id, tool, version, idempotency key, trace fields: longer is "
+        "a malformed record",
+    )
+    max_message_bytes: int = Field(
+        512, ge=64, description="a violation's path or message, a malformed record's detail"
+    )
     max_feedback_bytes: int = Field(4096, ge=256, description="size bound of retry_feedback")
-    max_violations: int = Field(32, ge=1, description="violations reported per rejection")
+    max_violations: int = Field(32, ge=1, description="violations computed per rejection")
+    max_event_bytes: int = Field(
+        1_000_000,
+        ge=65_536,
+        description="an outcome event is never larger (keep it under the topics' "
+        "max.message.bytes); a larger one is replaced by a rejection that says so",
+    )
+    recently_closed_per_partition: int = Field(
+        4096, ge=1, description="closed calls remembered to tell retransmissions from reuse"
+    )
+
+    @model_validator(mode="after")
+    def _an_accepted_call_fits_its_event(self) -> LimitSettings:
+        if self.max_event_bytes < self.max_bytes + 64 * 1024:
+            raise ValueError(
+                "max_event_bytes must leave 64 KiB beyond max_bytes for the event around the "
+                "arguments"
+            )
+        return self
 
 
 class AssemblySettings(BaseModel):
+    """Time is the partition's own: record timestamps, never the worker's clock."""
+
     model_config = _FROZEN
 
-    idle_timeout_s: float = Field(60.0, gt=0, description="no chunk for this long: incomplete")
+    idle_timeout_s: float = Field(
+        60.0, gt=0, description="no chunk for this long (record time): incomplete timeout"
+    )
+    max_call_lifetime_s: float = Field(
+        900.0,
+        gt=0,
+        description="a call still open this long after its first chunk (record time) is "
+        "incomplete max_lifetime",
+    )
 
 
 class IdempotencySettings(BaseModel):
+    """Keys are decided cluster-wide by the owner of the key's partition of an internal topic."""
+
     model_config = _FROZEN
 
-    max_keys: int = Field(100_000, ge=1, description="keys remembered (oldest forgotten first)")
+    max_keys: int = Field(
+        1_000_000, ge=1, description="keys remembered per partition (oldest forgotten first)"
+    )
+    retention_s: float = Field(
+        7 * 24 * 3600.0, gt=0, description="how long a key is remembered (record time)"
+    )
+    partitions: int = Field(6, ge=1, description="partitions of the idempotency topics")
+
+
+class DeliverySettings(BaseModel):
+    model_config = _FROZEN
+
+    guarantee: Literal["at_least_once", "exactly_once"] = Field(
+        "at_least_once",
+        description="exactly_once needs a broker with transactions (not the embedded one)",
+    )
+    transactional_id: str | None = Field(
+        None,
+        description="exactly_once: this worker's stable transactional id (default: the client "
+        "id and the host name)",
+    )
+    transaction_timeout_ms: int = Field(10_000, ge=1000)
+    checkpoint_record_bytes: int = Field(
+        512 * 1024, ge=1024, description="a checkpoint larger than this is written in parts"
+    )
 
 
 class RetrySettings(BaseModel):
@@ -176,6 +246,7 @@ class Settings(BaseSettings):
     assembly: AssemblySettings = AssemblySettings()
     idempotency: IdempotencySettings = IdempotencySettings()
     retry: RetrySettings = RetrySettings()
+    delivery: DeliverySettings = DeliverySettings()
     plugins: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["worker.plugins.builtin"],
         description="modules whose register(plugins) adds business rules and version adapters",
