@@ -10,6 +10,7 @@ mod envelope;
 mod event;
 mod face;
 pub mod json;
+mod partition;
 mod snapshot;
 
 #[pymodule]
@@ -17,5 +18,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     json::register(m)?;
     face::register(m)?;
     event::register(m)?;
+    partition::register(m)?;
     Ok(())
 }
