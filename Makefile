@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml $(NATIVE)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/callgate demo
+	$(BIN)/callgate-demo
 
 system:
 	tools/setup-system

@@ -1,6 +1,6 @@
 """Benchmark 2: end to end on the embedded broker, `callgate run` against the stack's pass-through.
 
-One tansu broker (worker.runtime.broker, a free loopback port, only its pid stopped). Per
+One tansu broker (callgate_demo.broker, a free loopback port, only its pid stopped). Per
 repeat, fresh topics get the same pre-loaded input: canonical envelopes of small get_weather
 calls (20 % invalid), 10 fragments each, many streams interleaved. Then, one after the other,
 two consumer processes drain it from offset 0:
@@ -37,7 +37,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from benchmarks import workload
 from benchmarks.common import ROOT, SEED_SCHEMAS, median
-from worker.runtime.broker import EmbeddedBroker, create_topics
+from callgate_demo.broker import EmbeddedBroker
+from worker.runtime.admin import create_topics
 
 FRAGMENTS = 10
 PYTHON = sys.executable

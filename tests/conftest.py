@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from callgate_demo.broker import EmbeddedBroker
 from tests.support.apache_kafka import ApacheKafka, ApacheKafkaError, fetch_libs
 from worker.errors import BrokerStartError
-from worker.runtime.broker import EmbeddedBroker
 
 BROKER_START_TIMEOUT_S = 15.0
 # both within pytest's per-test timeout, which counts the set-up of the first test that asks:

@@ -1,4 +1,4 @@
-"""The `callgate` command line: `check` (offline), `schemas` (author tools), `run` and `demo`."""
+"""The `callgate` command line: `check` (offline), `schemas` (author tools), `run` (the worker)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from worker import __version__
 from worker.adapters.decoder import ENVELOPE, formats
 from worker.check import main_check
 from worker.errors import CallgateError, ConfigError
-from worker.runtime.cli import add_run_commands
+from worker.runtime.cli import add_run_command
 from worker.schemas.cli import add_schemas_command
 from worker.settings import load_settings
 
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_check)
 
     add_schemas_command(commands)
-    add_run_commands(commands)
+    add_run_command(commands)
     return parser
 
 

@@ -6,7 +6,7 @@
   HTTP API (`/api/v1/query`): each must parse, each panel query must return data.
 - `PrometheusProcess` runs the Debian `prometheus` binary on a free loopback port with a temp
   config and TSDB; it owns exactly that one child process (started, awaited and stopped with
-  `worker.runtime.broker`'s child helpers, like the embedded broker).
+  `callgate_demo.processes`' child helpers, like the embedded broker).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
+from callgate_demo.processes import ChildWait, free_port, stop_child, wait_for_child
 from tests.datafiles import REPO
-from worker.runtime.broker import ChildWait, free_port, stop_child, wait_for_child
 
 ROOT = REPO
 DEPLOY = ROOT / "deploy"

@@ -203,6 +203,8 @@ def test_dockerfile() -> None:
     instructions = [line.split()[0] for line in lines if line.split()[0].isupper()]
     assert lines[0] == "FROM python:3.11-slim"
     assert any(line.startswith("RUN pip install .") for line in lines)
+    # the worker's own dependencies only: no demo (embedded broker) or dev extra
+    assert not [line for line in lines if line.startswith("RUN pip install") and "[" in line]
     user = next(line for line in lines if line.startswith("USER "))
     assert not user.split()[1].startswith(("0", "root"))
     assert instructions.index("USER") > max(i for i, v in enumerate(instructions) if v == "RUN")

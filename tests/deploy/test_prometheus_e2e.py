@@ -44,7 +44,7 @@ from worker.core.processor import InboundRecord, Processor
 from worker.health import HealthServer
 from worker.metrics import Metrics
 from worker.model import Code
-from worker.runtime.broker import create_topics
+from worker.runtime.admin import create_topics
 from worker.settings import load_settings
 
 pytestmark = pytest.mark.integration

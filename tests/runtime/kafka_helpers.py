@@ -19,9 +19,9 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from callgate_demo.demo import assign_from_start
 from tests.datafiles import REPO
-from worker.runtime.broker import create_topics
-from worker.runtime.demo import assign_from_start
+from worker.runtime.admin import create_topics
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 

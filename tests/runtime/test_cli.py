@@ -1,4 +1,4 @@
-"""`callgate run` / `callgate demo` command line: the settings reference and start-up errors."""
+"""`callgate run` command line: the settings reference and start-up errors."""
 
 from __future__ import annotations
 

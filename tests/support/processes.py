@@ -1,6 +1,6 @@
 """Child processes the tests start: a free loopback port, a bounded wait, a stop of one pid.
 
-The implementation is the one in `worker.runtime.broker` (the tansu launcher and the tests'
+The implementation is the one in `callgate_demo.processes` (the tansu launcher and the tests'
 other services already share it); this module gives it the names the test-support code uses, so
 that a test's child service never grows a second copy of the same poll or stop.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 
-from worker.runtime.broker import ChildWait, free_port, stop_child, wait_for_child
+from callgate_demo.processes import ChildWait, free_port, stop_child, wait_for_child
 
 __all__ = ["ChildWait", "free_port", "stop_process", "wait_until"]
 

@@ -1,9 +1,10 @@
-"""The `run` and `demo` subcommands: arguments, settings loaded once, exit status.
+"""The `run` subcommand: arguments, settings loaded once, exit status.
 
-`add_run_commands(subparsers)` is all the top-level command line needs. `callgate run --help`
+`add_run_command(subparsers)` is all the top-level command line needs. `callgate run --help`
 lists every setting with its environment name, generated from the `Settings` model so the list
 cannot drift from the code. Exit status: 0 done, 1 infrastructure failure, 2 bad settings or
-contracts (one clear message, no traceback).
+contracts (one clear message, no traceback). `settings_argument` and `load_and_log` are the same
+for any command that runs the worker (the demo's, in `callgate_demo`, too).
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from worker.errors import BrokerStartError, CallgateError, ConfigError, SchemaLoadError
-from worker.runtime.demo import run_demo
+from worker.errors import CallgateError, ConfigError, SchemaLoadError
 from worker.runtime.runner import serve
 from worker.settings import Settings, load_settings
 
@@ -50,8 +50,8 @@ def _describe(model: type[BaseModel], prefix: str) -> list[str]:
     return lines
 
 
-def add_run_commands(subparsers: Any) -> None:
-    """Add `run` and `demo` to the top-level parser's subcommands."""
+def add_run_command(subparsers: Any) -> None:
+    """Add `run` to the top-level parser's subcommands."""
     run = subparsers.add_parser(
         "run",
         help="consume model output topics, validate every tool call, produce outcome events",
@@ -59,28 +59,12 @@ def add_run_commands(subparsers: Any) -> None:
         epilog=settings_reference(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _settings_argument(run)
+    settings_argument(run)
     run.set_defaults(func=run_command)
 
-    demo = subparsers.add_parser(
-        "demo",
-        help="start an embedded broker, send sample traffic through the worker, show the outcomes",
-        description=(
-            "Without CALLGATE_KAFKA__BOOTSTRAP_SERVERS, start the embedded broker (tansu) on a "
-            "free loopback port; create the topics, produce sample traffic in every supported "
-            "format, run the worker on it and print a summary of the outcomes."
-        ),
-        epilog=settings_reference(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _settings_argument(demo)
-    demo.add_argument(
-        "--repeat", type=int, default=1, metavar="N", help="send the sample traffic N times"
-    )
-    demo.set_defaults(func=demo_command)
 
-
-def _settings_argument(parser: argparse.ArgumentParser) -> None:
+def settings_argument(parser: argparse.ArgumentParser) -> None:
+    """`--settings FILE`, the JSON settings file that environment variables override."""
     parser.add_argument(
         "--settings",
         type=Path,
@@ -89,8 +73,9 @@ def _settings_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(args: argparse.Namespace) -> Settings:
-    settings = load_settings(args.settings)
+def load_and_log(settings_file: Path | None) -> Settings:
+    """The settings, loaded once, and logging to stderr at their level."""
+    settings = load_settings(settings_file)
     logging.basicConfig(
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -101,24 +86,10 @@ def _load(args: argparse.Namespace) -> Settings:
 
 def run_command(args: argparse.Namespace) -> int:
     try:
-        return serve(_load(args))
+        return serve(load_and_log(args.settings))
     except (ConfigError, SchemaLoadError) as exc:
         print(f"callgate run: {exc}", file=sys.stderr)
         return 2
     except CallgateError as exc:
         print(f"callgate run: {exc}", file=sys.stderr)
-        return 1
-
-
-def demo_command(args: argparse.Namespace) -> int:
-    if args.repeat < 1:
-        print("callgate demo: --repeat must be at least 1", file=sys.stderr)
-        return 2
-    try:
-        return run_demo(_load(args), repeat=args.repeat)
-    except (ConfigError, SchemaLoadError) as exc:
-        print(f"callgate demo: {exc}", file=sys.stderr)
-        return 2
-    except (BrokerStartError, CallgateError) as exc:
-        print(f"callgate demo: {exc}", file=sys.stderr)
         return 1

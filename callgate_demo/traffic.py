@@ -4,7 +4,8 @@ Canonical envelopes (valid calls, parallel interleaved calls, truncated and aban
 refusals, schema violations, a fenced JSON repair, duplicate keys, idempotency duplicates and
 conflicts, unknown tools, poison records) and vendor events (`openai.chat`, `openai.responses`,
 `anthropic.messages`, `mcp.result`), both synthesized and replayed from recordings shipped in
-`samples/`. Streams are interleaved record by record as a busy topic would carry them, while
+`samples/` (copies of recorded vendor streams; `samples/PROVENANCE.md` says where each comes
+from). Streams are interleaved record by record as a busy topic would carry them, while
 each stream's own records keep their order (they share a key, hence a partition).
 
 Each call of a run gets ids under the run's prefix, so repeated demo runs do not collide in
@@ -330,13 +331,13 @@ def _replay(run: str, file: str, fmt: str, scenario: str) -> _Stream:
     """A recorded vendor stream from `samples/`, under a stream id of this run."""
     sid = f"{run}:rec-{file.split('.', maxsplit=1)[0]}"
     headers: Headers = (("content-format", fmt.encode()),)
-    data = resources.files("worker.runtime").joinpath("samples", file).read_bytes()
+    data = resources.files("callgate_demo").joinpath("samples", file).read_bytes()
     values = list(read_records(io.BytesIO(data), fmt))
     return _Stream(sid, scenario, tuple((value, headers) for value in values))
 
 
 def _sample_json(file: str) -> Any:
-    return orjson.loads(resources.files("worker.runtime").joinpath("samples", file).read_bytes())
+    return orjson.loads(resources.files("callgate_demo").joinpath("samples", file).read_bytes())
 
 
 def vendor_streams(run: str) -> list[_Stream]:

@@ -1,9 +1,10 @@
-"""`callgate demo`: the embedded broker, sample traffic, the worker in-process, a summary.
+"""The demo: the embedded broker, sample traffic, the worker in-process, a summary.
 
 Without configured bootstrap servers it starts tansu on a free loopback port (and stops it at the
 end); with them, it uses that cluster and only counts the events of its own run. It creates the
-topics, produces the sample traffic of `traffic.py`, runs the same `Runner` as `callgate run`,
-shows a live progress line, and ends with a table of outcomes by phase and code.
+topics, produces the sample traffic of `traffic.py`, runs the same `Runner` as `callgate run`
+(`worker.runtime.runner`, in this process), shows a live progress line, and ends with a table of
+outcomes by phase and code.
 `assign_from_start` (reading topics from their start, without a group) is shared with the
 integration tests, which read outcome topics the same way.
 """
@@ -22,14 +23,15 @@ from typing import Any, TextIO
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from callgate_demo.broker import EmbeddedBroker
+from callgate_demo.traffic import SampleRecord, sample_traffic
 from worker.core.processor import Processor
 from worker.errors import ConfigError
 from worker.health import HealthServer
 from worker.metrics import build_metrics
-from worker.runtime.broker import EmbeddedBroker, create_topics
+from worker.runtime.admin import create_topics
 from worker.runtime.kafka_options import connection_options
 from worker.runtime.runner import Runner
-from worker.runtime.traffic import SampleRecord, sample_traffic
 from worker.settings import Settings
 
 #: The demo's idle timeout at most, so its one abandoned call closes within seconds.

