@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -331,8 +330,8 @@ def test_remote_refs_are_refused_and_never_fetched(
         ({"type": "object", "requried": ["a"]}, "requried"),
         ({"$schema": "http://json-schema.org/draft-04/schema#"}, "$schema"),
         ({"type": "strnig"}, "not a valid schema"),
-        ({"properties": {"a": {"pattern": "^\\p{L}+$"}}}, "does not compile in Python's re"),
-        ({"patternProperties": {"(unclosed": {}}}, "does not compile"),
+        ({"properties": {"a": {"pattern": "^\\p{L}+$"}}}, "Unicode property escapes"),
+        ({"patternProperties": {"(unclosed": {}}}, "a group is not closed"),
         ({"items": [{"type": "string"}]}, "items"),
         ({"x-callgate": {"requires_aproval": True}}, "unknown keys"),
         ({"x-callgate": {"side_effects": "yes"}}, "true or false"),
@@ -370,29 +369,25 @@ def test_patterns_mean_what_ecma_262_says(tmp_path: Path, engine: str) -> None:
     assert check({"n": "\u0664\u0662"}) != ()  # Arabic-Indic digits are not ECMA \d
 
 
-def test_redos_pattern_is_refused_by_the_backtracking_engine(tmp_path: Path) -> None:
-    with pytest.raises(SchemaLoadError, match="catastrophic backtracking") as caught:
-        one_schema(tmp_path, {"properties": {"s": {"pattern": "^(a+)+$"}}}, "fastjsonschema")
-    assert "/properties/s/pattern" in str(caught.value)
-
-
-def test_redos_pattern_gets_a_prompt_rejection_from_the_linear_engine(tmp_path: Path) -> None:
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_redos_pattern_gets_a_prompt_rejection_from_both_engines(
+    tmp_path: Path, engine: str
+) -> None:
     check = one_schema(
-        tmp_path, {"properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}, "jsonschema-rs"
+        tmp_path, {"properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}, engine
     ).check
-    started = time.perf_counter()
     violations = check({"s": "a" * 100_000 + "!"})
-    elapsed = time.perf_counter() - started
     assert [(v.path, v.keyword) for v in violations] == [("/s", "pattern")]
-    assert elapsed < 0.5
+    assert violations[0].message == 'must match the pattern "^(a+)+$"'
     assert check({"s": "a" * 1000}) == ()
 
 
-def test_safe_repetition_still_loads_on_fastjsonschema(tmp_path: Path) -> None:
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_safe_repetition_loads_and_answers_promptly(tmp_path: Path, engine: str) -> None:
     check = one_schema(
-        tmp_path, {"properties": {"slug": {"pattern": "^[a-z]+(-[a-z]+)*$"}}}, "fastjsonschema"
+        tmp_path, {"properties": {"slug": {"pattern": "^[a-z]+(-[a-z]+)*$"}}}, engine
     ).check
     assert check({"slug": "a-b-c"}) == ()
-    started = time.perf_counter()
     assert check({"slug": "a" * 50_000 + "-!"}) != ()
-    assert time.perf_counter() - started < 0.5

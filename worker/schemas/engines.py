@@ -11,18 +11,30 @@ violations; jsonschema-rs builds its validator once and runs `is_valid` before `
 
 fastjsonschema implements draft 7; a 2020-12 schema reaches it translated to the same meaning in
 draft 7: `$ref` with siblings (an applicator beside them in 2020-12, alone in draft 7) is moved
-into `allOf`, content annotations are dropped, patterns are rewritten to ECMA-262 meaning
-(`worker.schemas.patterns.to_python`). What cannot be translated was refused by the vetting.
+into `allOf`, content annotations are dropped. What cannot be translated was refused by the
+vetting.
+
+No pattern is ever matched by Python's backtracking `re`. fastjsonschema's generated code looks
+its compiled regexes up by key in the `REGEX_PATTERNS` global of the code generator's
+`global_state`; callgate hands the generator a placeholder key for each pattern, and before the
+code is executed replaces every entry with an RE2 matcher of the ECMA-262 pattern
+(`worker.schemas.patterns.Re2Search`). A key callgate did not give, or generated code that names
+`re`, refuses the load. jsonschema-rs receives each pattern rendered for the Rust `regex` crate
+with the same meaning (`worker.schemas.patterns.translate`); violations quote the schema's own
+pattern.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import CodeType
 from typing import Any
 
 import fastjsonschema
 import jsonschema_rs
+from fastjsonschema import draft07
+from fastjsonschema.ref_resolver import RefResolver
 
 from worker.errors import SchemaLoadError
 from worker.model import Violation
@@ -71,16 +83,39 @@ class _NoFetch(dict[str, Callable[[str], Any]]):
         return _refuse
 
 
-def _translate(schema: Any, draft: Draft) -> Any:
+#: fastjsonschema's draft-7 code generator (the library's own class; untyped)
+_GENERATOR: Any = draft07.CodeGeneratorDraft07
+#: fastjsonschema's key for the n-th pattern: a valid Python regex that is never used to match.
+_PLACEHOLDER = "callgate-pattern-{}"
+
+
+class _Matchers(dict[str, patterns.Re2Search]):
+    """Placeholder key -> RE2 matcher of the schema's pattern, filled while translating."""
+
+    def key_for(self, pattern: str) -> str:
+        for key, matcher in self.items():
+            if matcher.pattern == pattern:
+                return key
+        key = _PLACEHOLDER.format(len(self))
+        self[key] = patterns.Re2Search(pattern)
+        return key
+
+    def original(self, key: Any) -> Any:
+        """The schema's pattern behind a placeholder (anything else unchanged)."""
+        matcher = self.get(key) if isinstance(key, str) else None
+        return matcher.pattern if matcher is not None else key
+
+
+def _translate(schema: Any, draft: Draft, matchers: _Matchers) -> Any:
     def prepare(node: Any) -> Any:
         if not isinstance(node, dict):
             return node
         out = map_subschemas(node, draft, prepare)
         if isinstance(out.get("pattern"), str):
-            out["pattern"] = patterns.to_python(out["pattern"])
+            out["pattern"] = matchers.key_for(out["pattern"])
         if isinstance(out.get("patternProperties"), dict):
             out["patternProperties"] = {
-                patterns.to_python(name): sub for name, sub in out["patternProperties"].items()
+                matchers.key_for(name): sub for name, sub in out["patternProperties"].items()
             }
         if draft is Draft.DRAFT2020_12:
             for keyword in _CONTENT:
@@ -89,6 +124,11 @@ def _translate(schema: Any, draft: Draft) -> Any:
             if "$ref" in out and any(k not in _PASSIVE and k != "$ref" for k in out):
                 ref = out.pop("$ref")
                 out["allOf"] = [*out.get("allOf", []), {"$ref": ref}]
+        if "$ref" not in out and "required" in out and not out.get("additionalProperties", True):
+            # fastjsonschema's generator matches `required` names against the (placeholder)
+            # patterns with Python's re when additionalProperties is false or {}: beside it,
+            # `required` means the same inside `allOf`, where that check does not run
+            out["allOf"] = [*out.get("allOf", []), {"required": out.pop("required")}]
         return out
 
     translated = prepare(schema)
@@ -117,30 +157,71 @@ def _to_draft7_arrays_and_dependencies(node: dict[str, Any]) -> None:
 
 
 def _compile_fastjsonschema(schema: Any, draft: Draft, file: str) -> CompiledCheck:
-    translated = _translate(schema, draft)
-    options: dict[str, Any] = {"handlers": _NoFetch(), "use_default": False, "use_formats": False}
-    try:
-        fast = fastjsonschema.compile(translated, **options)
-        full = fastjsonschema.compile(translated, fast_fail=False, **options)
-    except _RemoteRefused as exc:
-        raise SchemaLoadError(
-            f"$ref to {exc} would need fetching; remote references are never fetched", file=file
-        ) from None
-    except Exception as exc:  # fastjsonschema's code generator raises many kinds
-        raise SchemaLoadError(f"fastjsonschema cannot compile it: {exc}", file=file) from None
+    matchers = _Matchers()
+    translated = _translate(schema, draft, matchers)
+    fast = _fastjsonschema_function(translated, matchers, file, fast_fail=True)
+    full = _fastjsonschema_function(translated, matchers, file, fast_fail=False)
     invalid = fastjsonschema.JsonSchemaValueException
 
     def check(instance: Any) -> tuple[Violation, ...]:
         try:
             fast(instance)
         except invalid:
-            return _fastjsonschema_violations(full, instance)
+            return _fastjsonschema_violations(full, instance, matchers)
         return ()
 
     return check
 
 
-def _fastjsonschema_violations(full: Callable[[Any], Any], instance: Any) -> tuple[Violation, ...]:
+def _fastjsonschema_function(
+    definition: Any, matchers: _Matchers, file: str, *, fast_fail: bool
+) -> Callable[[Any], Any]:
+    """fastjsonschema's validation function for `definition`, its patterns matched by RE2.
+
+    The steps of `fastjsonschema.compile`, with the regexes swapped before the code runs."""
+    try:
+        resolver = RefResolver.from_schema(definition, handlers=_NoFetch(), store={})
+        generator = _GENERATOR(
+            definition,
+            resolver=resolver,
+            formats={},
+            use_default=False,
+            use_formats=False,
+            detailed_exceptions=True,
+            fast_fail=fast_fail,
+        )
+        state = generator.global_state  # generates the code; holds REGEX_PATTERNS
+        code = compile(generator.func_code, "<fastjsonschema>", "exec")
+    except _RemoteRefused as exc:
+        raise SchemaLoadError(
+            f"$ref to {exc} would need fetching; remote references are never fetched", file=file
+        ) from None
+    except Exception as exc:  # fastjsonschema's code generator raises many kinds
+        raise SchemaLoadError(f"fastjsonschema cannot compile it: {exc}", file=file) from None
+    unknown = set(state["REGEX_PATTERNS"]) - set(matchers)
+    if unknown or "re" in _names(code):
+        raise SchemaLoadError(
+            "fastjsonschema generated code that would match with Python's re; refusing it",
+            file=file,
+        )
+    state["REGEX_PATTERNS"] = {key: matchers[key] for key in state["REGEX_PATTERNS"]}
+    del state["re"]
+    exec(code, state)
+    function: Callable[[Any], Any] = state[resolver.get_scope_name()]
+    return function
+
+
+def _names(code: CodeType) -> Iterator[str]:
+    """Every global or attribute name the code (and the functions it defines) uses."""
+    yield from code.co_names
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            yield from _names(constant)
+
+
+def _fastjsonschema_violations(
+    full: Callable[[Any], Any], instance: Any, matchers: _Matchers
+) -> tuple[Violation, ...]:
     try:
         full(instance)
     except fastjsonschema.JsonSchemaValuesException as exc:
@@ -151,14 +232,14 @@ def _fastjsonschema_violations(full: Callable[[Any], Any], instance: Any) -> tup
         errors = []
     found: list[Violation] = []
     for error in errors:
-        found.extend(_from_fastjsonschema(error, instance))
+        found.extend(_from_fastjsonschema(error, instance, matchers))
     return tuple(found) or (Violation("", "schema", "does not match the schema"),)
 
 
-def _from_fastjsonschema(error: Any, instance: Any) -> list[Violation]:
+def _from_fastjsonschema(error: Any, instance: Any, matchers: _Matchers) -> list[Violation]:
     path = _fastjsonschema_path(str(error.name or "data"), instance)
     keyword = str(error.rule) if error.rule else "false"
-    param = error.rule_definition
+    param = matchers.original(error.rule_definition)
     value = error.value
     if keyword == "required" and isinstance(param, list) and isinstance(value, dict):
         return [
@@ -168,16 +249,18 @@ def _from_fastjsonschema(error: Any, instance: Any) -> list[Violation]:
         ]
     if keyword == "additionalProperties" and isinstance(value, dict):
         definition = error.definition if isinstance(error.definition, dict) else {}
-        extras = _extra_properties(value, definition)
+        extras = _extra_properties(value, definition, matchers)
         if extras:
             message = describe("additionalProperties")
             return [Violation(pointer([*path, name]), keyword, message) for name in extras]
     return [Violation(pointer(path), keyword, describe(keyword, param))]
 
 
-def _extra_properties(value: dict[str, Any], definition: dict[str, Any]) -> list[str]:
+def _extra_properties(
+    value: dict[str, Any], definition: dict[str, Any], matchers: _Matchers
+) -> list[str]:
     known = definition.get("properties", {})
-    regexes = [re.compile(p) for p in definition.get("patternProperties", {})]
+    regexes = [matchers[p] for p in definition.get("patternProperties", {})]
     return [
         name
         for name in value
@@ -221,7 +304,33 @@ def _fastjsonschema_path(name: str, instance: Any) -> Path:
 # --- jsonschema-rs ----------------------------------------------------------------------------
 
 
+def _rust_patterns(schema: Any, draft: Draft, originals: dict[str, str]) -> Any:
+    """The schema with every pattern rendered for the Rust `regex` crate (ECMA-262 meaning);
+    `originals` maps each rendering back to the schema's pattern, for messages."""
+
+    def render(pattern: str) -> str:
+        rendered = patterns.translate(pattern).rust
+        originals[rendered] = pattern
+        return rendered
+
+    def prepare(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = map_subschemas(node, draft, prepare)
+        if isinstance(out.get("pattern"), str):
+            out["pattern"] = render(out["pattern"])
+        if isinstance(out.get("patternProperties"), dict):
+            out["patternProperties"] = {
+                render(name): sub for name, sub in out["patternProperties"].items()
+            }
+        return out
+
+    return prepare(schema)
+
+
 def _compile_rs(schema: Any, draft: Draft, file: str) -> CompiledCheck:
+    originals: dict[str, str] = {}
+    schema = _rust_patterns(schema, draft, originals)
     cls = (
         jsonschema_rs.Draft7Validator
         if draft is Draft.DRAFT7
@@ -245,7 +354,7 @@ def _compile_rs(schema: Any, draft: Draft, file: str) -> CompiledCheck:
             return ()
         found: list[Violation] = []
         for error in iter_errors(instance):
-            found.extend(_from_rs(error))
+            found.extend(_from_rs(error, originals))
         return tuple(found) or (Violation("", "schema", "does not match the schema"),)
 
     return check
@@ -258,7 +367,7 @@ _RS_KEYWORDS = {
 }
 
 
-def _from_rs(error: Any) -> list[Violation]:
+def _from_rs(error: Any, originals: dict[str, str]) -> list[Violation]:
     kind = error.kind
     keyword = _RS_KEYWORDS.get(kind.name, kind.name)
     details = kind.as_dict()
@@ -273,6 +382,8 @@ def _from_rs(error: Any) -> list[Violation]:
             for name in details["unexpected"]
         ]
     param = _rs_param(error, keyword, details)
+    if keyword == "pattern":
+        param = originals.get(param, param)
     return [Violation(pointer(path), keyword, describe(keyword, param))]
 
 

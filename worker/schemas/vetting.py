@@ -9,14 +9,15 @@ JSON Pointer. It refuses, for every engine:
   extensions are fine;
 * draft 2020-12 `items` given as an array (not 2020-12; use `prefixItems`);
 * a `$ref` / `$dynamicRef` that leaves the document: nothing is ever fetched;
-* a `pattern` (or `patternProperties` name) Python's `re` cannot compile.
+* a `pattern` (or `patternProperties` name) that either linear-time engine cannot match with its
+  ECMA-262 meaning (backreferences, lookaround, ...; `worker.schemas.patterns`), naming the
+  pattern.
 
-And for fastjsonschema, which implements draft 7 only and backtracks, also: the 2020-12 keywords it
-ignores and that have no draft-7 equivalent (measured against the JSON-Schema-Test-Suite:
-`unevaluated*`, `minContains`, `maxContains`, `$dynamicRef`, `$dynamicAnchor`, `$anchor`), a `$ref`
-pointing into a keyword the translation to draft 7 moves (`prefixItems`, `dependent*`; see
-`worker.schemas.engines`), and patterns at risk of catastrophic backtracking
-(`worker.schemas.patterns`).
+And for fastjsonschema, which implements draft 7 only, also: the 2020-12 keywords it ignores and
+that have no draft-7 equivalent (measured against the JSON-Schema-Test-Suite: `unevaluated*`,
+`minContains`, `maxContains`, `$dynamicRef`, `$dynamicAnchor`, `$anchor`), and a `$ref` pointing
+into a keyword the translation to draft 7 moves (`prefixItems`, `dependent*`; see
+`worker.schemas.engines`).
 """
 
 from __future__ import annotations
@@ -92,11 +93,11 @@ def vet(schema: Any, *, file: str, engine: str) -> Draft:
         ):
             raise UnsupportedKeywordError("$ref", file=file, pointer=f"{at}/$ref", engine=engine)
         if isinstance(node.get("pattern"), str):
-            _vet_pattern(node["pattern"], file, f"{at}/pattern", engine)
+            _vet_pattern(node["pattern"], file, f"{at}/pattern", draft)
         if isinstance(node.get("patternProperties"), dict):
             for name in node["patternProperties"]:
                 at_name = pointer((*path, "patternProperties", name))
-                _vet_pattern(name, file, at_name, engine)
+                _vet_pattern(name, file, at_name, draft)
     _refs_stay_local(schema, draft, file)
     return draft
 
@@ -113,22 +114,19 @@ def _meta_valid(schema: Any, file: str) -> None:
         raise SchemaLoadError(f"meta-schema cannot be resolved: {exc}", file=file) from None
 
 
-def _vet_pattern(pattern: str, file: str, at: str, engine: str) -> None:
-    reason = patterns.python_error(pattern)
-    if reason is None and engine == FASTJSONSCHEMA:
-        reason = patterns.python_error(patterns.to_python(pattern))
+def _vet_pattern(pattern: str, file: str, at: str, draft: Draft) -> None:
+    reason = patterns.problem(pattern, draft)
     if reason is not None:
         raise SchemaLoadError(
-            f"pattern at {at} does not compile in Python's re: {reason}", file=file
+            f"pattern {quote(pattern)} at {at} is refused: {reason}; every pattern is matched "
+            "in linear time with its ECMA-262 meaning",
+            file=file,
         )
-    if engine == FASTJSONSCHEMA:
-        risk = patterns.backtracking_risk(pattern)
-        if risk is not None:
-            raise SchemaLoadError(
-                f"pattern at {at} risks catastrophic backtracking ({risk}); rewrite it without "
-                "nested repetition, or use the jsonschema-rs engine (linear-time matcher)",
-                file=file,
-            )
+
+
+def quote(text: str, limit: int = 120) -> str:
+    """A schema string for a message, cut to `limit` characters."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
 
 
 def _join(base: str, reference: str) -> str:
