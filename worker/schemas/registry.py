@@ -8,6 +8,8 @@ it, or one tool object); each tool `T` becomes tool `<server>.T`, schema id `<do
 judged by its `inputSchema`, its results by its `outputSchema`; a file without `.v<N>` is version 1.
 
 A call names its tool by bare name or by schema id; without a version the newest one judges it.
+Versions, in file names and in calls alike, are read by `worker.schemas.versions.parse_version`:
+a version it cannot read is a load error in a file name and `unknown_schema_version` in a call.
 Tool names are unique: a collision is refused at load. Loading is all or nothing: the first bad
 file raises `SchemaLoadError` (or `UnsupportedKeywordError`) naming it, and no registry exists.
 """
@@ -26,6 +28,7 @@ from worker.errors import SchemaLoadError
 from worker.model import Code, SchemaRef
 from worker.schemas.contract import Contract, ContractMeta, IdempotencyPolicy, LookupFailure
 from worker.schemas.engines import compile_check
+from worker.schemas.versions import MAX_VERSION_DIGITS, parse_version
 from worker.schemas.vetting import ENGINES, FASTJSONSCHEMA
 
 _NAME = r"[A-Za-z0-9_\-]+"
@@ -34,6 +37,16 @@ OUTPUT_FILE = re.compile(rf"^(?P<tool>{_NAME})\.v(?P<version>[0-9]+)\.output\.sc
 TOOLS_FILE = re.compile(rf"^(?P<server>{_NAME})(?:\.v(?P<version>[0-9]+))?\.tools\.json$")
 MCP_DOMAIN = "mcp"
 _META_KEYS = {"side_effects", "requires_approval", "idempotency"}
+
+
+def file_version(digits: str | None, file: str) -> str:
+    """The canonical version a file name gives (no `.v<N>` at all: version 1)."""
+    version = parse_version("1" if digits is None else digits)
+    if version is None:
+        raise SchemaLoadError(
+            f"the version in the file name has more than {MAX_VERSION_DIGITS} digits", file=file
+        )
+    return version
 
 
 def read_json(path: Path) -> Any:
@@ -96,12 +109,12 @@ def discover(directory: Path) -> list[SchemaSource]:
     for path in sorted(directory.glob("*/*.json")):
         name, domain = path.name, path.parent.name
         if match := OUTPUT_FILE.match(name):
-            outputs[(domain, match["tool"], str(int(match["version"])))] = path
+            outputs[(domain, match["tool"], file_version(match["version"], str(path)))] = path
         elif match := SCHEMA_FILE.match(name):
             schema = read_json(path)
             if not isinstance(schema, dict):
                 raise SchemaLoadError("a schema must be a JSON object", file=str(path))
-            tool, version = match["tool"], str(int(match["version"]))
+            tool, version = match["tool"], file_version(match["version"], str(path))
             sources.append(SchemaSource(str(path), tool, f"{domain}.{tool}", version, schema))
         elif match := TOOLS_FILE.match(name):
             sources.extend(_mcp_sources(path, domain, match))
@@ -156,7 +169,7 @@ def _mcp_sources(path: Path, domain: str, match: re.Match[str]) -> Iterator[Sche
         raise SchemaLoadError(
             'is not MCP tools/list output: expected {"tools": [...]} or a tool object', file=file
         )
-    server, version = match["server"], str(int(match["version"] or 1))
+    server, version = match["server"], file_version(match["version"], file)
     seen: set[str] = set()
     for index, tool in enumerate(tools):
         where = f"{file}#/tools/{index}"
@@ -247,14 +260,15 @@ class SchemaRegistry:
             raise SchemaLoadError(f"no schemas found under {directory}")
         return cls(contracts, engine)
 
-    def resolve(self, tool: str, version: str | None) -> Contract | LookupFailure:
+    def resolve(self, tool: str, version: str | int | None) -> Contract | LookupFailure:
+        """The contract a call names; never raises, whatever the tool and version text."""
         entry = self._by_name.get(tool)
         if entry is None:
             return LookupFailure(Code.UNKNOWN_TOOL, "no contract is registered for this tool")
         if version is None:
             return entry.newest
-        wanted = version.removeprefix("v")
-        contract = entry.by_version.get(str(int(wanted)) if wanted.isdigit() else wanted)
+        wanted = parse_version(version)
+        contract = entry.by_version.get(wanted) if wanted is not None else None
         if contract is None:
             return LookupFailure(
                 Code.UNKNOWN_SCHEMA_VERSION,
