@@ -56,7 +56,7 @@ _CONTENT = ("contentMediaType", "contentEncoding", "contentSchema")
 
 def compile_check(schema: Any, *, file: str, engine: str) -> CompiledCheck:
     """Vet and compile one schema; raises `SchemaLoadError` (never returns a half-built check)."""
-    draft = vet(schema, file=file, engine=engine)
+    draft = vet(schema, file=file, engine=engine).draft
     if engine == JSONSCHEMA_RS:
         return _compile_rs(schema, draft, file)
     return _compile_fastjsonschema(schema, draft, file)

@@ -1,14 +1,16 @@
 """Load-time refusal: a schema the chosen engine would not enforce as its draft means never loads.
 
-`vet(schema, file=..., engine=...)` returns the schema's draft or raises, naming file, keyword and
-JSON Pointer. It refuses, for every engine:
+`vet(schema, file=..., engine=...)` returns the indexed document (`worker.schemas.refs.Document`:
+its draft and where its references go) or raises, naming file, keyword and JSON Pointer. It
+refuses, for every engine:
 
 * a `$schema` other than draft 7 or 2020-12 (absent means 2020-12), or a nested one that differs;
 * a schema that is not valid against its draft's meta-schema;
 * an unknown keyword (it may be an assertion elsewhere, or a typo of one); annotations and `x-*`
   extensions are fine;
 * draft 2020-12 `items` given as an array (not 2020-12; use `prefixItems`);
-* a `$ref` / `$dynamicRef` that leaves the document: nothing is ever fetched;
+* a `$ref` / `$dynamicRef` that leaves the document (nothing is ever fetched) or names nothing in
+  it, and a loop of references that never descends into the instance (`worker.schemas.refs`);
 * a `pattern` (or `patternProperties` name) that either linear-time engine cannot match with its
   ECMA-262 meaning (backreferences, lookaround, ...; `worker.schemas.patterns`), naming the
   pattern.
@@ -23,13 +25,12 @@ into a keyword the translation to draft 7 moves (`prefixItems`, `dependent*`; se
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urldefrag, urljoin, urlsplit
 
 import jsonschema_rs
 
 from worker.errors import SchemaLoadError, UnsupportedKeywordError
-from worker.schemas import patterns
-from worker.schemas.drafts import Draft, children, draft_of, is_known, pointer, walk
+from worker.schemas import patterns, refs
+from worker.schemas.drafts import Draft, draft_of, is_known, pointer, walk
 
 FASTJSONSCHEMA = "fastjsonschema"
 JSONSCHEMA_RS = "jsonschema-rs"
@@ -48,12 +49,9 @@ _FASTJSONSCHEMA_IGNORES_2020 = frozenset(
     }
 )
 
-#: The base URI of a document without `$id`; only its own fragments resolve against it.
-_DOCUMENT = "https://callgate.invalid/schema.json"
 
-
-def vet(schema: Any, *, file: str, engine: str) -> Draft:
-    """The schema's draft, once every check above passed; raises `SchemaLoadError` otherwise."""
+def vet(schema: Any, *, file: str, engine: str) -> refs.Document:
+    """The indexed document, once every check above passed; raises `SchemaLoadError` otherwise."""
     if engine not in ENGINES:
         raise SchemaLoadError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     draft = draft_of(schema)
@@ -98,8 +96,9 @@ def vet(schema: Any, *, file: str, engine: str) -> Draft:
             for name in node["patternProperties"]:
                 at_name = pointer((*path, "patternProperties", name))
                 _vet_pattern(name, file, at_name, draft)
-    _refs_stay_local(schema, draft, file)
-    return draft
+    document = refs.index(schema, draft, file)
+    refs.refuse_loops(document, file)
+    return document
 
 
 def _meta_valid(schema: Any, file: str) -> None:
@@ -127,43 +126,3 @@ def _vet_pattern(pattern: str, file: str, at: str, draft: Draft) -> None:
 def quote(text: str, limit: int = 120) -> str:
     """A schema string for a message, cut to `limit` characters."""
     return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
-
-
-def _join(base: str, reference: str) -> str:
-    if reference.startswith("#"):
-        return urldefrag(base).url + reference
-    if urlsplit(reference).scheme:
-        return reference
-    if urlsplit(base).scheme in ("http", "https", "file", "ftp"):
-        return urljoin(base, reference)
-    return "callgate-unresolvable:" + reference  # relative to a URN: no document to find it in
-
-
-def _refs_stay_local(schema: Any, draft: Draft, file: str) -> None:
-    """Refuse a `$ref` whose target document is not this one or a resource embedded in it."""
-    resources: set[str] = {_DOCUMENT}
-    refs: list[tuple[str, str, str]] = []  # (pointer, keyword, target document)
-    stack: list[tuple[tuple[str | int, ...], Any, str]] = [((), schema, _DOCUMENT)]
-    while stack:
-        path, node, base = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        node_id = node.get("$id")
-        # draft 7: `$ref` makes its siblings, `$id` included, be ignored; `$id: "#x"` is an anchor
-        ignored = draft is Draft.DRAFT7 and "$ref" in node
-        if isinstance(node_id, str) and not ignored and not node_id.startswith("#"):
-            base = urldefrag(_join(base, node_id)).url
-            resources.add(base)
-        for keyword in ("$ref", "$dynamicRef"):
-            if isinstance(node.get(keyword), str):
-                target = urldefrag(_join(base, node[keyword])).url
-                refs.append((pointer(path) + "/" + keyword, keyword, target))
-        for sub_path, sub in children(node, draft):
-            stack.append((path + sub_path, sub, base))
-    for at, keyword, target in refs:
-        if target not in resources:
-            raise SchemaLoadError(
-                f"{keyword} at {at} points outside this document; remote references are "
-                "never fetched (inline the referenced schema under $defs)",
-                file=file,
-            )
