@@ -1,7 +1,1377 @@
-//! Strict RFC 8259 parsing into Python values (placeholder until the parser lands).
+//! Strict RFC 8259 parsing that builds the value in the same pass.
+//!
+//! One parser, generic over a [`Builder`]: [`PyBuilder`] makes Python objects (`parse_json`), and
+//! [`ValueBuilder`] makes a pure-Rust [`Value`] for the Rust tests and the fuzz target. The parser
+//! drives jiter's low-level [`Jiter`] with an explicit stack of open containers, so nesting costs
+//! heap, never native stack, and it stops at `max_depth` (and at [`DEPTH_CAP`] whatever the caller
+//! asks).
+//!
+//! Strict means: any JSON value at the root and only whitespace after it; no duplicate key in any
+//! object; no `NaN`/`Infinity`; no number a double cannot hold; integers only within
+//! [-2^63, 2^64-1] (always an `int`, never a float); UTF-8 only, with no lone surrogate escape;
+//! no byte-order mark. A rejection is a [`Failure`]: a code, a message that says what and where
+//! (line, column) without echoing the text, and the JSON Pointer (RFC 6901) of the offending
+//! member or element.
 
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::fmt::Write as _;
+
+use jiter::{
+    Jiter, JiterError, JiterErrorType, JsonErrorType, LinePosition, NumberAny, NumberInt, Peek,
+};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyList, PyString};
+use smallvec::SmallVec;
 
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+/// The deepest nesting the parser ever opens, whatever `max_depth` says: a bound on the stack it
+/// keeps and on the recursion of anything that later walks the value.
+pub const DEPTH_CAP: usize = 1024;
+
+const INTEGER_RANGE: &str = "an integer is outside the 64-bit range and would lose precision";
+
+/// Why a text is rejected: the `code` of a `ParseError`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Code {
+    InvalidJson,
+    DuplicateKey,
+    NonFiniteNumber,
+    InvalidUtf8,
+    TooDeep,
+}
+
+impl Code {
+    pub const ALL: [Code; 5] = [
+        Code::InvalidJson,
+        Code::DuplicateKey,
+        Code::NonFiniteNumber,
+        Code::InvalidUtf8,
+        Code::TooDeep,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::InvalidJson => "invalid_json",
+            Code::DuplicateKey => "duplicate_key",
+            Code::NonFiniteNumber => "non_finite_number",
+            Code::InvalidUtf8 => "invalid_utf8",
+            Code::TooDeep => "too_deep",
+        }
+    }
+}
+
+/// A rejected text: what is wrong, where, and the JSON Pointer of the offending value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Failure {
+    pub code: Code,
+    pub message: String,
+    pub path: String,
+}
+
+/// Why a parse stopped: the text is not strict JSON, or the builder failed (out of memory).
+#[derive(Debug)]
+pub enum Stop<E> {
+    Invalid(Failure),
+    Build(E),
+}
+
+/// Makes the values the parser finds. Containers are built as they are parsed: `array`/`object`
+/// open one, `push`/`insert` fill it, `end_array`/`end_object` close it into a value. Only the
+/// steps that can run out of memory in Python are fallible.
+pub trait Builder {
+    type Value;
+    type Key;
+    type Array;
+    type Object;
+    type Error;
+
+    fn null(&mut self) -> Self::Value;
+    fn bool(&mut self, value: bool) -> Self::Value;
+    fn int(&mut self, value: i64) -> Self::Value;
+    /// An integer above `i64::MAX`.
+    fn uint(&mut self, value: u64) -> Self::Value;
+    /// Always finite.
+    fn float(&mut self, value: f64) -> Self::Value;
+    fn string(&mut self, value: &str) -> Self::Value;
+    fn key(&mut self, key: &str) -> Self::Key;
+    fn array(&mut self) -> Self::Array;
+    fn push(&mut self, array: &mut Self::Array, value: Self::Value);
+    fn end_array(&mut self, array: Self::Array) -> Result<Self::Value, Self::Error>;
+    fn object(&mut self) -> Self::Object;
+    /// Adds a member; `Ok(false)` when the object already had the key.
+    fn insert(
+        &mut self,
+        object: &mut Self::Object,
+        key: &Self::Key,
+        value: Self::Value,
+    ) -> Result<bool, Self::Error>;
+    fn end_object(&mut self, object: Self::Object) -> Self::Value;
+    /// A key's text, for the JSON Pointer of a rejection (cold path).
+    fn key_text(key: &Self::Key) -> Cow<'_, str>;
+}
+
+/// Parses `data` as one strict JSON value nesting at most `max_depth` containers deep.
+pub fn parse<B: Builder>(
+    data: &[u8],
+    max_depth: usize,
+    builder: &mut B,
+) -> Result<B::Value, Stop<B::Error>> {
+    let mut parser = Parser {
+        data,
+        jiter: Jiter::new(data),
+        builder,
+        stack: SmallVec::new(),
+        max_depth: max_depth.min(DEPTH_CAP),
+        stop: None,
+    };
+    if let Ok(value) = parser.run() {
+        return Ok(value);
+    }
+    let stop = parser.stop.take();
+    debug_assert!(stop.is_some(), "a halt always says why");
+    Err(match stop {
+        Some(Stop::Invalid(failure)) => Stop::Invalid(utf8_first(data, failure)),
+        Some(build) => build,
+        None => Stop::Invalid(Failure {
+            code: Code::InvalidJson,
+            message: located("the text is not valid JSON", data, 0),
+            path: String::new(),
+        }),
+    })
+}
+
+/// A text that is not UTF-8 is rejected as `invalid_utf8`, whatever else is wrong with it. A
+/// parse that succeeds has checked every byte (only strings may hold non-ASCII bytes), so the
+/// text is checked as a whole only on the way out of a failed parse.
+fn utf8_first(data: &[u8], failure: Failure) -> Failure {
+    if failure.code == Code::InvalidUtf8 {
+        return failure;
+    }
+    match std::str::from_utf8(data) {
+        Ok(_) => failure,
+        Err(error) => Failure {
+            code: Code::InvalidUtf8,
+            message: located("the text is not valid UTF-8", data, error.valid_up_to()),
+            path: String::new(),
+        },
+    }
+}
+
+fn located(what: &str, data: &[u8], index: usize) -> String {
+    let LinePosition { line, column } = LinePosition::find(data, index);
+    format!("{what} (line {line}, column {column})")
+}
+
+/// An open container: what is built so far and which member or element is being parsed.
+enum Frame<B: Builder> {
+    Array {
+        array: B::Array,
+        index: usize,
+    },
+    Object {
+        object: B::Object,
+        key: B::Key,
+        /// where the search for the current key's opening quote starts (for a duplicate's place)
+        key_from: usize,
+    },
+}
+
+/// The parse stopped; why is in [`Parser::stop`]. Zero-sized, so every step's `Result` is as
+/// small as its value.
+struct Halt;
+
+type Step<T> = Result<T, Halt>;
+
+struct Parser<'j, 'b, B: Builder> {
+    data: &'j [u8],
+    jiter: Jiter<'j>,
+    builder: &'b mut B,
+    stack: SmallVec<[Frame<B>; 8]>,
+    max_depth: usize,
+    stop: Option<Stop<B::Error>>,
+}
+
+impl<B: Builder> Parser<'_, '_, B> {
+    fn run(&mut self) -> Step<B::Value> {
+        let mut peek = match self.jiter.peek() {
+            Ok(peek) => peek,
+            Err(error) => return Err(self.jiter_failure(&error, true)),
+        };
+        'value: loop {
+            let mut value = match peek {
+                Peek::Array => {
+                    self.enter()?;
+                    match self.jiter.known_array() {
+                        Ok(Some(first)) => {
+                            let array = self.builder.array();
+                            self.stack.push(Frame::Array { array, index: 0 });
+                            peek = first;
+                            continue 'value;
+                        }
+                        Ok(None) => {
+                            let array = self.builder.array();
+                            self.end_array(array)?
+                        }
+                        Err(error) => return Err(self.jiter_failure(&error, true)),
+                    }
+                }
+                Peek::Object => {
+                    self.enter()?;
+                    let key_from = self.jiter.current_index();
+                    match self.jiter.known_object() {
+                        Ok(Some(key)) => {
+                            let key = self.builder.key(key);
+                            let object = self.builder.object();
+                            self.stack.push(Frame::Object {
+                                object,
+                                key,
+                                key_from,
+                            });
+                            peek = self.member_peek()?;
+                            continue 'value;
+                        }
+                        Ok(None) => {
+                            let object = self.builder.object();
+                            self.builder.end_object(object)
+                        }
+                        Err(error) => return Err(self.jiter_failure(&error, true)),
+                    }
+                }
+                _ => self.scalar(peek)?,
+            };
+            // `value` is complete: add it to the open container, then go on to the next member
+            // or element, or close the container and add it to its own parent in turn.
+            loop {
+                match self.stack.last_mut() {
+                    None => {
+                        return match self.jiter.finish() {
+                            Ok(()) => Ok(value),
+                            Err(error) => Err(self.jiter_failure(&error, true)),
+                        };
+                    }
+                    Some(Frame::Array { array, index }) => {
+                        self.builder.push(array, value);
+                        match self.jiter.array_step() {
+                            Ok(Some(next)) => {
+                                *index += 1;
+                                peek = next;
+                                continue 'value;
+                            }
+                            Ok(None) => {}
+                            Err(error) => return Err(self.jiter_failure(&error, false)),
+                        }
+                    }
+                    Some(Frame::Object {
+                        object,
+                        key,
+                        key_from,
+                    }) => {
+                        match self.builder.insert(object, key, value) {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                let from = *key_from;
+                                return Err(self.duplicate(from));
+                            }
+                            Err(error) => return Err(self.build_failure(error)),
+                        }
+                        *key_from = self.jiter.current_index();
+                        match self.jiter.next_key() {
+                            Ok(Some(next)) => {
+                                *key = self.builder.key(next);
+                                peek = self.member_peek()?;
+                                continue 'value;
+                            }
+                            Ok(None) => {}
+                            Err(error) => return Err(self.jiter_failure(&error, false)),
+                        }
+                    }
+                }
+                value = match self.stack.pop() {
+                    Some(Frame::Array { array, .. }) => self.end_array(array)?,
+                    Some(Frame::Object { object, .. }) => self.builder.end_object(object),
+                    None => unreachable!("a container was open"),
+                };
+            }
+        }
+    }
+
+    /// Before opening a container: one more level must fit under the limit.
+    fn enter(&mut self) -> Step<()> {
+        if self.stack.len() < self.max_depth {
+            return Ok(());
+        }
+        let what = format!("the text nests deeper than {} levels", self.max_depth);
+        let at = self.jiter.current_index();
+        Err(self.failure(Code::TooDeep, &what, at, true))
+    }
+
+    fn end_array(&mut self, array: B::Array) -> Step<B::Value> {
+        match self.builder.end_array(array) {
+            Ok(value) => Ok(value),
+            Err(error) => Err(self.build_failure(error)),
+        }
+    }
+
+    /// The start of a member's value, just after its key and colon.
+    fn member_peek(&mut self) -> Step<Peek> {
+        match self.jiter.peek() {
+            Ok(peek) => Ok(peek),
+            Err(error) => Err(self.jiter_failure(&error, true)),
+        }
+    }
+
+    fn scalar(&mut self, peek: Peek) -> Step<B::Value> {
+        let done = match peek {
+            Peek::String => match self.jiter.known_str() {
+                Ok(value) => return Ok(self.builder.string(value)),
+                Err(error) => error,
+            },
+            Peek::Null => match self.jiter.known_null() {
+                Ok(()) => return Ok(self.builder.null()),
+                Err(error) => error,
+            },
+            Peek::True | Peek::False => match self.jiter.known_bool(peek) {
+                Ok(value) => return Ok(self.builder.bool(value)),
+                Err(error) => error,
+            },
+            _ => return self.number(peek),
+        };
+        Err(self.jiter_failure(&done, true))
+    }
+
+    fn number(&mut self, peek: Peek) -> Step<B::Value> {
+        let start = self.jiter.current_index();
+        let rest = &self.data[start..];
+        let non_finite = match peek {
+            Peek::NaN => rest.starts_with(b"NaN"),
+            Peek::Infinity => rest.starts_with(b"Infinity"),
+            Peek::Minus => rest.get(1) == Some(&b'I') && rest.starts_with(b"-Infinity"),
+            _ => false,
+        };
+        if non_finite {
+            let what = "NaN and Infinity are not JSON numbers";
+            return Err(self.failure(Code::NonFiniteNumber, what, start, true));
+        }
+        match self.jiter.known_number(peek) {
+            Ok(NumberAny::Int(NumberInt::Int(value))) => Ok(self.builder.int(value)),
+            Ok(NumberAny::Float(value)) if value.is_finite() => Ok(self.builder.float(value)),
+            Ok(NumberAny::Float(_)) => {
+                let what = "a number is too large for a 64-bit float";
+                Err(self.failure(Code::InvalidJson, what, start, true))
+            }
+            Err(error) if is(&error, &JsonErrorType::NumberOutOfRange) => {
+                self.wide_integer(peek, start)
+            }
+            Err(error) => Err(self.jiter_failure(&error, true)),
+        }
+    }
+
+    /// A number jiter does not hold in an `i64`: an integer in (i64::MAX, u64::MAX], or refused.
+    #[cold]
+    fn wide_integer(&mut self, peek: Peek, start: usize) -> Step<B::Value> {
+        let unsigned = match self.jiter.known_number_bytes(peek) {
+            Ok(digits) => std::str::from_utf8(digits)
+                .ok()
+                .and_then(|digits| digits.parse::<u64>().ok()),
+            Err(_) => {
+                let what = "a number has more digits than a JSON number may have here";
+                return Err(self.failure(Code::InvalidJson, what, start, true));
+            }
+        };
+        match unsigned {
+            Some(value) => Ok(self.builder.uint(value)),
+            None => Err(self.failure(Code::InvalidJson, INTEGER_RANGE, start, true)),
+        }
+    }
+
+    #[cold]
+    fn duplicate(&mut self, key_from: usize) -> Halt {
+        let quote = self.data[key_from..]
+            .iter()
+            .position(|&byte| byte == b'"')
+            .map_or(key_from, |offset| key_from + offset);
+        let what = "an object has the same key twice";
+        self.failure(Code::DuplicateKey, what, quote, true)
+    }
+
+    #[cold]
+    fn build_failure(&mut self, error: B::Error) -> Halt {
+        self.stop = Some(Stop::Build(error));
+        Halt
+    }
+
+    #[cold]
+    fn jiter_failure(&mut self, error: &JiterError, at_member: bool) -> Halt {
+        let kind = match &error.error_type {
+            JiterErrorType::JsonError(kind) => kind,
+            JiterErrorType::WrongType { .. } => &JsonErrorType::ExpectedSomeValue,
+        };
+        let (code, what) = describe(kind);
+        let what = match kind {
+            JsonErrorType::EofWhileParsingValue
+                if self
+                    .data
+                    .iter()
+                    .all(|byte| matches!(byte, b' ' | b'\t' | b'\n' | b'\r')) =>
+            {
+                "the text is empty"
+            }
+            JsonErrorType::ExpectedSomeValue
+                if error.index == 0 && self.data.starts_with(b"\xEF\xBB\xBF") =>
+            {
+                "the text starts with a byte-order mark"
+            }
+            _ => what,
+        };
+        self.failure(code, what, error.index, at_member)
+    }
+
+    /// Records a rejection located at `index`, with the pointer of the value being parsed
+    /// (`at_member`) or of the container it is in (an error between members or elements).
+    #[cold]
+    fn failure(&mut self, code: Code, what: &str, index: usize, at_member: bool) -> Halt {
+        let open = if at_member {
+            &self.stack[..]
+        } else {
+            &self.stack[..self.stack.len().saturating_sub(1)]
+        };
+        let mut path = String::new();
+        for frame in open {
+            path.push('/');
+            match frame {
+                Frame::Array { index, .. } => {
+                    let _ = write!(path, "{index}");
+                }
+                Frame::Object { key, .. } => escape_token(&B::key_text(key), &mut path),
+            }
+        }
+        self.stop = Some(Stop::Invalid(Failure {
+            code,
+            message: located(what, self.data, index),
+            path,
+        }));
+        Halt
+    }
+}
+
+fn is(error: &JiterError, kind: &JsonErrorType) -> bool {
+    matches!(&error.error_type, JiterErrorType::JsonError(found) if found == kind)
+}
+
+fn describe(kind: &JsonErrorType) -> (Code, &'static str) {
+    use JsonErrorType as E;
+    let what = match kind {
+        E::InvalidUnicodeCodePoint => return (Code::InvalidUtf8, "a string is not valid UTF-8"),
+        E::LoneLeadingSurrogateInHexEscape | E::UnexpectedEndOfHexEscape => {
+            return (
+                Code::InvalidUtf8,
+                "a string escapes a lone UTF-16 surrogate",
+            );
+        }
+        E::EofWhileParsingList
+        | E::EofWhileParsingObject
+        | E::EofWhileParsingString
+        | E::EofWhileParsingValue => "the text ends before the JSON value does",
+        E::ExpectedColon => "expected `:` after an object key",
+        E::ExpectedListCommaOrEnd => "expected `,` or `]` after an array element",
+        E::ExpectedObjectCommaOrEnd => "expected `,` or `}` after an object member",
+        E::ExpectedSomeIdent => "expected `true`, `false` or `null`",
+        E::ExpectedSomeValue => "expected a JSON value",
+        E::InvalidEscape => "a string has an invalid escape",
+        E::InvalidNumber => "a number is malformed",
+        E::NumberOutOfRange => INTEGER_RANGE,
+        E::ControlCharacterWhileParsingString => "a string holds an unescaped control character",
+        E::KeyMustBeAString => "an object key must be a string",
+        E::TrailingComma => "a trailing comma",
+        E::TrailingCharacters => "there is more text after the JSON value",
+        _ => "the text is not valid JSON",
+    };
+    (Code::InvalidJson, what)
+}
+
+/// Appends `token` escaped as a JSON Pointer reference token (RFC 6901: `~` and `/`).
+pub fn escape_token(token: &str, out: &mut String) {
+    for c in token.chars() {
+        match c {
+            '~' => out.push_str("~0"),
+            '/' => out.push_str("~1"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// The nesting depth of `text` when it is deeper than `limit`, else `None`.
+///
+/// Runs before any parse, on text that may be broken. A text with no more opening brackets than
+/// `limit` (strings included) cannot nest deeper, and one vectorized count proves it; any other
+/// text is measured by [`nesting_depth`].
+pub fn depth_over(text: &[u8], limit: usize) -> Option<usize> {
+    if opening_brackets(text) <= limit {
+        return None;
+    }
+    let depth = nesting_depth(text);
+    (depth > limit).then_some(depth)
+}
+
+/// How many `[` and `{` the text holds, strings included. `[` and `{` are the only bytes that
+/// are `{` once bit 5 is set; byte counters over blocks of 255 let the compiler vectorize.
+fn opening_brackets(text: &[u8]) -> usize {
+    text.chunks(255)
+        .map(|block| {
+            let count = block
+                .iter()
+                .fold(0u8, |count, &byte| count + u8::from(byte | 0x20 == b'{'));
+            usize::from(count)
+        })
+        .sum()
+}
+
+/// The deepest nesting of brackets outside strings, in one pass. A backslash in a string escapes
+/// the next byte; a string left open runs to the end of the text (its brackets are text); a
+/// closing bracket with nothing open is ignored, so it cannot hide the depth that follows.
+pub fn nesting_depth(text: &[u8]) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let mut at = 0;
+    while let Some(&byte) = text.get(at) {
+        at += 1;
+        match byte {
+            b'"' => at = string_end(text, at),
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Just past the quote that closes the string whose contents start at `at` (or the end of the
+/// text), eight bytes at a time: a word with no quote and no backslash is skipped whole.
+fn string_end(text: &[u8], mut at: usize) -> usize {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // the high bit of each byte of `word` equal to `byte`, exact up to the first such byte
+    let find = |word: u64, byte: u8| {
+        let x = word ^ (ONES * u64::from(byte));
+        x.wrapping_sub(ONES) & !x & HIGHS
+    };
+    loop {
+        while let Some(chunk) = text.get(at..at + 8) {
+            let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+            let found = find(word, b'"') | find(word, b'\\');
+            if found != 0 {
+                at += (found.trailing_zeros() / 8) as usize;
+                break;
+            }
+            at += 8;
+        }
+        match text.get(at) {
+            None => return text.len(),
+            Some(b'"') => return at + 1,
+            Some(b'\\') => at += 2,
+            Some(_) => at += 1,
+        }
+    }
+}
+
+// --- the pure-Rust value, for the Rust tests and the fuzz target ----------------------------
+
+/// A parsed value in Rust. Object members keep their order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    /// every integer in [-2^63, 2^64-1]
+    Int(i128),
+    Float(f64),
+    Str(String),
+    Array(Vec<Value>),
+    Object(Vec<(String, Value)>),
+}
+
+impl Value {
+    /// Containers deep: 0 for a scalar, 1 for `[]`.
+    pub fn depth(&self) -> usize {
+        match self {
+            Value::Array(items) => 1 + items.iter().map(Value::depth).max().unwrap_or(0),
+            Value::Object(members) => 1 + members.iter().map(|(_, v)| v.depth()).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// Compact JSON text that parses back to this value (floats in Rust's shortest round-trip
+    /// form, always with a `.` or an exponent so they stay floats).
+    pub fn to_json(&self) -> String {
+        let mut out = String::new();
+        self.write_json(&mut out);
+        out
+    }
+
+    fn write_json(&self, out: &mut String) {
+        match self {
+            Value::Null => out.push_str("null"),
+            Value::Bool(value) => out.push_str(if *value { "true" } else { "false" }),
+            Value::Int(value) => {
+                let _ = write!(out, "{value}");
+            }
+            Value::Float(value) => {
+                let _ = write!(out, "{value:?}");
+            }
+            Value::Str(value) => write_string(value, out),
+            Value::Array(items) => {
+                out.push('[');
+                for (n, item) in items.iter().enumerate() {
+                    if n > 0 {
+                        out.push(',');
+                    }
+                    item.write_json(out);
+                }
+                out.push(']');
+            }
+            Value::Object(members) => {
+                out.push('{');
+                for (n, (key, value)) in members.iter().enumerate() {
+                    if n > 0 {
+                        out.push(',');
+                    }
+                    write_string(key, out);
+                    out.push(':');
+                    value.write_json(out);
+                }
+                out.push('}');
+            }
+        }
+    }
+}
+
+fn write_string(value: &str, out: &mut String) {
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// An object being built in Rust: its members, and its keys for the duplicate check.
+#[derive(Default)]
+pub struct ObjectInProgress {
+    members: Vec<(String, Value)>,
+    keys: HashSet<String>,
+}
+
+/// Builds [`Value`]s.
+#[derive(Default)]
+pub struct ValueBuilder;
+
+impl Builder for ValueBuilder {
+    type Value = Value;
+    type Key = String;
+    type Array = Vec<Value>;
+    type Object = ObjectInProgress;
+    type Error = std::convert::Infallible;
+
+    fn null(&mut self) -> Value {
+        Value::Null
+    }
+    fn bool(&mut self, value: bool) -> Value {
+        Value::Bool(value)
+    }
+    fn int(&mut self, value: i64) -> Value {
+        Value::Int(value.into())
+    }
+    fn uint(&mut self, value: u64) -> Value {
+        Value::Int(value.into())
+    }
+    fn float(&mut self, value: f64) -> Value {
+        Value::Float(value)
+    }
+    fn string(&mut self, value: &str) -> Value {
+        Value::Str(value.to_owned())
+    }
+    fn key(&mut self, key: &str) -> String {
+        key.to_owned()
+    }
+    fn array(&mut self) -> Vec<Value> {
+        Vec::new()
+    }
+    fn push(&mut self, array: &mut Vec<Value>, value: Value) {
+        array.push(value);
+    }
+    fn end_array(&mut self, array: Vec<Value>) -> Result<Value, Self::Error> {
+        Ok(Value::Array(array))
+    }
+    fn object(&mut self) -> ObjectInProgress {
+        ObjectInProgress::default()
+    }
+    fn insert(
+        &mut self,
+        object: &mut ObjectInProgress,
+        key: &String,
+        value: Value,
+    ) -> Result<bool, Self::Error> {
+        if !object.keys.insert(key.clone()) {
+            return Ok(false);
+        }
+        object.members.push((key.clone(), value));
+        Ok(true)
+    }
+    fn end_object(&mut self, object: ObjectInProgress) -> Value {
+        Value::Object(object.members)
+    }
+    fn key_text(key: &String) -> Cow<'_, str> {
+        Cow::Borrowed(key)
+    }
+}
+
+/// Parses `data` into a [`Value`].
+pub fn parse_value(data: &[u8], max_depth: usize) -> Result<Value, Failure> {
+    match parse(data, max_depth, &mut ValueBuilder) {
+        Ok(value) => Ok(value),
+        Err(Stop::Invalid(failure)) => Err(failure),
+        Err(Stop::Build(never)) => match never {},
+    }
+}
+
+/// The fuzz target's checks on one input (also run over the kept corpus by `cargo test`):
+/// parsing never panics; a parsed value serializes to text that parses back to the same value;
+/// the depth the parser sees is the depth `depth_over` measures, and `max_depth` cuts exactly
+/// there; a rejection's message is plain ASCII.
+pub fn fuzz_check(data: &[u8]) {
+    match parse_value(data, DEPTH_CAP) {
+        Ok(value) => {
+            let text = value.to_json();
+            let again = parse_value(text.as_bytes(), DEPTH_CAP)
+                .unwrap_or_else(|failure| panic!("re-parse of {text:?} failed: {failure:?}"));
+            assert_eq!(again, value, "round trip through {text:?}");
+            assert_eq!(again.to_json(), text, "round trip is not stable");
+            let depth = value.depth();
+            assert_eq!(
+                nesting_depth(data),
+                depth,
+                "nesting_depth disagrees with the parser"
+            );
+            assert_eq!(depth_over(data, depth), None);
+            if depth > 0 {
+                assert_eq!(depth_over(data, depth - 1), Some(depth));
+                let cut = parse_value(data, depth - 1).expect_err("max_depth must cut");
+                assert_eq!(cut.code, Code::TooDeep, "{cut:?}");
+            }
+            assert_eq!(parse_value(data, depth), Ok(value));
+        }
+        Err(failure) => {
+            assert!(failure.message.is_ascii(), "{failure:?}");
+            assert!(failure.message.contains("(line "), "{failure:?}");
+            if failure.code == Code::TooDeep {
+                assert!(depth_over(data, DEPTH_CAP).is_some(), "{failure:?}");
+            }
+        }
+    }
+}
+
+// --- the Python face ------------------------------------------------------------------------
+
+/// Builds Python objects: dict, list, str, int, float, bool, None. Array elements wait on one
+/// shared stack and become a list, sized once, when their array closes. Keys and short strings
+/// come from the thread's [`StringCaches`] when they are free.
+struct PyBuilder<'py, 'c> {
+    py: Python<'py>,
+    items: SmallVec<[Bound<'py, PyAny>; 16]>,
+    strings: Option<&'c mut StringCaches>,
+}
+
+/// Python strings seen lately on this thread, so a string that comes back is neither decoded nor
+/// allocated again, and a key is not hashed again either (a `str` keeps its hash). That is the
+/// common case: every call to a tool has the same keys, and its short values (units, currencies,
+/// modes, flags) repeat. Keys and values have separate tables, so values cannot crowd out keys.
+struct StringCaches {
+    keys: StringCache,
+    values: StringCache,
+}
+
+thread_local! {
+    static STRING_CACHES: std::cell::RefCell<StringCaches> =
+        std::cell::RefCell::new(StringCaches {
+            keys: StringCache::new(9, 64),
+            values: StringCache::new(8, SHORT_STRING),
+        });
+}
+
+/// A fixed number of slots, each holding the last string that hashed there: a string an
+/// attacker picks costs at most a miss (one compare more than no cache), and the memory stays
+/// bounded. Few slots (a tool's keys are a few dozen), so the table stays in the L1 cache.
+struct StringCache {
+    slots: Box<[Option<CachedString>]>,
+    bits: u32,
+    max_len: usize,
+}
+
+/// A Python string and its fingerprint. Up to [`SHORT_STRING`] bytes the fingerprint is the
+/// text (compared in three instructions); a longer one is compared with the string's UTF-8.
+struct CachedString {
+    fingerprint: Fingerprint,
+    string: Py<PyString>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    len: usize,
+    head: u64,
+    tail: u64,
+}
+
+const SHORT_STRING: usize = 16;
+
+impl StringCache {
+    fn new(bits: u32, max_len: usize) -> Self {
+        StringCache {
+            slots: (0..1 << bits).map(|_| None).collect(),
+            bits,
+            max_len,
+        }
+    }
+
+    fn get<'py>(&mut self, py: Python<'py>, text: &str) -> Bound<'py, PyString> {
+        if text.len() > self.max_len {
+            return PyString::new(py, text);
+        }
+        let fingerprint = Fingerprint::of(text.as_bytes());
+        let slot = &mut self.slots[fingerprint.slot(self.bits)];
+        if let Some(cached) = slot {
+            let string = cached.string.bind(py);
+            if cached.fingerprint == fingerprint
+                && (text.len() <= SHORT_STRING || string.to_str().is_ok_and(|s| s == text))
+            {
+                return string.clone();
+            }
+        }
+        let string = PyString::new(py, text);
+        *slot = Some(CachedString {
+            fingerprint,
+            string: string.clone().unbind(),
+        });
+        string
+    }
+}
+
+impl Fingerprint {
+    /// The length and the first and last bytes, in two words: every byte of a text up to
+    /// [`SHORT_STRING`] long is in them.
+    fn of(key: &[u8]) -> Self {
+        let len = key.len();
+        let word = |at: usize| u64::from_le_bytes(key[at..at + 8].try_into().unwrap_or([0; 8]));
+        let half = |at: usize| {
+            u64::from(u32::from_le_bytes(
+                key[at..at + 4].try_into().unwrap_or([0; 4]),
+            ))
+        };
+        let (head, tail) = match len {
+            0 => (0, 0),
+            1..=3 => (
+                u64::from(key[0]) | u64::from(key[len / 2]) << 8 | u64::from(key[len - 1]) << 16,
+                0,
+            ),
+            4..=7 => (half(0) | half(len - 4) << 32, 0),
+            _ => (word(0), word(len - 8)),
+        };
+        Fingerprint { len, head, tail }
+    }
+
+    fn slot(self, bits: u32) -> usize {
+        let mixed = (self.head ^ self.tail.rotate_left(29) ^ self.len as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (mixed >> (64 - bits)) as usize
+    }
+}
+
+impl<'py> Builder for PyBuilder<'py, '_> {
+    type Value = Bound<'py, PyAny>;
+    type Key = Bound<'py, PyString>;
+    type Array = usize;
+    type Object = Bound<'py, PyDict>;
+    type Error = PyErr;
+
+    fn null(&mut self) -> Self::Value {
+        self.py.None().into_bound(self.py)
+    }
+    fn bool(&mut self, value: bool) -> Self::Value {
+        PyBool::new(self.py, value).to_owned().into_any()
+    }
+    fn int(&mut self, value: i64) -> Self::Value {
+        match value.into_pyobject(self.py) {
+            Ok(int) => int.into_any(),
+            Err(never) => match never {},
+        }
+    }
+    fn uint(&mut self, value: u64) -> Self::Value {
+        match value.into_pyobject(self.py) {
+            Ok(int) => int.into_any(),
+            Err(never) => match never {},
+        }
+    }
+    fn float(&mut self, value: f64) -> Self::Value {
+        PyFloat::new(self.py, value).into_any()
+    }
+    fn string(&mut self, value: &str) -> Self::Value {
+        match &mut self.strings {
+            Some(caches) if value.len() <= SHORT_STRING => caches.values.get(self.py, value),
+            _ => PyString::new(self.py, value),
+        }
+        .into_any()
+    }
+    fn key(&mut self, key: &str) -> Self::Key {
+        match &mut self.strings {
+            Some(caches) => caches.keys.get(self.py, key),
+            None => PyString::new(self.py, key),
+        }
+    }
+    fn array(&mut self) -> usize {
+        self.items.len()
+    }
+    fn push(&mut self, _array: &mut usize, value: Self::Value) {
+        self.items.push(value);
+    }
+    fn end_array(&mut self, start: usize) -> PyResult<Self::Value> {
+        Ok(PyList::new(self.py, self.items.drain(start..))?.into_any())
+    }
+    fn object(&mut self) -> Self::Object {
+        PyDict::new(self.py)
+    }
+    fn insert(
+        &mut self,
+        object: &mut Self::Object,
+        key: &Self::Key,
+        value: Self::Value,
+    ) -> PyResult<bool> {
+        let before = object.len();
+        object.set_item(key, value)?;
+        Ok(object.len() > before)
+    }
+    fn end_object(&mut self, object: Self::Object) -> Self::Value {
+        object.into_any()
+    }
+    fn key_text<'k>(key: &'k Self::Key) -> Cow<'k, str> {
+        key.to_cow().unwrap_or_else(|_| key.to_string_lossy())
+    }
+}
+
+/// Why a text is not strict JSON; returned by `parse_json`, never raised.
+#[pyclass(frozen, eq, hash, module = "worker._native")]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ParseError {
+    #[pyo3(get)]
+    code: &'static str,
+    #[pyo3(get)]
+    message: String,
+    #[pyo3(get)]
+    path: String,
+}
+
+#[pymethods]
+impl ParseError {
+    #[new]
+    #[pyo3(signature = (code, message, path = String::new()))]
+    fn new(code: &str, message: String, path: String) -> PyResult<Self> {
+        let Some(code) = Code::ALL.into_iter().find(|known| known.as_str() == code) else {
+            let known = Code::ALL.map(Code::as_str).join(", ");
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "code must be one of {known}"
+            )));
+        };
+        Ok(ParseError {
+            code: code.as_str(),
+            message,
+            path,
+        })
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let repr = |text: &str| -> PyResult<String> {
+            Ok(PyString::new(py, text).repr()?.to_cow()?.into_owned())
+        };
+        Ok(format!(
+            "ParseError(code={}, message={}, path={})",
+            repr(self.code)?,
+            repr(&self.message)?,
+            repr(&self.path)?
+        ))
+    }
+}
+
+impl From<Failure> for ParseError {
+    fn from(failure: Failure) -> Self {
+        ParseError {
+            code: failure.code.as_str(),
+            message: failure.message,
+            path: failure.path,
+        }
+    }
+}
+
+/// `parse_json(text, max_depth)`: the JSON value of `text`, or a `ParseError`. Never raises for
+/// bad input.
+#[pyfunction]
+fn parse_json<'py>(py: Python<'py>, text: &[u8], max_depth: usize) -> PyResult<Bound<'py, PyAny>> {
+    // A parse can run Python code (a garbage collection, a finalizer) that parses in turn: that
+    // inner parse finds the caches taken and goes without them.
+    STRING_CACHES.with(|caches| {
+        let mut caches = caches.try_borrow_mut().ok();
+        let mut builder = PyBuilder {
+            py,
+            items: SmallVec::new(),
+            strings: caches.as_deref_mut(),
+        };
+        match parse(text, max_depth, &mut builder) {
+            Ok(value) => Ok(value),
+            Err(Stop::Invalid(failure)) => {
+                Ok(Bound::new(py, ParseError::from(failure))?.into_any())
+            }
+            Err(Stop::Build(error)) => Err(error),
+        }
+    })
+}
+
+/// `depth_over(text, limit)`: the nesting depth of `text` if deeper than `limit`, else None.
+#[pyfunction(name = "depth_over")]
+fn py_depth_over(text: &[u8], limit: usize) -> Option<usize> {
+    depth_over(text, limit)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ParseError>()?;
+    m.add_function(wrap_pyfunction!(parse_json, m)?)?;
+    m.add_function(wrap_pyfunction!(py_depth_over, m)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(text: &str) -> Value {
+        parse_value(text.as_bytes(), 64).unwrap_or_else(|f| panic!("{text:?}: {f:?}"))
+    }
+
+    fn err(text: &[u8]) -> Failure {
+        parse_value(text, 64).expect_err("must be rejected")
+    }
+
+    fn obj(members: &[(&str, Value)]) -> Value {
+        Value::Object(
+            members
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn builds_every_kind_of_value() {
+        assert_eq!(
+            ok(r#" {"a": [1, -2.5, "x", true, false, null, {}, []]} "#),
+            obj(&[(
+                "a",
+                Value::Array(vec![
+                    Value::Int(1),
+                    Value::Float(-2.5),
+                    Value::Str("x".into()),
+                    Value::Bool(true),
+                    Value::Bool(false),
+                    Value::Null,
+                    Value::Object(vec![]),
+                    Value::Array(vec![]),
+                ])
+            )])
+        );
+        assert_eq!(ok("0"), Value::Int(0));
+        assert_eq!(ok("-0"), Value::Int(0));
+        assert_eq!(ok("-0.0"), Value::Float(-0.0));
+        assert_eq!(ok("1E2"), Value::Float(100.0));
+        assert_eq!(
+            ok(r#""a\"\\\/\b\f\n\r\tz""#),
+            Value::Str("a\"\\/\u{8}\u{c}\n\r\tz".into())
+        );
+    }
+
+    #[test]
+    fn integers_cover_both_64_bit_ranges_and_nothing_more() {
+        assert_eq!(ok("-9223372036854775808"), Value::Int(i64::MIN.into()));
+        assert_eq!(ok("9223372036854775808"), Value::Int(1 << 63));
+        assert_eq!(ok("18446744073709551615"), Value::Int(u64::MAX.into()));
+        for text in [
+            "18446744073709551616",
+            "-9223372036854775809",
+            "123456789012345678901234",
+        ] {
+            let failure = err(text.as_bytes());
+            assert_eq!(failure.code, Code::InvalidJson);
+            assert!(failure.message.starts_with(INTEGER_RANGE), "{failure:?}");
+        }
+        let long = "9".repeat(5000);
+        assert_eq!(err(long.as_bytes()).code, Code::InvalidJson);
+    }
+
+    #[test]
+    fn floats_must_fit_a_double() {
+        assert_eq!(ok("1e-400"), Value::Float(0.0));
+        assert_eq!(ok("1.7976931348623157e308"), Value::Float(f64::MAX));
+        for text in ["1e400", "-1e400", "[123.456e789]"] {
+            let failure = err(text.as_bytes());
+            assert_eq!(failure.code, Code::InvalidJson, "{text}");
+            assert!(failure.message.contains("64-bit float"), "{failure:?}");
+        }
+    }
+
+    #[test]
+    fn nan_and_infinity_are_non_finite() {
+        for text in [
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "[1, NaN]",
+            r#"{"n": -Infinity}"#,
+        ] {
+            assert_eq!(err(text.as_bytes()).code, Code::NonFiniteNumber, "{text}");
+        }
+        for text in ["-NaN", "nan", "Inf", "-Inf", "infinity"] {
+            assert_eq!(err(text.as_bytes()).code, Code::InvalidJson, "{text}");
+        }
+        assert_eq!(err(b"[1, NaN]").path, "/1");
+    }
+
+    #[test]
+    fn duplicate_keys_at_any_depth_name_the_second_occurrence() {
+        let cases: [(&str, &str); 6] = [
+            (r#"{"amount": 10, "amount": 100}"#, "/amount"),
+            (r#"{"x": [0, {"b": 1, "b": 2}]}"#, "/x/1/b"),
+            (r#"{"a": 1, "\u0061": 2}"#, "/a"),
+            (r#"{"a/b": {"c~": 1, "c~": 1}}"#, "/a~1b/c~0"),
+            (r#"[[], [{"k": {}, "k": []}]]"#, "/1/0/k"),
+            (r#"{"": 1, "": 2}"#, "/"),
+        ];
+        for (text, path) in cases {
+            let failure = err(text.as_bytes());
+            assert_eq!(
+                (failure.code, failure.path.as_str()),
+                (Code::DuplicateKey, path),
+                "{text}"
+            );
+        }
+        // where: the second key's opening quote
+        let failure = err(b"{\"a\": 1,\n  \"a\": 2}");
+        assert!(
+            failure.message.ends_with("(line 2, column 3)"),
+            "{failure:?}"
+        );
+        // the same key in sibling objects is no duplicate
+        ok(r#"[{"a": 1}, {"a": 2}, {"b": {"a": 3}, "a": 4}]"#);
+    }
+
+    #[test]
+    fn surrogate_escapes_must_pair() {
+        assert_eq!(ok(r#""\ud83d\ude00""#), Value::Str("\u{1F600}".into()));
+        for text in [
+            r#""\ud800""#,
+            r#""\udc00x""#,
+            r#"["\ud800\u0041"]"#,
+            r#""\ud800\n""#,
+            r#""\ude00\ud83d""#,
+            r#"{"\udfff": 1}"#,
+        ] {
+            assert_eq!(err(text.as_bytes()).code, Code::InvalidUtf8, "{text}");
+        }
+        assert_eq!(err(br#"{"s": ["\udc00"]}"#).path, "/s/0");
+    }
+
+    #[test]
+    fn text_that_is_not_utf8_is_invalid_utf8_wherever_it_is() {
+        for text in [
+            &b"\"\xff\""[..],
+            b"[\"a\xc3\"]",
+            b"\"\xed\xa0\x80\"",
+            b"[1, \xff]",
+            b"\xff",
+            b"{\"a\": 1,}\xfe",
+            b"[\"\x01\xff\"]",
+        ] {
+            assert_eq!(err(text).code, Code::InvalidUtf8, "{text:?}");
+        }
+        assert_eq!(err(b"{\"s\": \"\xff\"}").path, "/s");
+        assert_eq!(
+            ok("\"h\u{e9}\u{1F600}\""),
+            Value::Str("h\u{e9}\u{1F600}".into())
+        );
+    }
+
+    #[test]
+    fn syntax_errors_are_invalid_json_with_a_place() {
+        let cases: [(&[u8], &str, &str); 10] = [
+            (b"", "the text is empty (line 1, column 0)", ""),
+            (b" \n ", "the text is empty", ""),
+            (
+                b"\xEF\xBB\xBF{}",
+                "the text starts with a byte-order mark",
+                "",
+            ),
+            (
+                b"[1 2]",
+                "expected `,` or `]` after an array element (line 1, column 4)",
+                "",
+            ),
+            (b"{\"a\": [1,]}", "a trailing comma", "/a"),
+            (b"{\"a\" 1}", "expected `:` after an object key", ""),
+            (
+                b"{\"a\": 1} x",
+                "there is more text after the JSON value",
+                "",
+            ),
+            (
+                b"[\"ab\ncd\"]",
+                "a string holds an unescaped control character",
+                "/0",
+            ),
+            (
+                b"{\"a\": {\"b\": tru}}",
+                "expected `true`, `false` or `null`",
+                "/a/b",
+            ),
+            (b"[\"\\x\"]", "a string has an invalid escape", "/0"),
+        ];
+        for (text, message, path) in cases {
+            let failure = err(text);
+            assert_eq!(failure.code, Code::InvalidJson, "{text:?}");
+            assert!(
+                failure.message.starts_with(message),
+                "{text:?}: {failure:?}"
+            );
+            assert_eq!(failure.path, path, "{text:?}");
+        }
+        assert!(err(b"{\n  \"a\": 1,\n  \"b\": }")
+            .message
+            .ends_with("(line 3, column 8)"));
+    }
+
+    #[test]
+    fn messages_never_echo_the_text() {
+        for text in [
+            &br#"{"secret-key": NaN}"#[..],
+            br#"{"secret-key": 1, "secret-key": 2}"#,
+            br#"{"secret-key": "\ud800"}"#,
+            br#"{"secret-key": secret}"#,
+            b"\"secret-\xff\"",
+        ] {
+            assert!(!err(text).message.contains("secret"), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn depth_is_limited_and_capped() {
+        assert_eq!(
+            parse_value(b"[[[]]]", 3),
+            Ok(Value::Array(vec![Value::Array(vec![Value::Array(vec![])])]))
+        );
+        let failure = parse_value(b"[[[[]]]]", 3).expect_err("too deep");
+        assert_eq!(
+            (failure.code, failure.path.as_str()),
+            (Code::TooDeep, "/0/0/0")
+        );
+        let failure = parse_value(br#"{"a": [{"b": {}}]}"#, 3).expect_err("too deep");
+        assert_eq!(
+            (failure.code, failure.path.as_str()),
+            (Code::TooDeep, "/a/0/b")
+        );
+        assert_eq!(parse_value(b"7", 0), Ok(Value::Int(7)));
+        assert_eq!(
+            parse_value(b"[]", 0).expect_err("too deep").code,
+            Code::TooDeep
+        );
+        // the cap holds whatever max_depth says, and a far deeper text costs no recursion
+        let deep = format!("{}{}", "[".repeat(DEPTH_CAP + 1), "]".repeat(DEPTH_CAP + 1));
+        assert_eq!(
+            parse_value(deep.as_bytes(), usize::MAX)
+                .expect_err("capped")
+                .code,
+            Code::TooDeep
+        );
+        let at_cap = format!("{}{}", "[".repeat(DEPTH_CAP), "]".repeat(DEPTH_CAP));
+        assert_eq!(
+            parse_value(at_cap.as_bytes(), usize::MAX).map(|v| v.depth()),
+            Ok(DEPTH_CAP)
+        );
+        let huge = "[".repeat(1_000_000);
+        assert_eq!(
+            parse_value(huge.as_bytes(), usize::MAX)
+                .expect_err("capped")
+                .code,
+            Code::TooDeep
+        );
+    }
+
+    #[test]
+    fn pointer_tokens_escape_tilde_then_slash() {
+        let mut out = String::new();
+        escape_token("a/b~c~1/", &mut out);
+        assert_eq!(out, "a~1b~0c~01~1");
+        let mut out = String::new();
+        escape_token("", &mut out);
+        assert_eq!(out, "");
+    }
+
+    #[test]
+    fn nesting_depth_reads_strings_and_escapes() {
+        let cases: [(&[u8], usize); 13] = [
+            (b"", 0),
+            (b"123", 0),
+            (br#"{"a": [[{"b": "[[[[["}]]]}"#, 4),
+            (br#"["\"[[[["]"#, 1),   // an escaped quote does not end the string
+            (br#"["\\", [[]]]"#, 3), // an escaped backslash does not escape the quote
+            (br#"["\\\"[[", []]"#, 2),
+            (b"[[[[", 4),          // truncated text still has a depth
+            (br#"[["abc[[[["#, 2), // a string left open runs to the end
+            (br#"["\"#, 1),        // a backslash as the last byte
+            (b"]]]][[", 2),        // stray closers hide nothing
+            (b"[]]][[[", 3),
+            (b"{[}]", 2),   // brackets are not matched by kind
+            (b"\\[\\[", 2), // outside strings a backslash is just a byte
+        ];
+        for (text, depth) in cases {
+            assert_eq!(
+                nesting_depth(text),
+                depth,
+                "{:?}",
+                String::from_utf8_lossy(text)
+            );
+        }
+    }
+
+    #[test]
+    fn depth_over_answers_only_past_the_limit() {
+        assert_eq!(depth_over(br#"{"a": 1}"#, 1), None);
+        assert_eq!(depth_over(b"[[[]]]", 3), None);
+        assert_eq!(depth_over(b"[[[[]]]]", 3), Some(4));
+        assert_eq!(depth_over(br#"{"s": "[[[[[[[[[[{{{{{{{{{{"}"#, 2), None);
+        assert_eq!(depth_over(b"[[],[],[],[],[]]", 2), None);
+        assert_eq!(depth_over(b"[[[[", 3), Some(4));
+        assert_eq!(depth_over(b"", 0), None);
+        assert_eq!(depth_over(b"[", 0), Some(1));
+    }
+
+    #[test]
+    fn values_round_trip_through_their_text() {
+        for text in [
+            r#"{"a": [1, 2.5, -0.0, 1e300, 5e-324, "\u0000\u001f\"\\"], "b": {"c": null}}"#,
+            "18446744073709551615",
+            r#"["\ud83d\ude00", "\u00e9"]"#,
+        ] {
+            fuzz_check(text.as_bytes());
+        }
+    }
 }

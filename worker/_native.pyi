@@ -1,0 +1,193 @@
+"""Type stubs of the native core (`native/`, built by maturin into `worker._native`)."""
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, Protocol, final
+
+# -- strict JSON (native/src/json.rs) -------------------------------------------------------------
+
+@final
+class ParseError:
+    """Why a text is not strict JSON; returned by `parse_json`, never raised."""
+
+    code: Final[str]
+    message: Final[str]
+    path: Final[str]
+    def __init__(self, code: str, message: str, path: str = "") -> None: ...
+
+def parse_json(text: bytes, max_depth: int) -> Any:
+    """The JSON value of `text`, or a `ParseError` (a returned value, never raised)."""
+
+def depth_over(text: bytes, limit: int) -> int | None:
+    """The nesting depth of `text` outside strings when it exceeds `limit`, else None."""
+
+# -- Kafka's default partitioner (native/src/partition.rs) ----------------------------------------
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """The partition index a record with this key goes to, as the Java client decides it."""
+
+# -- the reassembler (native/src/face.rs) ---------------------------------------------------------
+
+class _Record(Protocol):
+    """What `Assembler.feed_records` reads of each record (an aiokafka ConsumerRecord fits)."""
+
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp(self) -> int | None: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
+
+@final
+class Chunk:
+    """One piece of model output for one stream, as an adapter makes it (see face.rs)."""
+
+    stream_id: Final[str]
+    kind: Final[str]
+    call_id: Final[str | None]
+    seq: Final[int | None]
+    tool: Final[str | None]
+    tool_version: Final[str | None]
+    delta: Final[str]
+    final: Final[bool]
+    finish_reason: Final[str | None]
+    idempotency_key: Final[str | None]
+    trace_id: Final[str | None]
+    run_id: Final[str | None]
+    step_id: Final[str | None]
+    traceparent: Final[str | None]
+    attempt: Final[int | None]
+    expected: Final[str | None]
+    error: Final[str | None]
+    def __init__(
+        self,
+        stream_id: str,
+        kind: str,
+        call_id: str | None = None,
+        *,
+        seq: int | None = None,
+        tool: str | None = None,
+        tool_version: str | None = None,
+        delta: str = "",
+        final: bool = False,
+        finish_reason: str | None = None,
+        idempotency_key: str | None = None,
+        trace_id: str | None = None,
+        run_id: str | None = None,
+        step_id: str | None = None,
+        traceparent: str | None = None,
+        attempt: int | None = None,
+        expected: str | None = None,
+        error: str | None = None,
+    ) -> None: ...
+
+@final
+class AssembledCall:
+    """Everything the chain needs to judge one call, as the reassembler closed it."""
+
+    stream_id: Final[str]
+    call_id: Final[str]
+    tool: Final[str | None]
+    arguments: Final[bytes]
+    channel: Final[str]
+    tool_version: Final[str | None]
+    idempotency_key: Final[str | None]
+    trace_id: Final[str | None]
+    run_id: Final[str | None]
+    step_id: Final[str | None]
+    traceparent: Final[str | None]
+    attempt: Final[int | None]
+    topic: Final[str]
+    partition: Final[int]
+    first_offset: Final[int]
+    last_offset: Final[int]
+    chunks: Final[int]
+    duplicate_chunks: Final[int]
+    nbytes: Final[int]
+    incomplete: Final[str | None]
+    assembly_error: Final[str | None]
+    assembly_detail: Final[str | None]
+    assembly_us: Final[int]
+    event_id: Final[str]
+    def __init__(
+        self,
+        stream_id: str,
+        call_id: str,
+        tool: str | None = None,
+        arguments: bytes | None = None,
+        *,
+        channel: str = "tool_call",
+        tool_version: str | None = None,
+        idempotency_key: str | None = None,
+        trace_id: str | None = None,
+        run_id: str | None = None,
+        step_id: str | None = None,
+        traceparent: str | None = None,
+        attempt: int | None = None,
+        topic: str = "",
+        partition: int = 0,
+        first_offset: int = 0,
+        last_offset: int | None = None,
+        chunks: int = 1,
+        duplicate_chunks: int = 0,
+        nbytes: int | None = None,
+        incomplete: str | None = None,
+        assembly_error: str | None = None,
+        assembly_detail: str | None = None,
+        assembly_us: int = 0,
+    ) -> None: ...
+
+@final
+class Assembler:
+    """The reassembler of every partition a worker holds (see native/src/assembler.rs)."""
+
+    def __init__(
+        self,
+        *,
+        max_call_bytes: int,
+        max_call_chunks: int,
+        max_open_calls_per_partition: int,
+        max_id_bytes: int,
+        max_detail_bytes: int,
+        idle_timeout_ms: int,
+        max_call_lifetime_ms: int,
+        recently_closed_per_partition: int,
+    ) -> None: ...
+    def feed_records(
+        self,
+        topic: str,
+        partition: int,
+        records: Iterable[_Record],
+        decode_vendor: Callable[[Any, str], Iterable[Chunk]],
+    ) -> list[AssembledCall]: ...
+    def feed_chunks(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp: int | None,
+        chunks: Sequence[Chunk],
+    ) -> list[AssembledCall]: ...
+    def flush(self) -> list[AssembledCall]: ...
+    def drop_partition(self, topic: str, partition: int) -> None: ...
+    def snapshot(self, topic: str, partition: int) -> bytes: ...
+    def delta(self, topic: str, partition: int) -> bytes: ...
+    def restore(self, topic: str, partition: int, frames: Sequence[bytes]) -> None: ...
+    def clock(self, topic: str, partition: int) -> int | None: ...
+    def next_offset(self, topic: str, partition: int) -> int | None: ...
+    @property
+    def open_calls(self) -> int: ...
+    @property
+    def buffered_bytes(self) -> int: ...
+    @property
+    def duplicate_chunks(self) -> int: ...
+    @property
+    def late_chunks(self) -> int: ...
+
+# -- the outcome event (native/src/event.rs) ------------------------------------------------------
+
+def encode_event(call: AssembledCall, verdict: Any, max_bytes: int) -> bytes | None:
+    """The event of `call` judged as `verdict` (read by attribute), None past `max_bytes`."""
