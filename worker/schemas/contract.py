@@ -11,10 +11,35 @@ from enum import StrEnum
 from typing import Any
 
 from worker.model import Code, SchemaRef, Violation
+from worker.settings import LimitSettings
 
-#: A compiled schema: returns every violation the engine reports; empty means valid.
-#: It never rewrites the instance it is given.
+#: A compiled schema: returns the violations of an instance, at most `max_violations` of them,
+#: each bounded in bytes (`ViolationLimits`); empty means valid. It never rewrites the instance.
 CompiledCheck = Callable[[Any], tuple[Violation, ...]]
+
+#: What ends a violation path that was cut to its byte bound.
+CUT = "/\u2026"
+
+
+@dataclass(frozen=True, slots=True)
+class ViolationLimits:
+    """How much a compiled check may report about one instance. No defaults: whoever compiles a
+    check passes them, from the settings (`from_settings`)."""
+
+    max_violations: int
+    max_path_bytes: int  # a longer path is cut at a token boundary and ends in CUT
+    max_message_bytes: int  # a longer message is cut and ends in "\u2026"
+
+    def __post_init__(self) -> None:
+        if self.max_violations < 1 or min(self.max_path_bytes, self.max_message_bytes) < 16:
+            raise ValueError(f"violation limits too small: {self}")
+
+    @classmethod
+    def from_settings(cls, limits: LimitSettings) -> ViolationLimits:
+        """`max_violations` is the setting; a violation's path and message may each take an
+        eighth of the feedback bound, so a feedback always has room for several."""
+        each = limits.max_feedback_bytes // 8
+        return cls(limits.max_violations, max_path_bytes=each, max_message_bytes=each)
 
 
 class IdempotencyPolicy(StrEnum):

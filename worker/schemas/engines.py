@@ -1,13 +1,17 @@
 """The two validation engines behind one interface: compile once, then report violations alike.
 
-`compile_check(schema, file=..., engine=...)` vets the schema (`worker.schemas.vetting`), compiles
-it with the chosen engine and returns a `CompiledCheck`. Both engines yield `Violation`s in one
-format: JSON Pointer into the instance, the failed keyword, and a value-free message
-(`worker.schemas.messages`). Neither fills defaults, asserts `format`, or fetches anything.
+`compile_check(schema, file=..., engine=..., limits=...)` vets the schema
+(`worker.schemas.vetting`), compiles it with the chosen engine and returns a `CompiledCheck`.
+Both engines yield `Violation`s in one format: JSON Pointer into the instance, the failed keyword,
+and a value-free message (`worker.schemas.messages`), at most `limits.max_violations` of them,
+each bounded in bytes. Neither fills defaults, asserts `format`, or fetches anything.
 
-The hot path is the valid call: fastjsonschema's generated function (fast-fail) is
-called directly and only a failure runs the second, collect-all compilation that builds the
-violations; jsonschema-rs builds its validator once and runs `is_valid` before `iter_errors`.
+The hot path is the valid call, answered by one call into the engine: fastjsonschema's
+generated fast-fail function, or jsonschema-rs's `is_valid`. Only a failed call looks for its
+violations, and both engines find them the same bounded way: a jsonschema-rs validator of the
+same vetted schema walked by `worker.schemas.report.Reporter`, which never computes more than
+`max_violations`. On the fastjsonschema engine, fastjsonschema stays the verdict; should
+jsonschema-rs find nothing wrong, the fast-fail exception's one error is the violation.
 
 fastjsonschema implements draft 7; a 2020-12 schema reaches it translated to the same meaning in
 draft 7: `$ref` with siblings (an applicator beside them in 2020-12, alone in draft 7) is moved
@@ -26,25 +30,22 @@ pattern.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from types import CodeType
 from typing import Any
 
 import fastjsonschema
-import jsonschema_rs
 from fastjsonschema import draft07
 from fastjsonschema.ref_resolver import RefResolver
 
 from worker.errors import SchemaLoadError
 from worker.model import Violation
-from worker.schemas import patterns
-from worker.schemas.contract import CompiledCheck
-from worker.schemas.drafts import Draft, map_subschemas, pointer, schema_uri
+from worker.schemas import patterns, refs
+from worker.schemas.contract import CompiledCheck, ViolationLimits
+from worker.schemas.drafts import Draft, map_subschemas, schema_uri
 from worker.schemas.messages import describe
+from worker.schemas.report import Findings, Path, Reporter, bounded, rs_validator
 from worker.schemas.vetting import JSONSCHEMA_RS, vet
-
-Path = list[str | int]
 
 #: Siblings of `$ref` that draft 7 may ignore without changing a verdict.
 _PASSIVE = frozenset(
@@ -52,14 +53,65 @@ _PASSIVE = frozenset(
     | {"deprecated", "format"}
 )
 _CONTENT = ("contentMediaType", "contentEncoding", "contentSchema")
+_NO_MATCH = (Violation("", "schema", "does not match the schema"),)
 
 
-def compile_check(schema: Any, *, file: str, engine: str) -> CompiledCheck:
+def compile_check(schema: Any, *, file: str, engine: str, limits: ViolationLimits) -> CompiledCheck:
     """Vet and compile one schema; raises `SchemaLoadError` (never returns a half-built check)."""
     draft = vet(schema, file=file, engine=engine).draft
+    reporter, root = _compile_reporter(schema, draft, file, limits)
     if engine == JSONSCHEMA_RS:
-        return _compile_rs(schema, draft, file)
-    return _compile_fastjsonschema(schema, draft, file)
+        is_valid = root.is_valid
+        violations = reporter.violations
+
+        def check_rs(instance: Any) -> tuple[Violation, ...]:
+            if is_valid(instance):
+                return ()
+            return violations(instance, known_invalid=True) or _NO_MATCH
+
+        return check_rs
+    return _compile_fastjsonschema(schema, draft, file, reporter, limits)
+
+
+# --- jsonschema-rs: the verdict of one engine, the violations of both -------------------------
+
+
+def _compile_reporter(
+    schema: Any, draft: Draft, file: str, limits: ViolationLimits
+) -> tuple[Reporter, Any]:
+    originals: dict[str, str] = {}
+    rendered = rust_patterns(schema, draft, originals)
+    try:
+        root = rs_validator(rendered, draft)
+    except Exception as exc:  # jsonschema-rs raises ValidationError, ReferencingError, ValueError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SchemaLoadError(f"jsonschema-rs cannot compile it: {first}", file=file) from None
+    document = refs.index(rendered, draft, file)
+    return Reporter(document, originals, limits, root), root
+
+
+def rust_patterns(schema: Any, draft: Draft, originals: dict[str, str]) -> Any:
+    """The schema with every pattern rendered for the Rust `regex` crate (ECMA-262 meaning);
+    `originals` maps each rendering back to the schema's pattern, for messages."""
+
+    def render(pattern: str) -> str:
+        rendered = patterns.translate(pattern).rust
+        originals[rendered] = pattern
+        return rendered
+
+    def prepare(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = map_subschemas(node, draft, prepare)
+        if isinstance(out.get("pattern"), str):
+            out["pattern"] = render(out["pattern"])
+        if isinstance(out.get("patternProperties"), dict):
+            out["patternProperties"] = {
+                render(name): sub for name, sub in out["patternProperties"].items()
+            }
+        return out
+
+    return prepare(schema)
 
 
 # --- fastjsonschema ---------------------------------------------------------------------------
@@ -156,27 +208,29 @@ def _to_draft7_arrays_and_dependencies(node: dict[str, Any]) -> None:
         node["dependencies"] = dependencies
 
 
-def _compile_fastjsonschema(schema: Any, draft: Draft, file: str) -> CompiledCheck:
+def _compile_fastjsonschema(
+    schema: Any, draft: Draft, file: str, reporter: Reporter, limits: ViolationLimits
+) -> CompiledCheck:
     matchers = _Matchers()
-    translated = _translate(schema, draft, matchers)
-    fast = _fastjsonschema_function(translated, matchers, file, fast_fail=True)
-    full = _fastjsonschema_function(translated, matchers, file, fast_fail=False)
+    fast = _fastjsonschema_function(_translate(schema, draft, matchers), matchers, file)
     invalid = fastjsonschema.JsonSchemaValueException
+    violations = reporter.violations
 
     def check(instance: Any) -> tuple[Violation, ...]:
         try:
             fast(instance)
-        except invalid:
-            return _fastjsonschema_violations(full, instance, matchers)
+        except invalid as error:
+            found = violations(instance, known_invalid=False)
+            return found or _fast_fail_violations(error, instance, matchers, limits)
         return ()
 
     return check
 
 
 def _fastjsonschema_function(
-    definition: Any, matchers: _Matchers, file: str, *, fast_fail: bool
+    definition: Any, matchers: _Matchers, file: str
 ) -> Callable[[Any], Any]:
-    """fastjsonschema's validation function for `definition`, its patterns matched by RE2.
+    """fastjsonschema's fast-fail validation function, its patterns matched by RE2.
 
     The steps of `fastjsonschema.compile`, with the regexes swapped before the code runs."""
     try:
@@ -188,7 +242,7 @@ def _fastjsonschema_function(
             use_default=False,
             use_formats=False,
             detailed_exceptions=True,
-            fast_fail=fast_fail,
+            fast_fail=True,
         )
         state = generator.global_state  # generates the code; holds REGEX_PATTERNS
         code = compile(generator.func_code, "<fastjsonschema>", "exec")
@@ -219,176 +273,69 @@ def _names(code: CodeType) -> Iterator[str]:
             yield from _names(constant)
 
 
-def _fastjsonschema_violations(
-    full: Callable[[Any], Any], instance: Any, matchers: _Matchers
+def _fast_fail_violations(
+    error: Any, instance: Any, matchers: _Matchers, limits: ViolationLimits
 ) -> tuple[Violation, ...]:
-    try:
-        full(instance)
-    except fastjsonschema.JsonSchemaValuesException as exc:
-        errors = list(exc.errors)
-    except fastjsonschema.JsonSchemaValueException as exc:
-        errors = [exc]
-    else:
-        errors = []
-    found: list[Violation] = []
-    for error in errors:
-        found.extend(_from_fastjsonschema(error, instance, matchers))
-    return tuple(found) or (Violation("", "schema", "does not match the schema"),)
-
-
-def _from_fastjsonschema(error: Any, instance: Any, matchers: _Matchers) -> list[Violation]:
-    path = _fastjsonschema_path(str(error.name or "data"), instance)
+    """The fast-fail exception's one error, as violations (when jsonschema-rs found none)."""
+    path, complete = _fastjsonschema_path(
+        str(error.name or "data"), instance, limits.max_path_bytes
+    )
     keyword = str(error.rule) if error.rule else "false"
     param = matchers.original(error.rule_definition)
     value = error.value
+    findings = Findings(limits)
+    if not complete:
+        findings.found.append(bounded(path, keyword, describe(keyword, param), limits, cut=True))
+        return tuple(findings.found)
     if keyword == "required" and isinstance(param, list) and isinstance(value, dict):
-        return [
-            Violation(pointer([*path, name]), "required", describe("required", name))
-            for name in param
-            if name not in value
-        ]
-    if keyword == "additionalProperties" and isinstance(value, dict):
+        for name in param:
+            if name not in value:
+                findings.add([*path, name], "required", describe("required", name))
+    elif keyword == "additionalProperties" and isinstance(value, dict):
         definition = error.definition if isinstance(error.definition, dict) else {}
-        extras = _extra_properties(value, definition, matchers)
-        if extras:
-            message = describe("additionalProperties")
-            return [Violation(pointer([*path, name]), keyword, message) for name in extras]
-    return [Violation(pointer(path), keyword, describe(keyword, param))]
+        known = definition.get("properties", {})
+        regexes = [matchers[p] for p in definition.get("patternProperties", {})]
+        for name in value:
+            if findings.full:
+                break
+            if name not in known and not any(regex.search(name) for regex in regexes):
+                findings.add([*path, name], keyword, describe(keyword))
+    if not findings.found:
+        findings.add(path, keyword, describe(keyword, param))
+    return tuple(findings.found)
 
 
-def _extra_properties(
-    value: dict[str, Any], definition: dict[str, Any], matchers: _Matchers
-) -> list[str]:
-    known = definition.get("properties", {})
-    regexes = [matchers[p] for p in definition.get("patternProperties", {})]
-    return [
-        name
-        for name in value
-        if name not in known and not any(regex.search(name) for regex in regexes)
-    ]
-
-
-def _fastjsonschema_path(name: str, instance: Any) -> Path:
+def _fastjsonschema_path(name: str, instance: Any, limit: int) -> tuple[Path, bool]:
     """fastjsonschema names a place `data.key[0].other`; a key may itself hold `.` or `[`, so the
-    name is read against the instance, taking the longest key that fits."""
+    name is read against the instance, taking the longest key that fits. Reading stops past
+    `limit` characters (the path would be cut there anyway); False says it stopped early."""
     rest = name.removeprefix("data")
     node = instance
     tokens: Path = []
+    used = 0
     while rest:
-        if rest[0] == "[" and isinstance(node, list) and "]" in rest:
-            end = rest.index("]")
-            index = rest[1:end]
-            if index.isdigit() and int(index) < len(node):
+        if used > limit:
+            return tokens, False
+        if rest[0] == "[" and isinstance(node, list):
+            end = rest.find("]", 0, 12)
+            index = rest[1:end] if end > 0 else ""
+            if index.isascii() and index.isdigit() and int(index) < len(node):
                 tokens.append(int(index))
                 node = node[int(index)]
                 rest = rest[end + 1 :]
+                used += len(index) + 1
                 continue
         if rest[0] == "." and isinstance(node, dict):
             tail = rest[1:]
-            fits = [
-                key
-                for key in node
-                if tail.startswith(key) and (len(tail) == len(key) or tail[len(key)] in ".[")
-            ]
-            if fits:
-                key = max(fits, key=len)
+            ends = [j for j, char in enumerate(tail[: limit + 1]) if char in ".["]
+            if len(tail) <= limit:
+                ends.append(len(tail))
+            key = next((tail[:j] for j in reversed(ends) if tail[:j] in node), None)
+            if key is not None:
                 tokens.append(key)
                 node = node[key]
                 rest = tail[len(key) :]
+                used += len(key) + 1
                 continue
-        tokens.extend(part for part in re.split(r"[.\[\]]+", rest) if part)
-        break
-    return tokens
-
-
-# --- jsonschema-rs ----------------------------------------------------------------------------
-
-
-def _rust_patterns(schema: Any, draft: Draft, originals: dict[str, str]) -> Any:
-    """The schema with every pattern rendered for the Rust `regex` crate (ECMA-262 meaning);
-    `originals` maps each rendering back to the schema's pattern, for messages."""
-
-    def render(pattern: str) -> str:
-        rendered = patterns.translate(pattern).rust
-        originals[rendered] = pattern
-        return rendered
-
-    def prepare(node: Any) -> Any:
-        if not isinstance(node, dict):
-            return node
-        out = map_subschemas(node, draft, prepare)
-        if isinstance(out.get("pattern"), str):
-            out["pattern"] = render(out["pattern"])
-        if isinstance(out.get("patternProperties"), dict):
-            out["patternProperties"] = {
-                render(name): sub for name, sub in out["patternProperties"].items()
-            }
-        return out
-
-    return prepare(schema)
-
-
-def _compile_rs(schema: Any, draft: Draft, file: str) -> CompiledCheck:
-    originals: dict[str, str] = {}
-    schema = _rust_patterns(schema, draft, originals)
-    cls = (
-        jsonschema_rs.Draft7Validator
-        if draft is Draft.DRAFT7
-        else jsonschema_rs.Draft202012Validator
-    )
-    try:
-        validator = cls(
-            schema,
-            validate_formats=False,
-            offline=True,  # no retrieval of any URI, ever
-            pattern_options=jsonschema_rs.RegexOptions(),  # linear-time matching
-        )
-    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise SchemaLoadError(f"jsonschema-rs cannot compile it: {first}", file=file) from None
-    is_valid = validator.is_valid
-    iter_errors = validator.iter_errors
-
-    def check(instance: Any) -> tuple[Violation, ...]:
-        if is_valid(instance):
-            return ()
-        found: list[Violation] = []
-        for error in iter_errors(instance):
-            found.extend(_from_rs(error, originals))
-        return tuple(found) or (Violation("", "schema", "does not match the schema"),)
-
-    return check
-
-
-_RS_KEYWORDS = {
-    "falseSchema": "false",
-    "oneOfNotValid": "oneOf",
-    "oneOfMultipleValid": "oneOf",
-}
-
-
-def _from_rs(error: Any, originals: dict[str, str]) -> list[Violation]:
-    kind = error.kind
-    keyword = _RS_KEYWORDS.get(kind.name, kind.name)
-    details = kind.as_dict()
-    path: Path = list(error.instance_path)
-    if keyword == "required":
-        name = details.get("property")
-        return [Violation(pointer([*path, str(name)]), keyword, describe(keyword, name))]
-    if keyword in ("additionalProperties", "unevaluatedProperties") and details.get("unexpected"):
-        message = describe(keyword)
-        return [
-            Violation(pointer([*path, str(name)]), keyword, message)
-            for name in details["unexpected"]
-        ]
-    param = _rs_param(error, keyword, details)
-    if keyword == "pattern":
-        param = originals.get(param, param)
-    return [Violation(pointer(path), keyword, describe(keyword, param))]
-
-
-def _rs_param(error: Any, keyword: str, details: dict[str, Any]) -> Any:
-    for field in ("types", "limit", "options", "expected_value", "pattern", "multiple_of"):
-        if field in details:
-            return details[field]
-    return None
+        return tokens, False
+    return tokens, True

@@ -15,10 +15,11 @@ from typing import Any
 
 from worker.errors import SchemaLoadError
 from worker.model import Violation
-from worker.schemas.contract import CompiledCheck
+from worker.schemas.contract import CompiledCheck, ViolationLimits
 from worker.schemas.engines import compile_check
 from worker.schemas.registry import SchemaSource, discover, read_json
 from worker.schemas.vetting import FASTJSONSCHEMA
+from worker.settings import LimitSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +83,9 @@ def collect(directory: Path) -> tuple[list[tuple[Example, Any]], list[str]]:
 
 
 def run(directory: Path, engine: str = FASTJSONSCHEMA) -> ExampleRun:
-    """Compile each schema once with `engine` and check every example against it."""
+    """Compile each schema once with `engine` and check every example against it (violations
+    bounded as the settings' defaults bound them)."""
+    limits = ViolationLimits.from_settings(LimitSettings())
     try:
         examples, problems = collect(directory)
     except SchemaLoadError as exc:
@@ -93,7 +96,7 @@ def run(directory: Path, engine: str = FASTJSONSCHEMA) -> ExampleRun:
         try:
             if example.schema_file not in checks:
                 checks[example.schema_file] = compile_check(
-                    schema, file=example.schema_file, engine=engine
+                    schema, file=example.schema_file, engine=engine, limits=limits
                 )
             instance = read_json(example.file)
         except SchemaLoadError as exc:

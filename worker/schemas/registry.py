@@ -26,10 +26,17 @@ import orjson
 
 from worker.errors import SchemaLoadError
 from worker.model import Code, SchemaRef
-from worker.schemas.contract import Contract, ContractMeta, IdempotencyPolicy, LookupFailure
+from worker.schemas.contract import (
+    Contract,
+    ContractMeta,
+    IdempotencyPolicy,
+    LookupFailure,
+    ViolationLimits,
+)
 from worker.schemas.engines import compile_check
 from worker.schemas.versions import MAX_VERSION_DIGITS, parse_version
 from worker.schemas.vetting import ENGINES, FASTJSONSCHEMA
+from worker.settings import LimitSettings, Settings
 
 _NAME = r"[A-Za-z0-9_\-]+"
 SCHEMA_FILE = re.compile(rf"^(?P<tool>{_NAME})\.v(?P<version>[0-9]+)\.schema\.json$")
@@ -199,17 +206,20 @@ def _mcp_sources(path: Path, domain: str, match: re.Match[str]) -> Iterator[Sche
         )
 
 
-def compile_source(source: SchemaSource, engine: str) -> Contract:
+def compile_source(source: SchemaSource, engine: str, limits: ViolationLimits) -> Contract:
     output_check = None
     if source.output_schema is not None:
         output_check = compile_check(
-            source.output_schema, file=source.output_file or source.file, engine=engine
+            source.output_schema,
+            file=source.output_file or source.file,
+            engine=engine,
+            limits=limits,
         )
     return Contract(
         tool=source.tool,
         ref=SchemaRef(source.schema_id, source.version),
         meta=contract_meta(source.schema, source.file),
-        check=compile_check(source.schema, file=source.file, engine=engine),
+        check=compile_check(source.schema, file=source.file, engine=engine, limits=limits),
         file=source.file,
         output_check=output_check,
     )
@@ -251,11 +261,30 @@ class SchemaRegistry:
                 self._by_name[name] = entry
 
     @classmethod
-    def load(cls, directory: Path, engine: str = FASTJSONSCHEMA) -> SchemaRegistry:
-        """Compile every contract under `directory` with `engine`, or raise naming the culprit."""
+    def from_settings(cls, settings: Settings) -> SchemaRegistry:
+        """The registry the settings describe: their directory, engine and violation limits."""
+        return cls.load(
+            settings.schemas.dir,
+            settings.schemas.engine,
+            limits=ViolationLimits.from_settings(settings.limits),
+        )
+
+    @classmethod
+    def load(
+        cls,
+        directory: Path,
+        engine: str = FASTJSONSCHEMA,
+        *,
+        limits: ViolationLimits | None = None,
+    ) -> SchemaRegistry:
+        """Compile every contract under `directory` with `engine`, or raise naming the culprit.
+
+        `limits` bound what each check reports; without them, the settings' defaults
+        (`LimitSettings()`) apply."""
         if engine not in ENGINES:
             raise SchemaLoadError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-        contracts = [compile_source(source, engine) for source in discover(directory)]
+        limits = limits or ViolationLimits.from_settings(LimitSettings())
+        contracts = [compile_source(source, engine, limits) for source in discover(directory)]
         if not contracts:
             raise SchemaLoadError(f"no schemas found under {directory}")
         return cls(contracts, engine)

@@ -98,7 +98,24 @@ def vet(schema: Any, *, file: str, engine: str) -> refs.Document:
                 _vet_pattern(name, file, at_name, draft)
     document = refs.index(schema, draft, file)
     refs.refuse_loops(document, file)
+    _no_ref_into_pattern_properties(document, file)
     return document
+
+
+def _no_ref_into_pattern_properties(document: refs.Document, file: str) -> None:
+    """Both engines receive patterns rewritten (`worker.schemas.patterns`), `patternProperties`
+    names included, so a JSON Pointer through one would name nothing: refused."""
+    targets = [(at, "$ref", t) for at, t in document.refs.items()]
+    targets += [(at, "$dynamicRef", t) for at, ts in document.dynamic_refs.items() for t in ts]
+    for at, keyword, target in targets:
+        for i, token in enumerate(target[:-1]):
+            if token == "patternProperties" and target[:i] in document.nodes:
+                raise SchemaLoadError(
+                    f"{keyword} at {pointer(at)}/{keyword} points into patternProperties, whose "
+                    "names callgate rewrites for its linear-time matchers; move the schema under "
+                    "$defs and refer to it there",
+                    file=file,
+                )
 
 
 def _meta_valid(schema: Any, file: str) -> None:
