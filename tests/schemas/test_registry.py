@@ -391,3 +391,12 @@ def test_safe_repetition_loads_and_answers_promptly(tmp_path: Path, engine: str)
     ).check
     assert check({"slug": "a-b-c"}) == ()
     assert check({"slug": "a" * 50_000 + "-!"}) != ()
+
+
+def test_a_contract_exposes_the_names_its_schemas_declare(shipped: SchemaRegistry) -> None:
+    payment = contract(shipped, "create_payment")
+    assert {"amount_minor", "currency", "recipient", "idempotency_key"} <= payment.declared_names
+    assert payment.output_declared_names == frozenset()
+    weather = contract(shipped, "weather.get_weather_data")
+    assert weather.declared_names
+    assert weather.output_declared_names

@@ -1,9 +1,13 @@
 """Retry feedback: what a rejected call tells the model, safe to hand back to it.
 
 It names the error type, the schema id and version, each violation's path, keyword and message,
-and one instruction. It never holds a raw input value (violation messages are built by the engines
-from the schema, never from the instance) and is bounded in size: violations are dropped from the
-end, and the count of dropped ones is said, until the encoded object fits.
+and one instruction. It never holds raw input: violation messages are built by the engines from
+the schema, never from the instance, and a violation path names an object key only when the
+schema declares that name (`Contract.declared_names`); any other key, which the model or whatever
+fed it chose (`/password=hunter2`), is replaced by `UNDECLARED`. Array indices stay, where the
+arguments show a position is one. The event's own violations keep the real path (for operators).
+It is bounded in size: violations are dropped from the end, and the count of dropped ones is
+said, until the encoded object fits.
 """
 
 from __future__ import annotations
@@ -14,8 +18,14 @@ from typing import Any
 import orjson
 
 from worker.model import Code, SchemaRef, Violation
+from worker.schemas.contract import CUT
+from worker.schemas.drafts import escape
 
 _MAX_MESSAGE = 200
+#: What stands in a feedback path for an object key the schema does not declare.
+UNDECLARED = "<undeclared>"
+#: "The arguments are not known": no position in a path can be shown to be an array index.
+NO_ARGUMENTS: Any = object()
 
 _INSTRUCTIONS: Mapping[Code, str] = {
     Code.INVALID_JSON: "Send the arguments as one complete JSON object and nothing else: "
@@ -43,6 +53,35 @@ _INSTRUCTIONS: Mapping[Code, str] = {
 _DEFAULT_INSTRUCTION = "The call cannot be executed as sent."
 
 
+def feedback_path(path: str, declared: frozenset[str], arguments: Any = NO_ARGUMENTS) -> str:
+    """A violation's JSON Pointer as feedback may show it: a token stays when it is a declared
+    property name, or an index into an array of `arguments`; every other token (an object key
+    the schema does not declare, or a position the arguments cannot tell) becomes `UNDECLARED`.
+    A path cut to its byte bound keeps its `CUT` marker."""
+    if not path:
+        return path
+    cut = path.endswith(CUT)
+    body = path.removesuffix(CUT) if cut else path
+    if not body.startswith("/"):
+        return (escape(body) if body in declared else UNDECLARED) if body else CUT
+    shown: list[str] = []
+    node = arguments
+    for raw in body[1:].split("/"):
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list) and _is_index(token, len(node)):
+            shown.append(token)
+            node = node[int(token)]
+            continue
+        shown.append(escape(token) if token in declared else UNDECLARED)
+        node = node.get(token, NO_ARGUMENTS) if isinstance(node, dict) else NO_ARGUMENTS
+    return "".join("/" + token for token in shown) + (CUT if cut else "")
+
+
+def _is_index(token: str, length: int) -> bool:
+    canonical = token == "0" or (token[:1] in "123456789" and len(token) < 10)
+    return canonical and token.isascii() and token.isdigit() and int(token) < length
+
+
 def build_feedback(
     code: Code,
     schema: SchemaRef | None,
@@ -51,14 +90,23 @@ def build_feedback(
     retryable: bool,
     budget_exhausted: bool,
     max_bytes: int,
+    declared: frozenset[str] = frozenset(),
+    arguments: Any = NO_ARGUMENTS,
 ) -> dict[str, Any]:
+    """The feedback for a rejection. `declared`: the property names the contract's schema
+    declares (`Contract.declared_names`; none known: every object key is `UNDECLARED`);
+    `arguments`: the parsed arguments, which tell array indices from object keys."""
     feedback: dict[str, Any] = {
         "error_type": code.value,
         "schema": {"id": schema.id, "version": schema.version} if schema else None,
         "instruction": _INSTRUCTIONS.get(code, _DEFAULT_INSTRUCTION),
         "retryable": retryable,
         "violations": [
-            {"path": v.path, "keyword": v.keyword, "message": v.message[:_MAX_MESSAGE]}
+            {
+                "path": feedback_path(v.path, declared, arguments),
+                "keyword": v.keyword,
+                "message": v.message[:_MAX_MESSAGE],
+            }
             for v in violations
         ],
     }

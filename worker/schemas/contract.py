@@ -67,6 +67,11 @@ class Contract:
     check: CompiledCheck
     file: str
     output_check: CompiledCheck | None = None
+    #: property names the input schema declares (`worker.schemas.drafts.declared_names`): the
+    #: only object keys retry feedback may name
+    declared_names: frozenset[str] = frozenset()
+    #: the same for the output schema (MCP tools)
+    output_declared_names: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

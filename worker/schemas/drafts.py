@@ -185,3 +185,27 @@ def map_subschemas(node: dict[str, Any], draft: Draft, fn: Any) -> dict[str, Any
                 name: sub if isinstance(sub, list) else fn(sub) for name, sub in value.items()
             }
     return out
+
+
+def declared_names(schema: Any, draft: Draft) -> frozenset[str]:
+    """Every property name the schema itself declares: `properties` names, `required` and
+    `dependentRequired` / `dependentSchemas` / draft 7 `dependencies` names, and the `const` /
+    `enum` strings of a `propertyNames`. `patternProperties` are patterns, not names: no name
+    matching one is declared by it."""
+    names: set[str] = set()
+    for _, node in walk(schema, draft):
+        for keyword in ("properties", "dependentRequired", "dependentSchemas", "dependencies"):
+            value = node.get(keyword)
+            if isinstance(value, dict):
+                names.update(value)
+                if keyword != "properties":
+                    for listed in value.values():
+                        if isinstance(listed, list):
+                            names.update(n for n in listed if isinstance(n, str))
+        if isinstance(node.get("required"), list):
+            names.update(n for n in node["required"] if isinstance(n, str))
+        property_names = node.get("propertyNames")
+        if isinstance(property_names, dict):
+            allowed = [property_names.get("const"), *property_names.get("enum", ())]
+            names.update(n for n in allowed if isinstance(n, str))
+    return frozenset(names)

@@ -33,6 +33,7 @@ from worker.schemas.contract import (
     LookupFailure,
     ViolationLimits,
 )
+from worker.schemas.drafts import declared_names, draft_of
 from worker.schemas.engines import compile_check
 from worker.schemas.versions import MAX_VERSION_DIGITS, parse_version
 from worker.schemas.vetting import ENGINES, FASTJSONSCHEMA
@@ -222,7 +223,14 @@ def compile_source(source: SchemaSource, engine: str, limits: ViolationLimits) -
         check=compile_check(source.schema, file=source.file, engine=engine, limits=limits),
         file=source.file,
         output_check=output_check,
+        declared_names=_declared(source.schema),
+        output_declared_names=_declared(source.output_schema),
     )
+
+
+def _declared(schema: Any) -> frozenset[str]:
+    draft = draft_of(schema)  # vetted: a supported draft, or no schema at all
+    return declared_names(schema, draft) if schema is not None and draft else frozenset()
 
 
 @dataclass(frozen=True, slots=True)
