@@ -252,6 +252,16 @@ def test_the_ecma_meaning_where_engines_differ(search: Any) -> None:
         assert search("^[^\\s]$", char), hex(ord(char))
 
 
+@settings(FIXED, max_examples=200)
+@given(pattern=_patterns(), texts=st.lists(_TEXTS, min_size=1, max_size=4))
+def test_the_direct_match_agrees_with_the_wrappers_search(pattern: str, texts: list[str]) -> None:
+    assume(problem(pattern, Draft.DRAFT2020_12) is None)
+    matcher = Re2Search(pattern)
+    assert matcher._match is not None  # the direct path is the one in use
+    for text in texts:
+        assert matcher.search(text) == (matcher._search(text.encode()) is not None)
+
+
 def test_a_lone_surrogate_in_the_text_is_matched_as_a_replacement_character() -> None:
     assert Re2Search("^.$").search("\ud800")
     assert not Re2Search("^a$").search("\ud800")
