@@ -4,8 +4,10 @@ A `pattern` (and a `patternProperties` name) is an ECMA-262 regular expression. 
 is given it as written: `translate(pattern)` parses it as ECMA-262 does and renders it for the
 two linear-time matchers callgate uses, each told exactly what ECMA-262 means:
 
-* RE2 (google-re2), which judges `pattern`s on the fastjsonschema path (`compile_re2`);
-* the Rust `regex` crate, which jsonschema-rs runs with `RegexOptions()`.
+* RE2 (google-re2), which judges patterns on the fastjsonschema path (`Re2Search`) and matches
+  `patternProperties` names wherever callgate itself needs to;
+* the Rust `regex` crate, which jsonschema-rs runs with `RegexOptions()` (written so that
+  jsonschema-rs's draft-7 meta-schema check, which reads a pattern as ECMA-262, accepts it).
 
 Neither backtracks, so `^(a+)+$`, `^([a-z][a-z]?)+$` or `\\S+@\\S+\\.\\S+` answer in time linear
 in the input. What the rendering makes explicit, because the engines' defaults differ from ECMA:
@@ -18,9 +20,10 @@ code point ranges, so no engine-specific class syntax (`[[:alpha:]]`, `&&`, `--`
 What a linear-time engine cannot do, or what has no single meaning, is refused (`PatternRefused`):
 backreferences, lookahead and lookbehind, Unicode property escapes (`\\p{..}`: their meaning
 depends on ECMA's `u` flag), escapes ECMA gives no meaning in Unicode mode (`\\a`, `\\z`, ...),
-inline flags, and repetition counts above what RE2 compiles (1000). `problem(pattern)` says why a
-pattern is refused, after also compiling both renderings, so a contract means the same on both
-engines or does not load at all.
+inline flags, and repetition counts above what RE2 compiles (1000); in a draft-7 schema also a
+word boundary, which jsonschema-rs's draft-7 meta-schema check accepts in no ASCII-only form.
+`problem(pattern, draft)` says why a pattern is refused, after also compiling both renderings,
+so a contract means the same on both engines or does not load at all.
 """
 
 from __future__ import annotations
