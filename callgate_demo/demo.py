@@ -2,9 +2,13 @@
 
 Without configured bootstrap servers it starts tansu on a free loopback port (and stops it at the
 end); with them, it uses that cluster and only counts the events of its own run. It creates the
-topics, produces the sample traffic of `traffic.py`, runs the same `Runner` as `callgate run`
-(`worker.runtime.runner`, in this process), shows a live progress line, and ends with a table of
+topics, produces the sample traffic of `traffic.py`, runs the same `Worker` as `callgate run`
+(`worker.runtime.worker`, in this process), shows a live progress line, and ends with a table of
 outcomes by phase and code.
+
+The worker ages calls by record time, so the traffic is stamped: every record at the demo's
+start, then one empty stream's `end` per partition stamped past the idle timeout, which ages the
+one abandoned call into its `timeout` (and closes nothing else).
 `assign_from_start` (reading topics from their start, without a group) is shared with the
 integration tests, which read outcome topics the same way.
 """
@@ -25,13 +29,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from callgate_demo.broker import EmbeddedBroker
 from callgate_demo.traffic import SampleRecord, sample_traffic
-from worker.core.processor import Processor
+from worker.compose import build_key_store, build_processor, build_registry, tool_labels
 from worker.errors import ConfigError
 from worker.health import HealthServer
-from worker.metrics import build_metrics
-from worker.runtime.admin import create_topics
+from worker.metrics import Metrics
+from worker.runtime.kafka import Kafka
 from worker.runtime.kafka_options import connection_options
-from worker.runtime.runner import Runner
+from worker.runtime.topics import TopicSpec
+from worker.runtime.worker import Worker
 from worker.settings import Settings
 
 #: The demo's idle timeout at most, so its one abandoned call closes within seconds.
@@ -77,21 +82,23 @@ async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
     topics = settings.topics
     input_topic = topics.input_topics[0]
     outputs = sorted({topics.accepted, topics.rejected, topics.incomplete})
-    bootstrap = ",".join(settings.kafka.bootstrap_servers)
-    await create_topics(bootstrap, [input_topic, *outputs], partitions=DEMO_PARTITIONS)
+    await Kafka(settings).ensure_topics(
+        [TopicSpec(name, DEMO_PARTITIONS, compacted=False) for name in (input_topic, *outputs)]
+    )
 
     run = f"demo-{uuid.uuid4().hex[:6]}"
     records = [rec for i in range(repeat) for rec in sample_traffic(f"{run}-{i}")]
     scenarios = len({(rec.scenario) for rec in records})
-    await _produce(settings, input_topic, records)
+    await _produce(settings, input_topic, records, run, settings.assembly.idle_timeout_s)
     print(
         f"produced {len(records)} records ({scenarios} scenarios x {repeat}) to {input_topic!r}",
         file=out,
     )
 
-    processor = Processor.from_settings(settings)
-    metrics = build_metrics(True, processor.tool_names, engine=settings.schemas.engine)
-    runner = Runner(settings, processor, metrics)
+    registry = build_registry(settings)
+    processor = build_processor(settings, registry)
+    metrics = Metrics(tool_labels(registry), engine=settings.schemas.engine)
+    runner = Worker(settings, processor, lambda: build_key_store(settings), metrics)
     health = HealthServer(metrics.registry, runner.readiness)
     metrics_url = _start_health(health, settings)
     if metrics_url:
@@ -108,10 +115,10 @@ async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
         while time.monotonic() < deadline and not worker.done():
             await reader.poll()
             done = (
-                runner.stats.records >= len(records)
-                and processor.open_calls == 0
-                and runner.ledger.pending == 0
-                and reader.events >= runner.stats.acknowledged
+                runner.stats.records >= len(records) + DEMO_PARTITIONS
+                and processor.assembler.open_calls == 0
+                and runner.ledger.idle()
+                and reader.unique >= reader.expected(runner)
             )
             progress.show(len(records), runner, reader)
             if done:
@@ -143,14 +150,30 @@ def _start_health(health: HealthServer, settings: Settings) -> str | None:
     return f"http://{shown}:{port}"
 
 
-async def _produce(settings: Settings, topic: str, records: list[SampleRecord]) -> None:
+async def _produce(
+    settings: Settings, topic: str, records: list[SampleRecord], run: str, idle_timeout_s: float
+) -> None:
+    """The records at one time, then one `end` of an empty stream per partition, stamped past
+    the idle timeout: record time moves on in every partition, so the abandoned call ages."""
     producer = AIOKafkaProducer(**connection_options(settings.kafka), linger_ms=5)
     await producer.start()
+    start_ms = int(time.time() * 1000)
+    later_ms = start_ms + int(idle_timeout_s * 1000) + 1000
     try:
         futures = [
-            await producer.send(topic, rec.value, key=rec.key, headers=list(rec.headers))
+            await producer.send(
+                topic, rec.value, key=rec.key, headers=list(rec.headers), timestamp_ms=start_ms
+            )
             for rec in records
         ]
+        for partition in range(DEMO_PARTITIONS):
+            stream = f"{run}-clock-{partition}"
+            tick = orjson.dumps({"stream_id": stream, "kind": "end", "finish_reason": "stop"})
+            futures.append(
+                await producer.send(
+                    topic, tick, key=stream.encode(), partition=partition, timestamp_ms=later_ms
+                )
+            )
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
@@ -216,6 +239,11 @@ class _OutcomeReader:
         self.tally[(outcome, str(event.get("phase") or ""), str(detail))] += 1
         self.by_outcome[outcome] += 1
 
+    def expected(self, worker: Worker) -> int:
+        """How many calls the worker has sent events for so far (keyed calls count once their
+        owner decided)."""
+        return worker.stats.events
+
     async def stop(self) -> None:
         if self._consumer is not None:
             await self._consumer.stop()
@@ -229,12 +257,12 @@ class _Progress:
         self._tty = out.isatty()
         self._last = ""
 
-    def show(self, total: int, runner: Runner, reader: _OutcomeReader) -> None:
+    def show(self, total: int, runner: Worker, reader: _OutcomeReader) -> None:
         stats, counts = runner.stats, reader.by_outcome
         line = (
             f"records {min(stats.records, total)}/{total} · events {reader.unique} · "
             f"accepted {counts['accepted']} · rejected {counts['rejected']} · "
-            f"incomplete {counts['incomplete']} · open calls {runner.processor.open_calls}"
+            f"incomplete {counts['incomplete']} · open calls {runner.processor.assembler.open_calls}"
         )
         if self._tty:
             print("\r" + line, end="", file=self._out, flush=True)

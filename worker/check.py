@@ -1,7 +1,9 @@
 """`callgate check`: the chain offline; JSON lines (or recorded SSE) in, one event per call out.
 
-It runs the same `Processor` as the Kafka worker: each input line is a record of a single
-partition of a topic named after the input, at the line's number as offset.
+It runs the same `Processor` as the Kafka worker: each input line is a record of partition 0 of
+a topic named after the input, at the line's number as offset, with no timestamp (so no call
+times out; the end of the input ends every call still open). Idempotency keys are decided in
+the same process, by the same rule the key owners of a worker group apply.
 """
 
 from __future__ import annotations
@@ -11,32 +13,53 @@ import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
+
+import orjson
 
 from worker.adapters.decoder import ENVELOPE
 from worker.adapters.input import read_records
-from worker.core.processor import Emission, InboundRecord, Processor
+from worker.core.idempotency import KeyStore, resolve
+from worker.core.processor import Emission, Processor, Route
 from worker.model import Outcome
-from worker.settings import Settings
+
+_BOM = b"\xef\xbb\xbf"
+_BATCH = 1000
+
+
+class FileRecord(NamedTuple):
+    """One input line as the record the worker would have fetched."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
 
 
 def _records(
     source: BinaryIO, name: str, fmt: str, stream_id: str, extra: Mapping[str, str]
-) -> Iterator[InboundRecord]:
+) -> Iterator[FileRecord]:
     headers = dict(extra) if fmt == ENVELOPE else {**extra, "content-format": fmt}
-    key = None if fmt == ENVELOPE else stream_id.encode()
+    encoded = tuple((k, v.encode()) for k, v in headers.items())
+    key = stream_id.encode() if fmt != ENVELOPE else None
     if fmt == ENVELOPE:
         values: Iterator[bytes] = (line.rstrip(b"\r\n") for line in source)
     else:
         values = read_records(source, fmt)
     for offset, value in enumerate(values):
+        if offset == 0 and fmt == ENVELOPE:
+            value = value.removeprefix(_BOM)  # noqa: PLW2901 (a file may start with a BOM)
         if fmt == ENVELOPE and not value.strip():
             continue
-        yield InboundRecord(name, 0, offset, key, value, headers)
+        yield FileRecord(name, 0, offset, None, key, value, encoded)
 
 
 def run_check(
-    settings: Settings,
+    processor: Processor,
+    keys: KeyStore,
     source: BinaryIO,
     out: BinaryIO,
     *,
@@ -44,21 +67,35 @@ def run_check(
     fmt: str = ENVELOPE,
     stream_id: str | None = None,
     headers: Mapping[str, str] | None = None,
+    max_feedback_bytes: int,
 ) -> Counter[tuple[str, str, str]]:
     """Judge every call in `source`, write one event per line to `out`; return the tallies."""
-    processor = Processor.from_settings(settings)
     tally: Counter[tuple[str, str, str]] = Counter()
 
     def write(emissions: list[Emission]) -> None:
         for emission in emissions:
+            value = emission.value
             verdict = emission.verdict
-            detail = verdict.code or verdict.reason
-            tally[(verdict.outcome.value, verdict.phase or "", detail or "")] += 1
-            out.write(emission.value + b"\n")
+            outcome = verdict.outcome.value
+            detail = verdict.code or verdict.reason or ""
+            phase = verdict.phase or ""
+            if emission.route is Route.IDEMPOTENCY:
+                resolution = resolve(keys, value, None, max_feedback_bytes)
+                value, outcome = resolution.event, resolution.outcome
+                if outcome == Outcome.REJECTED:
+                    fields = orjson.loads(value)
+                    phase, detail = fields["phase"], fields["error_code"]
+            tally[(outcome, phase, detail)] += 1
+            out.write(value + b"\n")
 
     stream = stream_id or Path(name).stem or "stream"
+    batch: list[FileRecord] = []
     for record in _records(source, name, fmt, stream, headers or {}):
-        write(processor.feed(record, now=0.0))
+        batch.append(record)
+        if len(batch) >= _BATCH:
+            write(processor.feed(name, 0, batch))
+            batch = []
+    write(processor.feed(name, 0, batch))
     write(processor.flush())
     out.flush()
     return tally
@@ -79,22 +116,27 @@ def format_summary(tally: Counter[tuple[str, str, str]]) -> str:
 
 
 def main_check(
-    settings: Settings,
+    processor: Processor,
+    keys: KeyStore,
+    *,
     path: str,
     fmt: str,
     stream_id: str | None,
-    headers: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | None,
+    max_feedback_bytes: int,
 ) -> int:
     with contextlib.ExitStack() as stack:
         source = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
         tally = run_check(
-            settings,
+            processor,
+            keys,
             source,
             sys.stdout.buffer,
             name=path,
             fmt=fmt,
             stream_id=stream_id,
             headers=headers,
+            max_feedback_bytes=max_feedback_bytes,
         )
     print(format_summary(tally), file=sys.stderr)
     return 0

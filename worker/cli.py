@@ -10,6 +10,7 @@ from pathlib import Path
 from worker import __version__
 from worker.adapters.decoder import ENVELOPE, formats
 from worker.check import main_check
+from worker.compose import build_key_store, build_processor
 from worker.errors import CallgateError, ConfigError
 from worker.runtime.cli import add_run_command
 from worker.schemas.cli import add_schemas_command
@@ -27,7 +28,16 @@ def _check(args: argparse.Namespace) -> int:
         if not sep or not name:
             raise ConfigError(f"--header takes NAME=VALUE, not {item!r}")
         headers[name.strip().lower()] = value
-    return main_check(settings, args.input, args.format, args.stream_id, headers)
+    processor = build_processor(settings)
+    return main_check(
+        processor,
+        build_key_store(settings),
+        path=args.input,
+        fmt=args.format,
+        stream_id=args.stream_id,
+        headers=headers,
+        max_feedback_bytes=settings.limits.max_feedback_bytes,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

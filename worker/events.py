@@ -1,89 +1,202 @@
-"""Outcome events: the one JSON object emitted per call (DESIGN.md "Outcome event").
+"""Outcome events as records: value, key and headers, defined here once.
 
-`event_id` is derived from where the call came from, so a replay of the same input after a crash
-or a rebalance emits the same id and consumers can de-duplicate.
+The event's JSON is written by the native core (`worker._native.encode_event`, whose docstring
+shows every field). This module adds what surrounds it:
+
+- `encode`: the event of a verdict, never longer than the bound. A rejection that would be too
+  long loses its violations (the event says how many, `violations_omitted`) and then its
+  feedback's; an event that still does not fit, or an accepted one that does not fit at all
+  (a version adapter grew the arguments), is replaced by a rejection `event_too_large`.
+- `record_key` / `record_headers`: key `call_id`, headers `outcome`, `tool`, `schema-version`,
+  so executors filter without parsing.
+- the idempotency request (the accepted event waiting for its key's owner) and the rejections
+  the owner derives from it (`duplicate`, `idempotency_conflict`).
 """
 
 from __future__ import annotations
 
-from hashlib import blake2b
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from worker.model import NO_TRACE, AssembledCall, Outcome, Phase, Verdict
+from worker._native import AssembledCall, encode_event
+from worker.core.feedback import build_feedback
+from worker.model import Code, Outcome, Phase, SchemaRef, Verdict, Violation
 
-# The enums are str subclasses: orjson writes a member exactly as its value, so members go into
-# the event as they are (an enum's `.value` is a Python-level property, and costs more than the
-# rest of an entry). Phase names are dict keys, which orjson wants as plain str: looked up here.
-_PHASE_NAMES: dict[Phase, str] = {phase: phase.value for phase in Phase}
-_TRACE_FIELDS = ("trace_id", "run_id", "step_id", "traceparent", "attempt")
+Headers = list[tuple[str, bytes]]
 
-
-def event_id(call: AssembledCall) -> str:
-    """The call's identity: its partition, stream and call id (not its offsets).
-
-    Offsets are left out on purpose: a replay that starts inside a call already judged feeds
-    only its tail, which comes out with another first offset (and verdict); it must still name
-    the same call, so consumers that de-duplicate by `event_id` drop it.
-    """
-    source = call.source
-    where = f"{source.topic}\0{source.partition}" if source else ""
-    text = f"{where}\0{call.stream_id}\0{call.call_id}".encode("utf-8", "surrogatepass")
-    return blake2b(text, digest_size=16).hexdigest()
+_REQUEST_TAG = b"CGI1"
 
 
-def build_event(call: AssembledCall, verdict: Verdict) -> dict[str, Any]:
-    schema = verdict.schema
-    source = call.source
-    trace = call.trace
-    violations = verdict.violations
-    repairs = verdict.repairs
-    names = _PHASE_NAMES
-    event: dict[str, Any] = {
-        "event_id": event_id(call),
-        "outcome": verdict.outcome,
-        "stream_id": call.stream_id,
-        "call_id": call.call_id,
-        "tool": call.tool,
-        "schema": {"id": schema.id, "version": schema.version} if schema else None,
-        "phase": verdict.phase,
-        "error_code": verdict.code,
-        "reason": verdict.reason,
-        "violations": [
-            {"path": v.path, "keyword": v.keyword, "message": v.message} for v in violations
-        ]
-        if violations
-        else [],
-        "retry_feedback": verdict.retry_feedback,
-        "repairs": [{"kind": r.kind} for r in repairs] if repairs else [],
-        "retryable": verdict.retryable,
-        "idempotency_key": call.idempotency_key,
-        "source": {
-            "topic": source.topic,
-            "partition": source.partition,
-            "first_offset": source.first_offset,
-            "last_offset": source.last_offset,
-        }
-        if source
-        else None,
-        "metrics": {
-            "chunks": call.chunks,
-            "bytes": verdict.nbytes,
-            "duplicate_chunks": call.duplicate_chunks,
-            "phases_us": {names[phase]: us for phase, us in verdict.phases_us.items()},
-        },
-    }
-    if verdict.outcome is Outcome.ACCEPTED:
-        event["arguments"] = verdict.arguments
-        event["requires_approval"] = verdict.requires_approval
-    if trace is not NO_TRACE and trace != NO_TRACE:
-        for name in _TRACE_FIELDS:
-            value = getattr(trace, name)
-            if value is not None:
-                event[name] = value
+def encode(call: AssembledCall, verdict: Verdict, max_bytes: int, max_feedback_bytes: int) -> bytes:
+    """The event of `call` as judged, at most `max_bytes` long (see the module docstring)."""
+    event = encode_event(call, verdict, max_bytes)
+    if event is not None:
+        return event
+    if verdict.outcome is Outcome.REJECTED and verdict.violations:
+        shorter = _without_violations(verdict, max_feedback_bytes)
+        event = encode_event(call, shorter, max_bytes)
+        if event is not None:
+            return event
+    substitute = substitute_rejection(
+        verdict,
+        Code.EVENT_TOO_LARGE,
+        f"the event would exceed {max_bytes} bytes",
+        max_feedback_bytes,
+    )
+    event = encode_event(call, substitute, max_bytes)
+    if event is None:  # identifiers are bounded, so this cannot happen; say so if it does
+        raise AssertionError(f"a bounded substitute event exceeds {max_bytes} bytes")
     return event
 
 
-def encode_event(call: AssembledCall, verdict: Verdict) -> bytes:
-    return orjson.dumps(build_event(call, verdict))
+def _without_violations(verdict: Verdict, max_feedback_bytes: int) -> Verdict:
+    assert verdict.code is not None
+    omitted = len(verdict.violations)
+    feedback = build_feedback(
+        verdict.code,
+        verdict.schema,
+        (),
+        retryable=verdict.retryable,
+        budget_exhausted=bool(
+            verdict.retry_feedback and verdict.retry_feedback.get("retry_budget_exhausted")
+        ),
+        max_bytes=max_feedback_bytes,
+    )
+    feedback["violations_omitted"] = omitted
+    return Verdict(
+        Outcome.REJECTED,
+        phase=verdict.phase,
+        code=verdict.code,
+        schema=verdict.schema,
+        violations=(),
+        repairs=verdict.repairs,
+        retryable=verdict.retryable,
+        retry_feedback=feedback,
+        idempotency_key=verdict.idempotency_key,
+        phases_us=verdict.phases_us,
+    )
+
+
+def substitute_rejection(
+    verdict: Verdict, code: Code, detail: str, max_feedback_bytes: int
+) -> Verdict:
+    """What is sent instead of an event that cannot be written as judged (phase `delivery`)."""
+    violations = (Violation("", code.value, detail),)
+    return Verdict(
+        Outcome.REJECTED,
+        phase=Phase.DELIVERY,
+        code=code,
+        schema=verdict.schema,
+        violations=violations,
+        retryable=False,
+        retry_feedback=build_feedback(
+            code,
+            verdict.schema,
+            violations,
+            retryable=False,
+            budget_exhausted=False,
+            max_bytes=max_feedback_bytes,
+        ),
+        idempotency_key=verdict.idempotency_key,
+        phases_us=verdict.phases_us,
+    )
+
+
+def record_key(call: AssembledCall) -> bytes:
+    return call.call_id.encode()
+
+
+def record_headers(outcome: str, tool: str | None, schema: SchemaRef | None) -> Headers:
+    return [
+        ("outcome", outcome.encode()),
+        ("tool", (tool or "").encode()),
+        ("schema-version", schema.version.encode() if schema else b""),
+    ]
+
+
+# -- idempotency: the request to the key's owner, and what the owner derives ----------------------
+
+
+def idempotency_request(call: AssembledCall, verdict: Verdict, event: bytes) -> bytes:
+    """The accepted `event`, waiting for the decision of the owner of its key."""
+    assert verdict.idempotency_key is not None, "only keyed calls go to a key's owner"
+    assert verdict.idempotency_digest is not None, "a keyed call has its request's digest"
+    schema = verdict.schema
+    header = orjson.dumps(
+        {
+            "key": verdict.idempotency_key,
+            "digest": verdict.idempotency_digest.hex(),
+            "event_id": call.event_id,
+            "call_id": call.call_id,
+            "tool": call.tool,
+            "schema": [schema.id, schema.version] if schema else None,
+        }
+    )
+    return _REQUEST_TAG + header + b"\n" + event
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRequest:
+    """An accepted event waiting for its key's owner, and what the owner needs to know of it."""
+
+    key: str
+    digest: bytes
+    event_id: str
+    call_id: str
+    tool: str | None
+    schema: SchemaRef | None
+    event: bytes
+
+
+def read_idempotency_request(value: bytes) -> IdempotencyRequest:
+    """The request in a record of the idempotency topic; ValueError if it is not one."""
+    if not value.startswith(_REQUEST_TAG) or b"\n" not in value:
+        raise ValueError("not an idempotency request")
+    header, _, event = value[len(_REQUEST_TAG) :].partition(b"\n")
+    fields = orjson.loads(header)
+    schema = fields.get("schema")
+    return IdempotencyRequest(
+        key=fields["key"],
+        digest=bytes.fromhex(fields["digest"]),
+        event_id=fields["event_id"],
+        call_id=fields["call_id"],
+        tool=fields.get("tool"),
+        schema=SchemaRef(schema[0], schema[1]) if schema else None,
+        event=event,
+    )
+
+
+def idempotency_rejection(
+    event: bytes, code: Code, first_event_id: str, max_feedback_bytes: int
+) -> tuple[bytes, dict[str, Any]]:
+    """The accepted `event` turned into its `duplicate` / `idempotency_conflict` rejection.
+
+    Returns the event's bytes and its fields. Every field the two have in common keeps its
+    value and place; what `encode_event` writes only on accepted events goes.
+    """
+    fields = orjson.loads(event)
+    schema = fields.get("schema")
+    ref = SchemaRef(schema["id"], schema["version"]) if schema else None
+    message = (
+        "a call with this idempotency key was already accepted"
+        if code is Code.DUPLICATE
+        else "this idempotency key was used for a different call"
+    )
+    violations = (Violation("", "idempotency_key", message),)
+    fields["outcome"] = Outcome.REJECTED.value
+    fields["phase"] = Phase.IDEMPOTENCY.value
+    fields["error_code"] = code.value
+    fields["reason"] = None
+    fields["violations"] = [
+        {"path": v.path, "keyword": v.keyword, "message": v.message} for v in violations
+    ]
+    fields["retry_feedback"] = build_feedback(
+        code, ref, violations, retryable=False, budget_exhausted=False, max_bytes=max_feedback_bytes
+    )
+    fields["retryable"] = False
+    fields["duplicate_of"] = first_event_id
+    fields.pop("arguments", None)
+    fields.pop("requires_approval", None)
+    return orjson.dumps(fields), fields

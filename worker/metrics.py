@@ -2,8 +2,8 @@
 
 A `Metrics` owns its own `CollectorRegistry` (never the global one), so tests and benchmarks can
 make as many as they like. The shell feeds it outcome values: `observe(verdict, tool)` once per
-judged call, and small setters for gauges and infrastructure counters. `NullMetrics` has the same
-methods and does nothing: that is what "metrics disabled" means.
+judged call, and small setters for gauges and infrastructure counters. With metrics disabled the
+same object is updated and simply not served.
 
 Cost on the hot path: the per-call series (calls, rejections, incomplete, repairs, chunks, phase
 durations) are plain integers in dictionaries, exposed by a custom collector at scrape time. That
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
@@ -67,7 +67,7 @@ _CALLS = PREFIX + "calls"
 _REJECTIONS = PREFIX + "rejections"
 _INCOMPLETE = PREFIX + "incomplete"
 _REPAIRS = PREFIX + "repairs"
-_CHUNKS = PREFIX + "chunks"
+_RECORDS = PREFIX + "records"
 _PHASE_DURATION = PREFIX + "phase_duration_seconds"
 
 
@@ -75,7 +75,7 @@ class _HotPathCollector(Collector):
     """The per-call series as plain integers; turned into metric families only when scraped."""
 
     def __init__(self, known_tools: frozenset[str]) -> None:
-        self.chunks = 0
+        self.records = 0
         self.calls: dict[tuple[str, str], int] = {
             (outcome, tool): 0 for outcome in Outcome for tool in known_tools
         }
@@ -94,7 +94,7 @@ class _HotPathCollector(Collector):
         return self._families(empty=False)
 
     def _families(self, *, empty: bool) -> Iterator[Metric]:
-        chunks = CounterMetricFamily(_CHUNKS, "Input records (chunks) consumed.")
+        records = CounterMetricFamily(_RECORDS, "Input records consumed (chunks, vendor events).")
         calls = CounterMetricFamily(
             _CALLS, "Calls judged, by outcome and tool.", labels=("outcome", "tool")
         )
@@ -111,7 +111,7 @@ class _HotPathCollector(Collector):
             _PHASE_DURATION, "Time spent in each phase of the chain, per call.", labels=("phase",)
         )
         if not empty:
-            chunks.add_metric((), self.chunks)
+            records.add_metric((), self.records)
             for (outcome, tool), value in self.calls.copy().items():
                 calls.add_metric((str(outcome), str(tool)), value)
             for (phase, code), value in self.rejections.copy().items():
@@ -128,7 +128,7 @@ class _HotPathCollector(Collector):
                     cumulative += count
                     buckets.append((bound, cumulative))
                 durations.add_metric((str(phase),), buckets, sum_value=sum_us / 1_000_000)
-        yield from (chunks, calls, rejections, incomplete, repairs, durations)
+        yield from (records, calls, rejections, incomplete, repairs, durations)
 
 
 class Metrics:
@@ -136,12 +136,15 @@ class Metrics:
 
     def __init__(
         self,
-        known_tools: frozenset[str] = frozenset(),
+        tool_labels: Mapping[str, str] | None = None,
         *,
         engine: str = "fastjsonschema",
         version: str = __version__,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        #: every name a call may give a tool (its name, its schema id) -> the tool's label
+        self.tool_labels: Mapping[str, str] = tool_labels or {}
+        known_tools = frozenset(self.tool_labels.values())
         self.known_tools = known_tools
         self._hot = _HotPathCollector(known_tools)
         self.registry.register(self._hot)
@@ -178,19 +181,58 @@ class Metrics:
         )
         self._duplicate_chunks = Counter(
             PREFIX + "duplicate_chunks",
-            "Chunks dropped because their (call, seq) was already seen.",
+            "Chunks dropped as retransmissions of a piece already taken.",
+            registry=registry,
+        )
+        self._late_chunks = Counter(
+            PREFIX + "late_chunks",
+            "Chunks dropped because their call already has its verdict (after a timeout, an "
+            "eviction, a gap...).",
             registry=registry,
         )
         self._poison_records = Counter(
             PREFIX + "poison_records",
-            "Input records that could not be decoded at all, by code.",
+            "Input records that could not be read at all, by code.",
             ("code",),
             registry=registry,
         )
         self._poison_children = {
             code: self._poison_records.labels(code.value)
-            for code in (Code.MALFORMED_RECORD, Code.UNKNOWN_FORMAT)
+            for code in (Code.MALFORMED_RECORD, Code.INTERNAL_ERROR)
         }
+        self._checkpoints = Counter(
+            PREFIX + "checkpoints",
+            "Checkpoints of input partitions written to their changelog, by kind.",
+            ("kind",),
+            registry=registry,
+        )
+        self._checkpoint_bytes = Counter(
+            PREFIX + "checkpoint_bytes",
+            "Bytes of checkpoints written to the changelogs, by kind.",
+            ("kind",),
+            registry=registry,
+        )
+        self._idempotency_decisions = Counter(
+            PREFIX + "idempotency_decisions",
+            "Decisions of this worker's key owners, by decision.",
+            ("decision",),
+            registry=registry,
+        )
+        self._idempotency_keys = Gauge(
+            PREFIX + "idempotency_keys",
+            "Idempotency keys remembered by this worker's key owners.",
+            registry=registry,
+        )
+        self._events_substituted = Counter(
+            PREFIX + "events_substituted",
+            "Events a topic refused for good, replaced by a rejection that says so.",
+            registry=registry,
+        )
+        self._events_dropped = Counter(
+            PREFIX + "events_dropped",
+            "Events refused for good with no substitute possible (see the log).",
+            registry=registry,
+        )
         Gauge(
             PREFIX + "build_info",
             "Always 1; the labels say which build and schema engine run.",
@@ -205,20 +247,19 @@ class Metrics:
         # Keys are the enum members themselves: a StrEnum hashes and compares as its str value,
         # while `.value` is a Python-level property that would triple this method's cost.
         hot = self._hot
-        if tool is None:
-            label = NO_TOOL
-        elif tool in self.known_tools:
-            label = tool
-        else:
-            label = UNKNOWN_TOOL
+        label = NO_TOOL if tool is None else self.tool_labels.get(tool, UNKNOWN_TOOL)
         outcome = verdict.outcome
         key = (outcome, label)
         calls = hot.calls
         calls[key] = calls.get(key, 0) + 1
         if outcome is Outcome.REJECTED:
-            rkey = (verdict.phase or NO_LABEL, verdict.code or NO_LABEL)
+            code = verdict.code or NO_LABEL
+            rkey = (verdict.phase or NO_LABEL, code)
             rejections = hot.rejections
             rejections[rkey] = rejections.get(rkey, 0) + 1
+            poison = self._poison_children.get(code)  # type: ignore[call-overload]
+            if poison is not None and verdict.phase is Phase.ASSEMBLY:
+                poison.inc()
         elif outcome is Outcome.INCOMPLETE:
             reason = verdict.reason or NO_LABEL
             incomplete = hot.incomplete
@@ -226,17 +267,27 @@ class Metrics:
         if verdict.repairs:
             repairs = hot.repairs
             for repair in verdict.repairs:
-                repairs[repair.kind] = repairs.get(repair.kind, 0) + 1
+                repairs[repair] = repairs.get(repair, 0) + 1
         buckets, bounds, find = hot.buckets, PHASE_BUCKETS_US, bisect_left
         for phase, micros in verdict.phases_us.items():
             counts = buckets[phase]
             counts[find(bounds, micros)] += 1
             counts[-1] += micros
 
-    def add_chunks(self, count: int = 1) -> None:
-        self._hot.chunks += count
+    def add_records(self, count: int) -> None:
+        self._hot.records += count
 
-    # -- per batch / per event -----------------------------------------------------------------
+    def decided(self, outcome: str, tool: str | None, phase: str | None, code: str | None) -> None:
+        """Count a call whose outcome its idempotency key's owner decided."""
+        hot = self._hot
+        label = NO_TOOL if tool is None else self.tool_labels.get(tool, UNKNOWN_TOOL)
+        key = (outcome, label)
+        hot.calls[key] = hot.calls.get(key, 0) + 1
+        if outcome == Outcome.REJECTED:
+            rkey = (phase or NO_LABEL, code or NO_LABEL)
+            hot.rejections[rkey] = hot.rejections.get(rkey, 0) + 1
+
+    # -- per round / per event -----------------------------------------------------------------
 
     def set_open_calls(self, count: int) -> None:
         self._open_calls.set(count)
@@ -264,78 +315,34 @@ class Metrics:
     def rebalance(self) -> None:
         self._rebalances.inc()
 
-    def add_duplicate_chunks(self, count: int = 1) -> None:
-        if count:
-            self._duplicate_chunks.inc(count)
+    def add_dropped_chunks(self, duplicate: int, late: int) -> None:
+        if duplicate:
+            self._duplicate_chunks.inc(duplicate)
+        if late:
+            self._late_chunks.inc(late)
 
-    def poison_record(self, code: Code = Code.MALFORMED_RECORD) -> None:
-        child = self._poison_children.get(code)
-        if child is None:
-            child = self._poison_children[code] = self._poison_records.labels(code.value)
-        child.inc()
+    def checkpoint(self, nbytes: int, *, full: bool) -> None:
+        kind = "full" if full else "delta"
+        self._checkpoints.labels(kind).inc()
+        self._checkpoint_bytes.labels(kind).inc(nbytes)
+
+    def idempotency_decision(self, decision: str) -> None:
+        self._idempotency_decisions.labels(decision).inc()
+
+    def set_idempotency_keys(self, count: int) -> None:
+        self._idempotency_keys.set(count)
+
+    def event_substituted(self) -> None:
+        self._events_substituted.inc()
+
+    def event_dropped(self) -> None:
+        self._events_dropped.inc()
 
     # -- introspection -------------------------------------------------------------------------
 
     def series_names(self) -> frozenset[str]:
         """Every sample name a scrape of this registry can contain (what PromQL refers to)."""
         return series_names(self.registry)
-
-
-class NullMetrics(Metrics):
-    """Metrics disabled: the same methods, no work, an empty registry."""
-
-    def __init__(
-        self,
-        known_tools: frozenset[str] = frozenset(),
-        *,
-        engine: str = "fastjsonschema",
-        version: str = __version__,
-    ) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.known_tools = known_tools
-
-    def observe(self, verdict: Verdict, tool: str | None) -> None:
-        pass
-
-    def add_chunks(self, count: int = 1) -> None:
-        pass
-
-    def set_open_calls(self, count: int) -> None:
-        pass
-
-    def set_buffered_bytes(self, nbytes: int) -> None:
-        pass
-
-    def set_lag(self, topic: str, partition: int, lag: int) -> None:
-        pass
-
-    def forget_partition(self, topic: str, partition: int) -> None:
-        pass
-
-    def set_assigned_partitions(self, count: int) -> None:
-        pass
-
-    def commit_error(self) -> None:
-        pass
-
-    def produce_error(self, count: int = 1) -> None:
-        pass
-
-    def rebalance(self) -> None:
-        pass
-
-    def add_duplicate_chunks(self, count: int = 1) -> None:
-        pass
-
-    def poison_record(self, code: Code = Code.MALFORMED_RECORD) -> None:
-        pass
-
-
-def build_metrics(enabled: bool, known_tools: frozenset[str], *, engine: str) -> Metrics:
-    """The entry point's choice: real metrics, or the no-op twin when metrics are disabled."""
-    if enabled:
-        return Metrics(known_tools, engine=engine)
-    return NullMetrics(known_tools, engine=engine)
 
 
 _SUFFIXES = {

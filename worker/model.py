@@ -1,15 +1,35 @@
 """The values that flow through callgate: chunks in, assembled calls, verdicts out.
 
-Everything here is a frozen, slotted dataclass or a `str` enum. The enums' values are the wire
-names used in outcome events and as Prometheus label values, so they are shared, never re-spelled.
+`Chunk` and `AssembledCall` are the native core's own types (`worker._native`), re-exported
+here. The enums are `str` enums whose values are the wire names used in outcome events and as
+Prometheus label values, so they are shared, never re-spelled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+import orjson
+
+from worker._native import AssembledCall, Chunk
+
+__all__ = [
+    "AssembledCall",
+    "Chunk",
+    "ChunkKind",
+    "Code",
+    "FinishReason",
+    "IncompleteReason",
+    "Outcome",
+    "Phase",
+    "RepairKind",
+    "SchemaRef",
+    "Verdict",
+    "Violation",
+]
 
 
 class Outcome(StrEnum):
@@ -31,16 +51,15 @@ class Phase(StrEnum):
     IDEMPOTENCY = "idempotency"
     NORMALIZATION = "normalization"
     TOOL_OUTPUT_VALIDATION = "tool_output_validation"
+    DELIVERY = "delivery"
 
 
 class Code(StrEnum):
     """Why a phase failed (the `error_code` of an event, the `code` label of a metric)."""
 
     # assembly
-    SEQUENCE_GAP = "sequence_gap"
-    DUPLICATE_CHUNK = "duplicate_chunk"
     MALFORMED_RECORD = "malformed_record"
-    UNKNOWN_FORMAT = "unknown_format"
+    CALL_ID_REUSED = "call_id_reused"
     # response_classification
     REFUSAL = "refusal"
     MODEL_ERROR = "model_error"
@@ -66,6 +85,7 @@ class Code(StrEnum):
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     DUPLICATE = "duplicate"
     IDEMPOTENCY_KEY_MISSING = "idempotency_key_missing"
+    IDEMPOTENCY_KEY_MISMATCH = "idempotency_key_mismatch"
     # normalization
     ADAPTER_ERROR = "adapter_error"
     # tool_output_validation
@@ -73,6 +93,11 @@ class Code(StrEnum):
     OUTPUT_TEXT_MISMATCH = "output_text_mismatch"
     TOOL_ERROR = "tool_error"
     JSONRPC_ERROR = "jsonrpc_error"
+    # any phase: callgate itself failed on this call (logged, counted)
+    INTERNAL_ERROR = "internal_error"
+    # delivery: the event could not be written as judged (its substitute says why)
+    EVENT_TOO_LARGE = "event_too_large"
+    OUTPUT_REFUSED = "output_refused"
 
 
 class IncompleteReason(StrEnum):
@@ -82,6 +107,8 @@ class IncompleteReason(StrEnum):
     TIMEOUT = "timeout"
     EVICTED = "evicted"
     SEQUENCE_GAP = "sequence_gap"
+    STREAM_CORRUPT = "stream_corrupt"
+    MAX_LIFETIME = "max_lifetime"
     INPUT_REQUIRED = "input_required"
 
 
@@ -90,14 +117,17 @@ class RepairKind(StrEnum):
 
 
 class ChunkKind(StrEnum):
-    """The `kind` of a canonical envelope (and of every internal chunk an adapter makes)."""
+    """The `kind` of a chunk: an envelope's kinds, and those only adapters make."""
 
     TOOL_CALL = "tool_call"
     TEXT = "text"
     REFUSAL = "refusal"
     ERROR = "error"
     END = "end"
+    # made by adapters only
     MCP_RESULT = "mcp_result"
+    ABORT = "abort"
+    MALFORMED = "malformed"
 
 
 class FinishReason(StrEnum):
@@ -112,84 +142,6 @@ class FinishReason(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Trace:
-    """Correlation fields copied from the input onto the event, never interpreted."""
-
-    trace_id: str | None = None
-    run_id: str | None = None
-    step_id: str | None = None
-    traceparent: str | None = None
-    attempt: int | None = None
-
-
-NO_TRACE = Trace()
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """One piece of model output for one stream, in callgate's own terms.
-
-    Adapters turn each vendor event (or canonical envelope) into zero or more chunks. `seq` is the
-    chunk's number within its call when the producer numbers them; `None` means the adapter
-    derived the order from the record order, which the partition guarantees.
-    """
-
-    stream_id: str
-    kind: ChunkKind
-    call_id: str | None = None
-    seq: int | None = None
-    tool: str | None = None
-    tool_version: str | None = None
-    delta: str = ""
-    final: bool = False
-    finish_reason: FinishReason | None = None
-    idempotency_key: str | None = None
-    trace: Trace = NO_TRACE
-
-
-#: A tool-call chunk that carries nothing but its place and text: (stream_id, call_id, seq, delta,
-#: final), every other field of `Chunk` at its default. Most chunks of a stream are such middle
-#: fragments, and the hot path hands them from the envelope to the reassembler as this plain
-#: tuple instead of a `Chunk`, whose construction would cost more than the rest of their way.
-Fragment = tuple[str, str, int | None, str, bool]
-
-
-@dataclass(frozen=True, slots=True)
-class SourceSpan:
-    """Where a call's records sit in Kafka (or in an input file: topic is the file name)."""
-
-    topic: str
-    partition: int
-    first_offset: int
-    last_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class AssembledCall:
-    """Everything the chain needs to judge one call, as the reassembler closed it.
-
-    `incomplete` or `assembly_error` set means the reassembler already knows the verdict's first
-    failing phase; the chain then only records it.
-    """
-
-    stream_id: str
-    call_id: str
-    tool: str | None
-    arguments: bytes
-    channel: ChunkKind = ChunkKind.TOOL_CALL
-    tool_version: str | None = None
-    idempotency_key: str | None = None
-    trace: Trace = NO_TRACE
-    source: SourceSpan | None = None
-    chunks: int = 1
-    incomplete: IncompleteReason | None = None
-    assembly_error: Code | None = None
-    assembly_detail: str | None = None
-    duplicate_chunks: int = 0
-    assembly_us: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class Violation:
     """One reported problem: where (JSON Pointer into the arguments), which rule, and why."""
 
@@ -199,30 +151,86 @@ class Violation:
 
 
 @dataclass(frozen=True, slots=True)
-class Repair:
-    kind: RepairKind
-
-
-@dataclass(frozen=True, slots=True)
 class SchemaRef:
     id: str
     version: str
 
 
-@dataclass(frozen=True, slots=True)
 class Verdict:
-    """The chain's decision for one call. `phase`/`code` name the first phase that failed."""
+    """The chain's decision for one call. `phase`/`code` name the first phase that failed.
 
-    outcome: Outcome
-    phase: Phase | None = None
-    code: Code | None = None
-    reason: IncompleteReason | None = None
-    schema: SchemaRef | None = None
-    arguments: Any = None
-    violations: tuple[Violation, ...] = ()
-    repairs: tuple[Repair, ...] = ()
-    retryable: bool = False
-    retry_feedback: Mapping[str, Any] | None = None
-    requires_approval: bool = False
-    phases_us: Mapping[Phase, int] = field(default_factory=dict)
-    nbytes: int = 0
+    An accepted verdict carries `arguments_json`, the arguments as the JSON text the event
+    embeds (validated as is, or re-encoded by a version adapter). `idempotency_key` is the
+    call's effective key; an accepted verdict with `idempotency_digest` set is pending the
+    decision of the key's owner. `duplicate_of` names the event of the first acceptance of the
+    key, on a `duplicate` or `idempotency_conflict` rejection.
+    """
+
+    __slots__ = (
+        "arguments_json",
+        "code",
+        "duplicate_of",
+        "idempotency_digest",
+        "idempotency_key",
+        "outcome",
+        "phase",
+        "phases_us",
+        "reason",
+        "repairs",
+        "requires_approval",
+        "retry_feedback",
+        "retryable",
+        "schema",
+        "violations",
+    )
+
+    def __init__(
+        self,
+        outcome: Outcome,
+        *,
+        phase: Phase | None = None,
+        code: Code | None = None,
+        reason: IncompleteReason | None = None,
+        schema: SchemaRef | None = None,
+        arguments_json: bytes | None = None,
+        violations: tuple[Violation, ...] = (),
+        repairs: tuple[RepairKind, ...] = (),
+        retryable: bool = False,
+        retry_feedback: Mapping[str, Any] | None = None,
+        requires_approval: bool = False,
+        idempotency_key: str | None = None,
+        idempotency_digest: bytes | None = None,
+        duplicate_of: str | None = None,
+        phases_us: Mapping[str, int] | None = None,
+    ) -> None:
+        self.outcome = outcome
+        self.phase = phase
+        self.code = code
+        self.reason = reason
+        self.schema = schema
+        self.arguments_json = arguments_json
+        self.violations = violations
+        self.repairs = repairs
+        self.retryable = retryable
+        self.retry_feedback = retry_feedback
+        self.requires_approval = requires_approval
+        self.idempotency_key = idempotency_key
+        self.idempotency_digest = idempotency_digest
+        self.duplicate_of = duplicate_of
+        self.phases_us: Mapping[str, int] = phases_us if phases_us is not None else {}
+
+    @property
+    def feedback_json(self) -> bytes | None:
+        """`retry_feedback` as the JSON text the event embeds."""
+        return None if self.retry_feedback is None else orjson.dumps(self.retry_feedback)
+
+    @property
+    def arguments(self) -> Any:
+        """The accepted arguments as a value (for tests and tools; the event embeds the text)."""
+        return None if self.arguments_json is None else orjson.loads(self.arguments_json)
+
+    def __repr__(self) -> str:
+        fields = (
+            f"{name}={getattr(self, name)!r}" for name in ("outcome", "phase", "code", "reason")
+        )
+        return f"Verdict({', '.join(fields)})"

@@ -62,6 +62,9 @@ class KafkaSettings(BaseModel):
     session_timeout_ms: int = Field(10_000, ge=1000)
     max_poll_interval_ms: int = Field(300_000, ge=1000)
     linger_ms: int = Field(5, ge=0)
+    commit_interval_ms: int = Field(
+        100, ge=0, description="offsets are committed at most this often (and on revoke and stop)"
+    )
     request_timeout_ms: int = Field(
         30_000, ge=1000, description="an unacknowledged outcome event then fails and is sent again"
     )
@@ -248,8 +251,9 @@ class Settings(BaseSettings):
     retry: RetrySettings = RetrySettings()
     delivery: DeliverySettings = DeliverySettings()
     plugins: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["worker.plugins.builtin"],
-        description="modules whose register(plugins) adds business rules and version adapters",
+        default_factory=list,
+        description="more plugin modules by import path (the contracts directory's own "
+        "plugins.py is always loaded)",
     )
     shutdown_grace_s: float = Field(20.0, gt=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -36,11 +36,30 @@ _CLOSED = None  # a client tool call's block after its stop
 class AnthropicAdapter(VendorAdapter):
     """Incremental decoder of one Messages API stream (one `StreamAdapter`)."""
 
-    def __init__(self, stream_id: str, headers: Mapping[str, str]) -> None:
+    def __init__(
+        self, stream_id: str, headers: Mapping[str, str], state: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(stream_id, headers)
         self._blocks: dict[int, str | None] = {}  # index -> open call id, _OTHER or _CLOSED
         self._stop: FinishReason | None = None
         self._refusal: str | None = None
+        if state is not None:
+            self._restore_base(state)
+            self._blocks = {int(i): block for i, block in state["blocks"].items()}
+            self._stop = FinishReason(state["stop"]) if state["stop"] is not None else None
+            self._refusal = state["refusal"]
+
+    def state(self) -> dict[str, Any]:
+        return {
+            **self._base_state(),
+            "blocks": {str(i): block for i, block in self._blocks.items()},
+            "stop": self._stop,
+            "refusal": self._refusal,
+        }
+
+    def open_calls(self) -> list[str]:
+        """The tool_use blocks started and not stopped."""
+        return [block for block in self._blocks.values() if block]
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         if self._finished:

@@ -11,14 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from worker.errors import InputFormatError
-from worker.model import Trace
 
 _SHORT_CODE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-
-
-def trace_from_headers(headers: Mapping[str, str]) -> Trace:
-    traceparent = headers.get("traceparent")
-    return Trace(traceparent=traceparent) if traceparent else Trace()
 
 
 def obj(event: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:

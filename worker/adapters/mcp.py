@@ -24,9 +24,20 @@ FORMAT = "mcp.result"
 class MCPResultAdapter(VendorAdapter):
     """One MCP result record; finished after its only event."""
 
-    def __init__(self, stream_id: str, headers: Mapping[str, str]) -> None:
+    def __init__(
+        self, stream_id: str, headers: Mapping[str, str], state: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(stream_id, headers)
         self._headers = headers
+        if state is not None:
+            self._restore_base(state)
+
+    def state(self) -> dict[str, Any]:
+        return self._base_state()
+
+    def open_calls(self) -> list[str]:
+        """None: a record is a whole result."""
+        return []
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         if self._finished:

@@ -54,17 +54,60 @@ class _Call:
 @dataclass(slots=True)
 class _Choice:
     calls: dict[int, _Call] = field(default_factory=dict)
+    call_ids: set[str] = field(default_factory=set)
     refusal: bool = False
     done: bool = False
     finish: FinishReason | None = None
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "calls": {str(i): [c.call_id, c.vendor_id, c.name] for i, c in self.calls.items()},
+            "refusal": self.refusal,
+            "done": self.done,
+            "finish": self.finish,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> _Choice:
+        calls = {int(i): _Call(*call) for i, call in state["calls"].items()}
+        finish = state["finish"]
+        return cls(
+            calls,
+            {call.call_id for call in calls.values()},
+            state["refusal"],
+            state["done"],
+            FinishReason(finish) if finish is not None else None,
+        )
 
 
 class OpenAIChatAdapter(VendorAdapter):
     """Incremental decoder of one Chat Completions stream (one `StreamAdapter`)."""
 
-    def __init__(self, stream_id: str, headers: Mapping[str, str]) -> None:
+    def __init__(
+        self, stream_id: str, headers: Mapping[str, str], state: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(stream_id, headers)
         self._choices: dict[int, _Choice] = {}
+        if state is not None:
+            self._restore_base(state)
+            self._choices = {int(i): _Choice.from_state(c) for i, c in state["choices"].items()}
+
+    def state(self) -> dict[str, Any]:
+        return {
+            **self._base_state(),
+            "choices": {str(i): choice.state() for i, choice in self._choices.items()},
+        }
+
+    def open_calls(self) -> list[str]:
+        """The calls (and refusals) of every choice not closed by its finish reason."""
+        open_ids: list[str] = []
+        for index, choice in self._choices.items():
+            if choice.done and choice.finish in _CLOSES:
+                continue
+            open_ids.extend(call.call_id for call in choice.calls.values())
+            if choice.refusal:
+                open_ids.append(self._refusal_id(index))
+        return open_ids
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         if self._finished:
@@ -129,9 +172,10 @@ class OpenAIChatAdapter(VendorAdapter):
                 raise InputFormatError(f"{where}: the first delta of a tool call needs its name")
             base = vendor_id or f"{self._stream}:{choice_index}:{index}"
             call_id = base if choice_index == 0 else f"{base}:{choice_index}"
-            if any(other.call_id == call_id for other in choice.calls.values()):
+            if call_id in choice.call_ids:
                 raise InputFormatError(f"{where}: tool call id repeats another call's id")
             choice.calls[index] = _Call(call_id, vendor_id, name)
+            choice.call_ids.add(call_id)
             out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, tool=name, delta=arguments))
             return
         if vendor_id is not None and vendor_id != call.vendor_id:

@@ -1,55 +1,143 @@
-"""Idempotency: the same key with the same canonical call is a duplicate, with another a conflict.
+"""The execute-once rule, decided by the owner of a key: first, replay, duplicate or conflict.
 
-Bounded in memory: the oldest keys are forgotten first. A replay of the very call that was accepted
-(same source position, as after a crash or a rebalance) is neither: it is accepted again, so it
-carries the same event as the first time.
+For a key `k` and a request `x` (tool, schema version, arguments in canonical form, see
+`worker.core.canonical`), against what the owner remembers of `k`:
+
+- `k` unknown: FIRST. The call is accepted and `k` remembered with `x`'s digest and the event.
+- `k` known with the same event id: REPLAY (the very call that was accepted, judged again after
+  a crash or a rebalance): accepted again, the same event.
+- `k` known with an equal `x` from another call: DUPLICATE, rejected `duplicate` naming the
+  first event; executors must not run it again.
+- `k` known with a different `x`: CONFLICT, rejected `idempotency_conflict`.
+
+A key is remembered for `retention_ms` of the partition's own time (request timestamps) and at
+most `max_keys` keys per partition, the oldest forgotten first; after that the key is new again.
+Every change is returned as a changelog entry (key, value or None to forget) for the caller to
+write, and `restore` rebuilds the store from those entries. Pure: time is passed in.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 import orjson
 
-from worker.model import SchemaRef
+from worker.events import idempotency_rejection, read_idempotency_request
+from worker.model import Code, Outcome, SchemaRef
 
 
-class Seen(StrEnum):
-    NEW = "new"
+class Decision(StrEnum):
+    FIRST = "first"
     REPLAY = "replay"
     DUPLICATE = "duplicate"
     CONFLICT = "conflict"
 
 
-def canonical_digest(schema: SchemaRef, arguments: Any) -> bytes:
-    """A digest of (schema id, version, arguments) that ignores key order and whitespace."""
-    text = orjson.dumps([schema.id, schema.version, arguments], option=orjson.OPT_SORT_KEYS)
-    return hashlib.blake2b(text, digest_size=16).digest()
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """What is remembered of a key: the first request's digest and event, and when."""
+
+    digest: bytes
+    event_id: str
+    at_ms: int
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {"digest": self.digest.hex(), "event_id": self.event_id, "at": self.at_ms}
+        )
+
+    @classmethod
+    def decode(cls, value: bytes) -> KeyRecord:
+        fields = orjson.loads(value)
+        return cls(bytes.fromhex(fields["digest"]), fields["event_id"], int(fields["at"]))
 
 
-class IdempotencyStore:
-    def __init__(self, max_keys: int) -> None:
+#: A changelog entry: the key, and its record (None: forgotten).
+Change = tuple[str, KeyRecord | None]
+
+
+class KeyStore:
+    """The keys of one partition of the idempotency topic."""
+
+    def __init__(self, *, max_keys: int, retention_ms: int) -> None:
         self._max_keys = max_keys
-        self._entries: OrderedDict[str, tuple[bytes, Hashable]] = OrderedDict()
-
-    def lookup(self, key: str, digest: bytes, origin: Hashable) -> Seen:
-        entry = self._entries.get(key)
-        if entry is None:
-            return Seen.NEW
-        known_digest, known_origin = entry
-        if known_digest != digest:
-            return Seen.CONFLICT
-        return Seen.REPLAY if known_origin == origin else Seen.DUPLICATE
-
-    def remember(self, key: str, digest: bytes, origin: Hashable) -> None:
-        self._entries[key] = (digest, origin)
-        self._entries.move_to_end(key)
-        if len(self._entries) > self._max_keys:
-            self._entries.popitem(last=False)
+        self._retention_ms = retention_ms
+        self._keys: OrderedDict[str, KeyRecord] = OrderedDict()  # oldest first
+        self._clock = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._keys)
+
+    def decide(
+        self, key: str, digest: bytes, event_id: str, at_ms: int | None
+    ) -> tuple[Decision, KeyRecord, list[Change]]:
+        """The decision on one request, the record that decided it, and the changes to write."""
+        if at_ms is not None:
+            self._clock = max(self._clock, at_ms)
+        changes = self._expire()
+        known = self._keys.get(key)
+        if known is None:
+            record = KeyRecord(digest, event_id, self._clock)
+            self._keys[key] = record
+            changes.append((key, record))
+            while len(self._keys) > self._max_keys:
+                oldest, _ = self._keys.popitem(last=False)
+                changes.append((oldest, None))
+            return Decision.FIRST, record, changes
+        if known.event_id == event_id:
+            return Decision.REPLAY, known, changes
+        if known.digest == digest:
+            return Decision.DUPLICATE, known, changes
+        return Decision.CONFLICT, known, changes
+
+    def _expire(self) -> list[Change]:
+        deadline = self._clock - self._retention_ms
+        changes: list[Change] = []
+        while self._keys:
+            key, record = next(iter(self._keys.items()))
+            if record.at_ms > deadline:
+                break
+            del self._keys[key]
+            changes.append((key, None))
+        return changes
+
+    def restore(self, entries: Iterable[tuple[str, bytes | None]]) -> None:
+        """Rebuild from changelog entries in log order (the last entry of a key wins)."""
+        for key, value in entries:
+            self._keys.pop(key, None)
+            if value is not None:
+                record = KeyRecord.decode(value)
+                self._keys[key] = record
+                self._clock = max(self._clock, record.at_ms)
+        ordered = sorted(self._keys.items(), key=lambda item: item[1].at_ms)
+        self._keys = OrderedDict(ordered)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What the owner of a key emits for one request: the event, and the changes to write."""
+
+    decision: Decision
+    event: bytes
+    outcome: Outcome
+    call_id: str
+    tool: str | None
+    schema: SchemaRef | None
+    changes: list[Change]
+
+
+def resolve(
+    store: KeyStore, request: bytes, at_ms: int | None, max_feedback_bytes: int
+) -> Resolution:
+    """Decide one idempotency request against the store. ValueError if it is not a request."""
+    found = read_idempotency_request(request)
+    decision, record, changes = store.decide(found.key, found.digest, found.event_id, at_ms)
+    event, outcome = found.event, Outcome.ACCEPTED
+    if decision in (Decision.DUPLICATE, Decision.CONFLICT):
+        code = Code.DUPLICATE if decision is Decision.DUPLICATE else Code.IDEMPOTENCY_CONFLICT
+        event, _ = idempotency_rejection(found.event, code, record.event_id, max_feedback_bytes)
+        outcome = Outcome.REJECTED
+    return Resolution(decision, event, outcome, found.call_id, found.tool, found.schema, changes)

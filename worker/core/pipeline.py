@@ -1,42 +1,55 @@
-"""The chain: one assembled call in, one verdict out, phase after phase (DESIGN.md).
+"""The chain: one assembled call in, one verdict out, phase after phase.
 
-Execute(x) holds only when every phase holds; the first phase that fails decides the outcome.
-Each phase's duration is measured with a monotonic counter (measurement, not logic) and reported
-in microseconds on the verdict. Nothing here raises for bad input: a plugin that raises is a
-`rule_error` or `adapter_error`, everything else is a return value.
+Execute(x) holds only when every phase holds; the first phase that fails decides the outcome:
+`assembly` -> `response_classification` -> `limits` -> `repair` -> `json_parse` ->
+`schema_validation` -> `business_validation` -> `idempotency` -> `normalization`, and MCP
+results `tool_output_validation` after parsing. Each phase's duration is read from a monotonic
+counter (measurement, not logic) and reported in microseconds.
+
+Nothing here raises for bad input, and nothing a call holds can stop the worker: a plugin that
+raises is `rule_error` or `adapter_error`, and any other exception while judging one call is that
+call's `internal_error` rejection, in the phase that was running (`Gate.judge`).
+
+Idempotency is decided in two steps. Here: the effective key (from the envelope, or from the
+argument the contract names; both present and different is `idempotency_key_mismatch`), a key
+for every side-effecting tool (`idempotency_key_missing`), and the request's canonical digest.
+A call that passed every phase and carries a key is accepted *pending* its key: the worker that
+owns the key decides duplicate or conflict (`worker.core.idempotency`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
 
-from worker.core.feedback import build_feedback
-from worker.core.idempotency import IdempotencyStore, Seen, canonical_digest
+import orjson
+
+from worker._native import AssembledCall, ParseError, depth_over, parse_json
+from worker.core.canonical import request_digest
+from worker.core.feedback import NO_ARGUMENTS, build_feedback
 from worker.core.repair import strip_fence
-from worker.core.strict_json import ParseError, depth_over, parse
-from worker.core.tool_output import check_tool_result
+from worker.core.tool_output import RESULT_MEMBERS, check_tool_result
 from worker.model import (
-    AssembledCall,
     ChunkKind,
     Code,
     IncompleteReason,
     Outcome,
     Phase,
-    Repair,
-    SchemaRef,
+    RepairKind,
     Verdict,
     Violation,
 )
-from worker.plugins import Plugins, RuleContext, load_plugins
-from worker.schemas.contract import Contract, IdempotencyPolicy, LookupFailure
+from worker.plugins import Plugins, RuleContext
+from worker.schemas.contract import Contract, LookupFailure
 from worker.schemas.registry import SchemaRegistry
-from worker.settings import Settings
+
+log = logging.getLogger("callgate.gate")
 
 #: Codes a model can fix by sending the call again, corrected. All others are final.
-_RETRYABLE = frozenset(
+RETRYABLE = frozenset(
     {
         Code.INVALID_JSON,
         Code.DUPLICATE_KEY,
@@ -51,315 +64,364 @@ _RETRYABLE = frozenset(
         Code.SCHEMA_VIOLATION,
         Code.BUSINESS_RULE,
         Code.IDEMPOTENCY_KEY_MISSING,
+        Code.IDEMPOTENCY_KEY_MISMATCH,
         Code.UNEXPECTED_CHANNEL,
     }
 )
-_RETRYABLE_INCOMPLETE = frozenset(
+RETRYABLE_INCOMPLETE = frozenset(
     {
         IncompleteReason.MAX_TOKENS,
         IncompleteReason.STREAM_ENDED,
         IncompleteReason.TIMEOUT,
         IncompleteReason.EVICTED,
         IncompleteReason.SEQUENCE_GAP,
+        IncompleteReason.STREAM_CORRUPT,
+        IncompleteReason.MAX_LIFETIME,
     }
 )
-_ASSEMBLY_LIMIT_CODES = frozenset({Code.TOO_LARGE, Code.TOO_MANY_CHUNKS})
-_CHANNEL_CODES: Mapping[ChunkKind, Code] = {
+#: Assembly errors that are bounds (phase `limits`); the others are phase `assembly`.
+_LIMIT_CODES = frozenset({Code.TOO_LARGE, Code.TOO_MANY_CHUNKS})
+_CHANNEL_CODES: Mapping[str, Code] = {
     ChunkKind.REFUSAL: Code.REFUSAL,
     ChunkKind.ERROR: Code.MODEL_ERROR,
     ChunkKind.TEXT: Code.UNEXPECTED_CHANNEL,
-    ChunkKind.END: Code.UNEXPECTED_CHANNEL,
 }
+_PARSE_PHASES: Mapping[str, Phase] = {Code.TOO_DEEP: Phase.LIMITS}
 
 
 @dataclass(frozen=True, slots=True)
 class GateLimits:
-    max_bytes: int = 256 * 1024
-    max_depth: int = 32
-    max_feedback_bytes: int = 4096
-    max_violations: int = 32
-    retry_budget: int = 3
+    """The bounds the chain applies; all of them come from the settings."""
 
-
-class _Clock:
-    """Phase durations in microseconds, read from a monotonic counter."""
-
-    __slots__ = ("mark", "phases")
-
-    def __init__(self, phases: dict[Phase, int]) -> None:
-        self.phases = phases
-        self.mark = perf_counter_ns()
-
-    def lap(self, phase: Phase) -> None:
-        now = perf_counter_ns()
-        self.phases[phase] = (now - self.mark) // 1000
-        self.mark = now
+    max_depth: int
+    max_feedback_bytes: int
+    retry_budget: int
 
 
 class Gate:
-    """Judges assembled calls against a registry, plugins and an idempotency store."""
+    """Judges assembled calls against a registry and its plugins."""
 
-    def __init__(
-        self,
-        registry: SchemaRegistry,
-        plugins: Plugins | None = None,
-        limits: GateLimits | None = None,
-        idempotency: IdempotencyStore | None = None,
-    ) -> None:
+    def __init__(self, registry: SchemaRegistry, plugins: Plugins, limits: GateLimits) -> None:
         self.registry = registry
-        self._plugins = plugins or Plugins()
-        self._limits = limits or GateLimits()
-        self._idempotency = idempotency or IdempotencyStore(100_000)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Gate:
-        limits = settings.limits
-        return cls(
-            SchemaRegistry.load(settings.schemas.dir, settings.schemas.engine),
-            load_plugins(settings.plugins),
-            GateLimits(
-                max_bytes=limits.max_bytes,
-                max_depth=limits.max_depth,
-                max_feedback_bytes=limits.max_feedback_bytes,
-                max_violations=limits.max_violations,
-                retry_budget=settings.retry.budget,
-            ),
-            IdempotencyStore(settings.idempotency.max_keys),
-        )
+        self._plugins = plugins
+        self._limits = limits
+        self._phase = Phase.ASSEMBLY
 
     def judge(self, call: AssembledCall) -> Verdict:
-        phases: dict[Phase, int] = {Phase.ASSEMBLY: call.assembly_us}
-        size = len(call.arguments)
+        """The verdict on one call. Never raises: a bug judging it is its own rejection."""
+        self._phase = Phase.ASSEMBLY
+        try:
+            return self._judge(call)
+        except Exception as exc:  # one call's fault never leaves that call
+            log.exception(
+                "internal error judging call %r of stream %r (event %s) in phase %s",
+                call.call_id,
+                call.stream_id,
+                call.event_id,
+                self._phase,
+            )
+            message = f"callgate failed while judging this call ({type(exc).__name__})"
+            return self._rejected(
+                call,
+                self._phase,
+                Code.INTERNAL_ERROR,
+                (Violation("", "internal_error", message),),
+                {Phase.ASSEMBLY: call.assembly_us},
+            )
+
+    def _judge(self, call: AssembledCall) -> Verdict:
+        phases: dict[str, int] = {Phase.ASSEMBLY: call.assembly_us}
         if call.incomplete is not None:
             return Verdict(
                 Outcome.INCOMPLETE,
                 phase=Phase.ASSEMBLY,
-                reason=call.incomplete,
-                retryable=call.incomplete in _RETRYABLE_INCOMPLETE,
+                reason=IncompleteReason(call.incomplete),
+                retryable=call.incomplete in RETRYABLE_INCOMPLETE,
+                idempotency_key=call.idempotency_key,
                 phases_us=phases,
-                nbytes=size,
             )
-        reject = _Rejector(self._limits, call, phases, size)
         if call.assembly_error is not None:
-            phase = Phase.LIMITS if call.assembly_error in _ASSEMBLY_LIMIT_CODES else Phase.ASSEMBLY
-            detail = call.assembly_detail or call.assembly_error.value
-            return reject(phase, call.assembly_error, (Violation("", call.assembly_error, detail),))
+            code = Code(call.assembly_error)
+            phase = Phase.LIMITS if code in _LIMIT_CODES else Phase.ASSEMBLY
+            detail = call.assembly_detail or code.value
+            return self._rejected(call, phase, code, (Violation("", code, detail),), phases)
 
-        clock = _Clock(phases)
+        started = perf_counter_ns()
+        self._phase = Phase.RESPONSE_CLASSIFICATION
         channel_code = _CHANNEL_CODES.get(call.channel)
-        clock.lap(Phase.RESPONSE_CLASSIFICATION)
+        now = perf_counter_ns()
+        phases[Phase.RESPONSE_CLASSIFICATION] = (now - started) // 1000
         if channel_code is not None:
-            return reject(Phase.RESPONSE_CLASSIFICATION, channel_code, ())
+            return self._rejected(call, Phase.RESPONSE_CLASSIFICATION, channel_code, (), phases)
 
+        self._phase = Phase.LIMITS
         limits = self._limits
-        if size > limits.max_bytes:
-            clock.lap(Phase.LIMITS)
-            message = f"the arguments are {size} bytes; the limit is {limits.max_bytes}"
-            return reject(Phase.LIMITS, Code.TOO_LARGE, (Violation("", "maxBytes", message),))
-        depth = depth_over(call.arguments, limits.max_depth)
-        clock.lap(Phase.LIMITS)
+        text = call.arguments
+        depth = depth_over(text, limits.max_depth)
+        started, now = now, perf_counter_ns()
+        phases[Phase.LIMITS] = (now - started) // 1000
         if depth is not None:
             message = f"the arguments nest {depth} levels deep; the limit is {limits.max_depth}"
-            return reject(Phase.LIMITS, Code.TOO_DEEP, (Violation("", "maxDepth", message),))
+            violation = Violation("", "maxDepth", message)
+            return self._rejected(call, Phase.LIMITS, Code.TOO_DEEP, (violation,), phases)
 
-        text, repair = strip_fence(call.arguments)
-        repairs: tuple[Repair, ...] = ()
-        if repair is not None:
-            repairs = (repair,)
-            reject.repairs = repairs
-        clock.lap(Phase.REPAIR)
+        self._phase = Phase.REPAIR
+        text, repair = strip_fence(text)
+        repairs = (repair,) if repair is not None else ()
+        started, now = now, perf_counter_ns()
+        phases[Phase.REPAIR] = (now - started) // 1000
 
-        value = parse(text)
-        clock.lap(Phase.JSON_PARSE)
-        if isinstance(value, ParseError):
-            violation = Violation(value.path, value.code.value, value.message)
-            return reject(Phase.JSON_PARSE, value.code, (violation,))
+        self._phase = Phase.JSON_PARSE
+        value = parse_json(text, limits.max_depth)
+        started, now = now, perf_counter_ns()
+        phases[Phase.JSON_PARSE] = (now - started) // 1000
         if type(value) is not dict:
-            message = "the arguments must be a JSON object"
-            return reject(Phase.JSON_PARSE, Code.ROOT_NOT_OBJECT, (Violation("", "type", message),))
+            if isinstance(value, ParseError):
+                code = Code(value.code)
+                violation = Violation(value.path, value.code, value.message)
+                phase = _PARSE_PHASES.get(code, Phase.JSON_PARSE)
+                return self._rejected(call, phase, code, (violation,), phases, repairs=repairs)
+            violation = Violation("", "type", "the arguments must be a JSON object")
+            return self._rejected(
+                call, Phase.JSON_PARSE, Code.ROOT_NOT_OBJECT, (violation,), phases, repairs=repairs
+            )
 
-        contract = self.registry.resolve(call.tool, call.tool_version) if call.tool else None
+        self._phase = Phase.SCHEMA_VALIDATION
+        tool = call.tool
+        contract = self.registry.resolve(tool, call.tool_version) if tool else None
         if not isinstance(contract, Contract):
-            clock.lap(Phase.SCHEMA_VALIDATION)
+            started, now = now, perf_counter_ns()
+            phases[Phase.SCHEMA_VALIDATION] = (now - started) // 1000
             failure = contract or LookupFailure(Code.UNKNOWN_TOOL, "the call names no tool")
-            return reject(
-                Phase.SCHEMA_VALIDATION,
-                failure.code,
-                (Violation("", failure.code.value, failure.message),),
+            violation = Violation("", failure.code, failure.message)
+            return self._rejected(
+                call, Phase.SCHEMA_VALIDATION, failure.code, (violation,), phases, repairs=repairs
             )
-        reject.schema = contract.ref
-        if call.channel is ChunkKind.MCP_RESULT:
+        schema = contract.ref
+        if call.channel == ChunkKind.MCP_RESULT:
             return self._judge_tool_result(
-                value, contract=contract, clock=clock, reject=reject, repairs=repairs, size=size
+                call, message=value, contract=contract, phases=phases, started=now, repairs=repairs
+            )
+        violations = contract.check(value)
+        started, now = now, perf_counter_ns()
+        phases[Phase.SCHEMA_VALIDATION] = (now - started) // 1000
+        if violations:
+            return self._rejected(
+                call,
+                Phase.SCHEMA_VALIDATION,
+                Code.SCHEMA_VIOLATION,
+                violations,
+                phases,
+                contract=contract,
+                arguments=value,
+                repairs=repairs,
             )
 
-        violations = contract.check(value)
-        clock.lap(Phase.SCHEMA_VALIDATION)
-        if violations:
-            return reject(Phase.SCHEMA_VALIDATION, Code.SCHEMA_VIOLATION, violations)
-
+        meta = contract.meta
         key = call.idempotency_key
-        if key is None and type(value.get("idempotency_key")) is str:
-            key = value["idempotency_key"]
-        rules = self._plugins.rules_for(contract.ref.id)
+        named = meta.idempotency_key_argument
+        if named is not None:
+            argument_key = value.get(named)
+            if type(argument_key) is str:
+                if key is not None and key != argument_key:
+                    self._phase = Phase.IDEMPOTENCY
+                    started, now = now, perf_counter_ns()
+                    phases[Phase.IDEMPOTENCY] = (now - started) // 1000
+                    message = f"the envelope's idempotency key differs from argument {named!r}"
+                    violation = Violation(f"/{named}", "idempotency_key", message)
+                    return self._rejected(
+                        call,
+                        Phase.IDEMPOTENCY,
+                        Code.IDEMPOTENCY_KEY_MISMATCH,
+                        (violation,),
+                        phases,
+                        contract=contract,
+                        arguments=value,
+                        repairs=repairs,
+                    )
+                key = argument_key
+
+        rules = self._plugins.rules_for(schema.id)
         if rules:
-            context = RuleContext(contract.ref, key)
+            self._phase = Phase.BUSINESS_VALIDATION
+            context = RuleContext(schema, key)
             found: list[Violation] = []
             for rule in rules:
                 try:
                     found.extend(rule(value, context))
-                except Exception as exc:  # a plugin's bug must not stop the partition
-                    clock.lap(Phase.BUSINESS_VALIDATION)
-                    message = (
-                        f"rule {getattr(rule, '__name__', 'rule')} failed: {type(exc).__name__}"
-                    )
-                    return reject(
+                except Exception as exc:  # a plugin's bug is this call's rule_error
+                    started, now = now, perf_counter_ns()
+                    phases[Phase.BUSINESS_VALIDATION] = (now - started) // 1000
+                    name = getattr(rule, "__name__", "rule")
+                    message = f"rule {name} failed: {type(exc).__name__}"
+                    return self._rejected(
+                        call,
                         Phase.BUSINESS_VALIDATION,
                         Code.RULE_ERROR,
                         (Violation("", "rule_error", message),),
+                        phases,
+                        contract=contract,
+                        arguments=value,
+                        repairs=repairs,
                     )
-            clock.lap(Phase.BUSINESS_VALIDATION)
+            started, now = now, perf_counter_ns()
+            phases[Phase.BUSINESS_VALIDATION] = (now - started) // 1000
             if found:
-                return reject(Phase.BUSINESS_VALIDATION, Code.BUSINESS_RULE, tuple(found))
+                return self._rejected(
+                    call,
+                    Phase.BUSINESS_VALIDATION,
+                    Code.BUSINESS_RULE,
+                    tuple(found),
+                    phases,
+                    contract=contract,
+                    arguments=value,
+                    repairs=repairs,
+                )
 
-        meta = contract.meta
-        digest = b""
-        origin: Hashable = None
+        self._phase = Phase.IDEMPOTENCY
+        digest = None
         if key is None:
-            if meta.side_effects or meta.idempotency is IdempotencyPolicy.REQUIRED:
-                clock.lap(Phase.IDEMPOTENCY)
+            if meta.needs_key:
+                started, now = now, perf_counter_ns()
+                phases[Phase.IDEMPOTENCY] = (now - started) // 1000
                 message = "this tool has side effects and needs an idempotency key"
-                return reject(
+                violation = Violation("", "idempotency_key", message)
+                return self._rejected(
+                    call,
                     Phase.IDEMPOTENCY,
                     Code.IDEMPOTENCY_KEY_MISSING,
-                    (Violation("", "idempotency_key", message),),
+                    (violation,),
+                    phases,
+                    contract=contract,
+                    arguments=value,
+                    repairs=repairs,
                 )
         else:
-            digest = canonical_digest(contract.ref, value)
-            origin = _origin(call)
-            seen = self._idempotency.lookup(key, digest, origin)
-            clock.lap(Phase.IDEMPOTENCY)
-            if seen is Seen.CONFLICT:
-                message = "this idempotency key was used for a different call"
-                return reject(
-                    Phase.IDEMPOTENCY,
-                    Code.IDEMPOTENCY_CONFLICT,
-                    (Violation("", "idempotency_key", message),),
-                )
-            if seen is Seen.DUPLICATE:
-                message = "a call with this idempotency key was already accepted"
-                return reject(
-                    Phase.IDEMPOTENCY, Code.DUPLICATE, (Violation("", "idempotency_key", message),)
-                )
+            digest = request_digest(schema, value)
+            started, now = now, perf_counter_ns()
+            phases[Phase.IDEMPOTENCY] = (now - started) // 1000
 
-        arguments: Any = value
-        adapter = self._plugins.adapter_for(contract.ref)
+        self._phase = Phase.NORMALIZATION
+        arguments_json = text
+        adapter = self._plugins.adapter_for(schema)
         if adapter is not None:
             try:
-                arguments = adapter(value)
-            except Exception as exc:  # a plugin's bug must not stop the partition
-                clock.lap(Phase.NORMALIZATION)
-                message = f"adapter for version {contract.ref.version} failed: {type(exc).__name__}"
-                return reject(
+                arguments_json = orjson.dumps(adapter(value))
+            except Exception as exc:  # a plugin's bug is this call's adapter_error
+                started, now = now, perf_counter_ns()
+                phases[Phase.NORMALIZATION] = (now - started) // 1000
+                message = f"adapter for version {schema.version} failed: {type(exc).__name__}"
+                return self._rejected(
+                    call,
                     Phase.NORMALIZATION,
                     Code.ADAPTER_ERROR,
                     (Violation("", "adapter_error", message),),
+                    phases,
+                    contract=contract,
+                    arguments=value,
+                    repairs=repairs,
                 )
-        clock.lap(Phase.NORMALIZATION)
-        if key is not None:
-            self._idempotency.remember(key, digest, origin)
+            started, now = now, perf_counter_ns()
+            phases[Phase.NORMALIZATION] = (now - started) // 1000
         return Verdict(
             Outcome.ACCEPTED,
-            schema=contract.ref,
-            arguments=arguments,
+            schema=schema,
+            arguments_json=arguments_json,
             repairs=repairs,
             requires_approval=meta.requires_approval,
-            phases_us=clock.phases,
-            nbytes=size,
+            idempotency_key=key,
+            idempotency_digest=digest,
+            phases_us=phases,
         )
 
     def _judge_tool_result(
         self,
-        message: dict[str, Any],
+        call: AssembledCall,
         *,
+        message: dict[str, Any],
         contract: Contract,
-        clock: _Clock,
-        reject: _Rejector,
-        repairs: tuple[Repair, ...],
-        size: int,
+        phases: dict[str, int],
+        started: int,
+        repairs: tuple[RepairKind, ...],
     ) -> Verdict:
-        finding = check_tool_result(message, contract.output_check)
-        clock.lap(Phase.TOOL_OUTPUT_VALIDATION)
+        self._phase = Phase.TOOL_OUTPUT_VALIDATION
+        finding = check_tool_result(message, contract.output_check, self._limits.max_depth)
+        phases[Phase.TOOL_OUTPUT_VALIDATION] = (perf_counter_ns() - started) // 1000
+        schema = contract.ref
         if finding is None:
             return Verdict(
                 Outcome.ACCEPTED,
-                schema=contract.ref,
-                arguments=message.get("result"),
+                schema=schema,
+                arguments_json=orjson.dumps(message.get("result")),
                 repairs=repairs,
-                phases_us=clock.phases,
-                nbytes=size,
+                idempotency_key=call.idempotency_key,
+                phases_us=phases,
             )
         if finding.outcome is Outcome.INCOMPLETE:
             return Verdict(
                 Outcome.INCOMPLETE,
                 phase=Phase.TOOL_OUTPUT_VALIDATION,
                 reason=finding.reason,
-                schema=contract.ref,
+                schema=schema,
                 repairs=repairs,
-                phases_us=clock.phases,
-                nbytes=size,
+                idempotency_key=call.idempotency_key,
+                phases_us=phases,
             )
         assert finding.code is not None
-        return reject(Phase.TOOL_OUTPUT_VALIDATION, finding.code, finding.violations)
+        return self._rejected(
+            call,
+            Phase.TOOL_OUTPUT_VALIDATION,
+            finding.code,
+            finding.violations,
+            phases,
+            contract=contract,
+            arguments=message,
+            declared=contract.output_declared_names | RESULT_MEMBERS,
+            repairs=repairs,
+        )
 
-
-def _origin(call: AssembledCall) -> Hashable:
-    """Where a call came from: equal for a replay of the same input, different otherwise."""
-    if call.source is None:
-        return (call.stream_id, call.call_id)
-    source = call.source
-    return (source.topic, source.partition, source.first_offset, call.call_id)
-
-
-class _Rejector:
-    """Builds a rejected verdict with feedback, retryability and the retry budget applied."""
-
-    __slots__ = ("_call", "_limits", "_phases", "_size", "repairs", "schema")
-
-    def __init__(
-        self, limits: GateLimits, call: AssembledCall, phases: dict[Phase, int], size: int
-    ) -> None:
-        self._limits = limits
-        self._call = call
-        self._phases = phases
-        self._size = size
-        self.schema: SchemaRef | None = None
-        self.repairs: tuple[Repair, ...] = ()
-
-    def __call__(self, phase: Phase, code: Code, violations: tuple[Violation, ...]) -> Verdict:
+    def _rejected(
+        self,
+        call: AssembledCall,
+        phase: Phase,
+        code: Code,
+        violations: tuple[Violation, ...],
+        phases: dict[str, int],
+        *,
+        contract: Contract | None = None,
+        arguments: Any = NO_ARGUMENTS,
+        declared: frozenset[str] | None = None,
+        repairs: tuple[RepairKind, ...] = (),
+    ) -> Verdict:
+        """A rejection with its retry feedback (naming only what the contract declares), and
+        the retry budget applied."""
+        schema = contract.ref if contract is not None else None
+        if declared is None:
+            declared = contract.declared_names if contract is not None else frozenset()
         limits = self._limits
-        violations = violations[: limits.max_violations]
-        retryable = code in _RETRYABLE
-        attempt = self._call.trace.attempt
-        exhausted = retryable and attempt is not None and attempt >= limits.retry_budget
+        retryable = code in RETRYABLE
+        exhausted = retryable and call.attempt is not None and call.attempt >= limits.retry_budget
         if exhausted:
             retryable = False
+        feedback = build_feedback(
+            code,
+            schema,
+            violations,
+            retryable=retryable,
+            budget_exhausted=exhausted,
+            max_bytes=limits.max_feedback_bytes,
+            declared=declared,
+            arguments=arguments,
+        )
         return Verdict(
             Outcome.REJECTED,
             phase=phase,
             code=code,
-            schema=self.schema,
+            schema=schema,
             violations=violations,
-            repairs=self.repairs,
+            repairs=repairs,
             retryable=retryable,
-            retry_feedback=build_feedback(
-                code,
-                self.schema,
-                violations,
-                retryable=retryable,
-                budget_exhausted=exhausted,
-                max_bytes=limits.max_feedback_bytes,
-            ),
-            phases_us=self._phases,
-            nbytes=self._size,
+            retry_feedback=feedback,
+            idempotency_key=call.idempotency_key,
+            phases_us=phases,
         )

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import re
 
-from worker.model import Repair, RepairKind
+from worker.model import RepairKind
 
 _FENCE = re.compile(
     rb"\A\s*```(?:json|JSON)?[ \t]*\r?\n(?P<body>.*?)\r?\n?[ \t]*```\s*\Z", re.DOTALL
 )
 
 
-def strip_fence(text: bytes) -> tuple[bytes, Repair | None]:
+def strip_fence(text: bytes) -> tuple[bytes, RepairKind | None]:
     """The text inside a fence that encloses all of it, and the repair made; else the text as is."""
     if not text.lstrip().startswith(b"```"):
         return text, None
     match = _FENCE.match(text)
     if match is None:
         return text, None
-    return match["body"], Repair(RepairKind.MARKDOWN_FENCE)
+    return match["body"], RepairKind.MARKDOWN_FENCE

@@ -21,10 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.core.strict_json import ParseError, parse
+from worker._native import ParseError, parse_json
 from worker.model import Code, IncompleteReason, Outcome, Violation
 from worker.schemas.contract import CompiledCheck
 
+#: The members of an MCP response that feedback may name (besides the output schema's own).
+RESULT_MEMBERS = frozenset(
+    {"result", "structuredContent", "content", "isError", "resultType", "text", "error", "code"}
+)
 _RESULT = "/result"
 _STRUCTURED = "/result/structuredContent"
 _JSONRPC_ERRORS = {
@@ -55,7 +59,7 @@ def _malformed(path: str, keyword: str, message: str) -> ToolOutputFinding:
 
 
 def check_tool_result(
-    message: Mapping[str, Any], output_check: CompiledCheck | None
+    message: Mapping[str, Any], output_check: CompiledCheck | None, max_depth: int
 ) -> ToolOutputFinding | None:
     """None when the result is acceptable, else the first finding (see the module docstring)."""
     if "error" in message:
@@ -102,7 +106,7 @@ def check_tool_result(
                     for v in violations
                 ),
             )
-    return _text_mismatch(content, structured)
+    return _text_mismatch(content, structured, max_depth)
 
 
 def _jsonrpc_error(error: object) -> ToolOutputFinding:
@@ -120,14 +124,14 @@ def _jsonrpc_error(error: object) -> ToolOutputFinding:
     )
 
 
-def _text_mismatch(content: list[Any], structured: Any) -> ToolOutputFinding | None:
+def _text_mismatch(content: list[Any], structured: Any, max_depth: int) -> ToolOutputFinding | None:
     for index, block in enumerate(content):
         if not isinstance(block, dict) or block.get("type") != "text":
             continue
         text = block.get("text")
         if not isinstance(text, str) or text.lstrip()[:1] not in ("{", "["):
             continue  # prose, not serialized JSON: nothing to compare
-        value = parse(text.encode("utf-8", "surrogatepass"))
+        value = parse_json(text.encode("utf-8", "surrogatepass"), max_depth)
         if isinstance(value, ParseError):
             continue
         if not _same_json(value, structured):

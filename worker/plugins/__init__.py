@@ -1,20 +1,31 @@
 """Plugins: business rules per tool and version adapters per (schema id, version).
 
-A plugin is a module with `register(plugins: Plugins) -> None`; the settings name the modules by
-import path, and `load_plugins` imports them once at start-up. A rule returns the violations it
-finds (an empty iterable when the arguments pass); a rule that raises is the chain's `rule_error`,
-never a crash. An adapter returns the arguments in the current internal shape.
+Plugins belong to the contracts they extend: a contracts directory may hold a `plugins.py`
+beside its schemas, and only that directory's contracts get its rules and adapters (another
+directory with a schema of the same id gets none). The settings may name more plugin modules by
+import path. A plugin module has `register(plugins: Plugins) -> None`.
+
+A rule returns the violations it finds (an empty iterable when the arguments pass); a rule that
+raises is the chain's `rule_error`, never a crash. An adapter returns the arguments in the current
+internal shape; one that raises is `adapter_error`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from worker.errors import ConfigError
 from worker.model import SchemaRef, Violation
+
+#: The file of a contracts directory that holds its plugins.
+CONTRACT_PLUGINS = "plugins.py"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +70,38 @@ class Plugins:
         return self._adapters.get((ref.id, ref.version))
 
 
-def load_plugins(modules: Iterable[str]) -> Plugins:
+def load_plugins(contracts: Path | None = None, modules: Iterable[str] = ()) -> Plugins:
+    """The plugins of a contracts directory (its `plugins.py`, if any) and of named modules."""
     plugins = Plugins()
+    if contracts is not None and (contracts / CONTRACT_PLUGINS).is_file():
+        _register(
+            _from_file(contracts / CONTRACT_PLUGINS), str(contracts / CONTRACT_PLUGINS), plugins
+        )
     for name in modules:
         try:
             module = importlib.import_module(name)
         except ImportError as exc:
             raise ConfigError(f"plugin module {name!r} cannot be imported: {exc}") from exc
-        register = getattr(module, "register", None)
-        if not callable(register):
-            raise ConfigError(f"plugin module {name!r} has no register(plugins) function")
-        register(plugins)
+        _register(module, name, plugins)
     return plugins
+
+
+def _from_file(path: Path) -> ModuleType:
+    # a name of its own per file, so two contracts directories never share a module
+    digest = hashlib.blake2b(str(path.resolve()).encode(), digest_size=8).hexdigest()
+    spec = importlib.util.spec_from_file_location(f"callgate_contracts_{digest}", path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"plugins file {path} cannot be loaded")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the file is the contract author's code: say what broke
+        raise ConfigError(f"plugins file {path} failed to load: {exc!r}") from exc
+    return module
+
+
+def _register(module: ModuleType, name: str, plugins: Plugins) -> None:
+    register = getattr(module, "register", None)
+    if not callable(register):
+        raise ConfigError(f"plugin module {name!r} has no register(plugins) function")
+    register(plugins)

@@ -1,12 +1,44 @@
-"""Delivery bookkeeping, pure: which offsets may be committed, and when to pause fetching.
+"""The delivery protocol: what is written, acknowledged and committed, in which order, and why.
 
-`DeliveryLedger` keeps the batches whose outcome events are not all acknowledged yet, in fetch
-order. A batch carries the commit offsets the processor allowed right after it; those offsets
-become committable only when that batch and every earlier one are fully acknowledged, so a commit
-never passes an unacknowledged output. `FlowControl` turns the number of unacknowledged outputs
-and the producer's health into pause/resume decisions, with hysteresis. `ReplayGuard` recognises,
-after a restart or a reassignment, the events that only re-judge fragments of calls the previous
-owner already judged.
+The worker judges input in *rounds*: one fetched batch of its assigned partitions, and what that
+batch makes. Per input partition the state of its open calls (and vendor streams) is kept in a
+compacted changelog topic, co-partitioned with the input (`worker.runtime.checkpoints`). A
+checkpoint reflects an input offset: every record before it was fed, none after.
+
+`at_least_once` (the default; the only mode on a broker without transactions), for each round:
+
+1. Fetch a batch; feed each partition's records to the processor. Every call the batch closes
+   is judged and becomes one record: an outcome event, or (a call with an idempotency key) a
+   request to the owner of the key. Records of idempotency requests are decided by their owner
+   and become outcome events and key-store changes.
+2. Take each input partition's checkpoint (what changed since the previous one) right away, so
+   it reflects exactly the records fed so far.
+3. Send every record of the round, batched per topic partition. The next round may start.
+4. When every record of this round and of every earlier round is acknowledged, send the round's
+   checkpoints, in round order (rounds ready together are sent together, each partition's
+   frames in order; a frame names its place, so a restore applies them in order regardless).
+5. When they are acknowledged, commit the round's input offsets (and the offsets of the
+   idempotency requests it decided).
+
+Why each crash point loses nothing and never yields a second, different verdict:
+- before 4: the last checkpoint is an earlier one; the partition is restored from it and the
+  records after it are fed again. The reassembler decides by the records alone (record time, no
+  wall clock), so the same calls close the same way: the re-emitted events equal the first ones
+  but for the measured phase timings (same `event_id`, same verdict, same fields).
+- between 4 and 5: on assignment the partition resumes right after the offset its checkpoint
+  reflects, whatever the committed offset says; a call is never judged from a fragment.
+- after 5: nothing is replayed.
+A record that is acknowledged only after a retry may be written twice: an identical duplicate,
+which consumers drop by `event_id`. An idempotency decision replayed after a crash finds its own
+key-store change (written in step 3) and re-emits the same event (`Decision.REPLAY`).
+
+`exactly_once` (needs transactions): steps 3 to 5 are one Kafka transaction per round: the
+records, the checkpoints and the input offsets (`send_offsets_to_transaction`) commit together
+or not at all; an aborted round is rewound (partitions restored from their committed
+checkpoints, fetching resumed there). Consumers of the outcome topics read with
+`isolation.level=read_committed` and never see an event twice.
+
+`Ledger` below is the bookkeeping of steps 3 to 5 for `at_least_once`; it is pure.
 """
 
 from __future__ import annotations
@@ -14,197 +46,123 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Generic, TypeVar
+from enum import Enum
 
-from worker.model import AssembledCall, Code, IncompleteReason, Verdict
-
-#: (topic, partition); aiokafka's TopicPartition is a named tuple of the same shape.
+#: (topic, partition)
 Partition = tuple[str, int]
 
-#: What a batch unlocks per partition: an offset, or (offset, replay mark) in the runner.
-P = TypeVar("P")
+
+class Stage(Enum):
+    SENDING = 1  # step 3: records sent, not all acknowledged
+    CHECKPOINTING = 2  # step 4: checkpoints sent, not all acknowledged
+    DONE = 3  # step 5: offsets may be committed
 
 
 @dataclass(slots=True)
-class _Batch(Generic[P]):
+class Round:
     id: int
     outstanding: int
-    offsets: dict[Partition, P] = field(default_factory=dict)
+    #: what is written in step 4, per input partition: records (key, value, headers) in order
+    checkpoints: dict[Partition, list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]]
+    #: what is committed in step 5: the next offset to read, per partition
+    offsets: dict[Partition, int]
+    stage: Stage = Stage.SENDING
+    checkpoints_outstanding: int = 0
 
 
-class DeliveryLedger(Generic[P]):
-    """Batches of outputs in flight, in order, and the commit positions they unlock."""
+@dataclass(slots=True)
+class Ledger:
+    """Rounds in flight, oldest first, moved through the protocol's steps in order."""
 
-    def __init__(self) -> None:
-        self._batches: deque[_Batch[P]] = deque()
-        self._by_id: dict[int, _Batch[P]] = {}
-        self._next_id = 0
-        self._ready: dict[Partition, P] = {}
-        self._committed: dict[Partition, P] = {}
-        self.pending = 0
+    _rounds: deque[Round] = field(default_factory=deque)
+    _by_id: dict[int, Round] = field(default_factory=dict)
+    _committable: dict[Partition, int] = field(default_factory=dict)
+    pending_records: int = 0
 
-    def record_batch(self, outputs: int, offsets: Mapping[Partition, P]) -> int:
-        """A batch's `outputs` events were sent; `offsets` are safe once they are acknowledged."""
-        batch = _Batch(self._next_id, outputs, dict(offsets))
-        self._next_id += 1
-        self._batches.append(batch)
-        self._by_id[batch.id] = batch
-        self.pending += outputs
-        self._release()
-        return batch.id
+    def open_round(
+        self,
+        round_id: int,
+        records: int,
+        checkpoints: Mapping[Partition, list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]],
+        offsets: Mapping[Partition, int],
+    ) -> None:
+        """Step 3: a round's `records` were handed to the outbox (ids only ever grow)."""
+        round_ = Round(round_id, records, dict(checkpoints), dict(offsets))
+        self._rounds.append(round_)
+        self._by_id[round_id] = round_
+        self.pending_records += records
 
-    def acknowledge(self, batch_id: int, count: int = 1) -> None:
-        """`count` outputs of that batch were acknowledged by the broker."""
-        batch = self._by_id.get(batch_id)
-        if batch is None:
+    def acknowledged(self, round_id: int, count: int = 1) -> None:
+        """`count` records of the round (step 3) were acknowledged."""
+        round_ = self._by_id.get(round_id)
+        if round_ is None or round_.stage is not Stage.SENDING:
             return
-        count = min(count, batch.outstanding)
-        batch.outstanding -= count
-        self.pending -= count
-        self._release()
+        count = min(count, round_.outstanding)
+        round_.outstanding -= count
+        self.pending_records -= count
 
-    def _release(self) -> None:
-        while self._batches and self._batches[0].outstanding == 0:
-            batch = self._batches.popleft()
-            del self._by_id[batch.id]
-            self._ready.update(batch.offsets)
+    def checkpoints_to_send(self) -> list[Round]:
+        """Step 4: rounds whose records, and every earlier round's, are all acknowledged, and
+        whose checkpoints are not sent yet, oldest first. Marks them as checkpointing."""
+        ready: list[Round] = []
+        for round_ in self._rounds:
+            if round_.stage is not Stage.SENDING:
+                continue
+            if round_.outstanding:
+                break
+            round_.stage = Stage.CHECKPOINTING
+            round_.checkpoints_outstanding = sum(len(r) for r in round_.checkpoints.values())
+            ready.append(round_)
+        self._settle()
+        return ready
 
-    def committable(self) -> dict[Partition, P]:
-        """Offsets acknowledged in full that differ from what was last committed."""
-        return {tp: off for tp, off in self._ready.items() if self._committed.get(tp) != off}
+    def checkpoint_acknowledged(self, round_id: int, count: int = 1) -> None:
+        round_ = self._by_id.get(round_id)
+        if round_ is None or round_.stage is not Stage.CHECKPOINTING:
+            return
+        round_.checkpoints_outstanding = max(0, round_.checkpoints_outstanding - count)
+        self._settle()
 
-    def mark_committed(self, offsets: Mapping[Partition, P]) -> None:
-        self._committed.update(offsets)
+    def _settle(self) -> None:
+        """Step 5: rounds fully written, in order, hand their offsets to the next commit."""
+        while self._rounds:
+            head = self._rounds[0]
+            if head.stage is not Stage.CHECKPOINTING or head.checkpoints_outstanding:
+                break
+            head.stage = Stage.DONE
+            self._rounds.popleft()
+            del self._by_id[head.id]
+            self._committable.update(head.offsets)
 
-    def committed(self, tp: Partition) -> P | None:
-        return self._committed.get(tp)
+    def take_committable(self) -> dict[Partition, int]:
+        """The offsets to commit now (each partition's latest); they are handed out once."""
+        offsets, self._committable = self._committable, {}
+        return offsets
+
+    def recommit(self, offsets: Mapping[Partition, int]) -> None:
+        """A commit failed: its offsets are committable again (unless newer ones are)."""
+        for tp, offset in offsets.items():
+            self._committable.setdefault(tp, offset)
 
     def forget(self, partitions: Iterable[Partition]) -> None:
-        """A partition was revoked: nothing in flight may commit for it any more."""
+        """Partitions were revoked or rewound: nothing in flight may checkpoint or commit them."""
         gone = set(partitions)
-        for batch in self._batches:
+        for round_ in self._rounds:
             for tp in gone:
-                batch.offsets.pop(tp, None)
+                dropped = round_.checkpoints.pop(tp, [])
+                round_.offsets.pop(tp, None)
+                if round_.stage is Stage.CHECKPOINTING:
+                    round_.checkpoints_outstanding = max(
+                        0, round_.checkpoints_outstanding - len(dropped)
+                    )
         for tp in gone:
-            self._ready.pop(tp, None)
-            self._committed.pop(tp, None)
+            self._committable.pop(tp, None)
+        self._settle()
 
     @property
-    def batches_in_flight(self) -> int:
-        return len(self._batches)
+    def rounds_in_flight(self) -> int:
+        return len(self._rounds)
 
-
-class FlowDecision(StrEnum):
-    PAUSE = "pause"
-    RESUME = "resume"
-    KEEP = "keep"
-
-
-class FlowControl:
-    """Pause above `limit` unacknowledged outputs or while the producer fails; resume at half."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.paused = False
-
-    def update(self, pending: int, producer_failing: bool) -> FlowDecision:
-        if not self.paused and (producer_failing or pending > self.limit):
-            self.paused = True
-            return FlowDecision.PAUSE
-        if self.paused and not producer_failing and pending <= self.limit // 2:
-            self.paused = False
-            return FlowDecision.RESUME
-        return FlowDecision.KEEP
-
-
-class Backoff:
-    """Exponential retry delay for failed produces: base, doubling, capped; reset on success."""
-
-    def __init__(self, base_s: float = 0.1, cap_s: float = 5.0) -> None:
-        self.base_s = base_s
-        self.cap_s = cap_s
-        self._failures = 0
-
-    def failed(self) -> float:
-        """Record one more failure; the delay before the next try."""
-        self._failures += 1
-        return self.delay
-
-    @property
-    def delay(self) -> float:
-        if self._failures == 0:
-            return 0.0
-        return float(min(self.cap_s, self.base_s * 2 ** (self._failures - 1)))
-
-    def succeeded(self) -> None:
-        self._failures = 0
-
-
-REPLAY_MARK_PREFIX = "callgate:fed="
-
-
-def replay_mark(fed: int) -> str:
-    """Commit metadata: every record before `fed` had been fed when this offset was committed."""
-    return f"{REPLAY_MARK_PREFIX}{fed}"
-
-
-class ReplayGuard:
-    """Drops what a replay re-judges from fragments of calls that were already judged.
-
-    A commit stops at the first offset C of the oldest open call, so records in [C, F) (F: the
-    offset fed when C was committed, kept in the commit's metadata) are fed twice after a crash
-    or a reassignment. Some of them belong to calls that began before C: such a call was closed,
-    and its outcome acknowledged, before C was committed (else C would not pass its first offset).
-    Fed again without their beginning, they would come out as a `sequence_gap` that starts with a
-    gap, or as an undecodable record: new events, with new ids, for calls already judged. Inside
-    the window those are dropped; everything else is emitted again with its original event_id.
-    """
-
-    _FRAGMENT_CODES = frozenset({Code.MALFORMED_RECORD, Code.UNKNOWN_FORMAT})
-
-    def __init__(self) -> None:
-        self._until: dict[Partition, int] = {}
-        self.dropped = 0
-
-    def resume(self, tp: Partition, committed: int | None, metadata: str | None) -> None:
-        """The partition was assigned; what its last commit said."""
-        self._until.pop(tp, None)
-        if committed is None or not metadata or not metadata.startswith(REPLAY_MARK_PREFIX):
-            return
-        try:
-            mark = int(metadata[len(REPLAY_MARK_PREFIX) :])
-        except ValueError:
-            return
-        if mark > committed:
-            self._until[tp] = mark
-
-    @property
-    def active(self) -> bool:
-        """Some partition is still inside its replay window."""
-        return bool(self._until)
-
-    def window(self, tp: Partition) -> int | None:
-        return self._until.get(tp)
-
-    def fed(self, tp: Partition, next_offset: int) -> None:
-        """Records before `next_offset` were fed: the window closes once it is passed."""
-        until = self._until.get(tp)
-        if until is not None and next_offset >= until:
-            del self._until[tp]
-
-    def forget(self, tp: Partition) -> None:
-        self._until.pop(tp, None)
-
-    def is_judged_fragment(self, call: AssembledCall, verdict: Verdict) -> bool:
-        if not self._until or call.source is None:
-            return False
-        source = call.source
-        until = self._until.get((source.topic, source.partition))
-        if until is None or source.first_offset >= until:
-            return False
-        starts_with_gap = verdict.reason is IncompleteReason.SEQUENCE_GAP and call.chunks == 0
-        fragment = starts_with_gap or verdict.code in self._FRAGMENT_CODES
-        if fragment:
-            self.dropped += 1
-        return fragment
+    def idle(self) -> bool:
+        """Nothing sent is waiting for an acknowledgement, and nothing waits to be committed."""
+        return not self._rounds and not self._committable

@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from worker.compose import violation_limits
 from worker.errors import SchemaLoadError
 from worker.schemas import compat, examples, lint
 from worker.schemas.registry import mcp_tools, read_json
 from worker.schemas.vetting import ENGINES
+from worker.settings import load_settings
 
 OK, FOUND, UNREADABLE = 0, 1, 2
 
@@ -93,7 +95,7 @@ def run_test(args: argparse.Namespace) -> int:
     engines = ENGINES if args.engine == "all" else (args.engine,)
     status = OK
     for engine in engines:
-        run = examples.run(args.dir, engine)
+        run = examples.run(args.dir, engine, violation_limits(load_settings().limits))
         for problem in run.problems:
             print(f"{engine}: problem: {problem}")
         wrong = [r for r in run.results if not r.passed]

@@ -11,7 +11,6 @@ from enum import StrEnum
 from typing import Any
 
 from worker.model import Code, SchemaRef, Violation
-from worker.settings import LimitSettings
 
 #: A compiled schema: returns the violations of an instance, at most `max_violations` of them,
 #: each bounded in bytes (`ViolationLimits`); empty means valid. It never rewrites the instance.
@@ -24,7 +23,7 @@ CUT = "/\u2026"
 @dataclass(frozen=True, slots=True)
 class ViolationLimits:
     """How much a compiled check may report about one instance. No defaults: whoever compiles a
-    check passes them, from the settings (`from_settings`)."""
+    check passes them, from the settings (`worker.compose`)."""
 
     max_violations: int
     max_path_bytes: int  # a longer path is cut at a token boundary and ends in CUT
@@ -33,13 +32,6 @@ class ViolationLimits:
     def __post_init__(self) -> None:
         if self.max_violations < 1 or min(self.max_path_bytes, self.max_message_bytes) < 16:
             raise ValueError(f"violation limits too small: {self}")
-
-    @classmethod
-    def from_settings(cls, limits: LimitSettings) -> ViolationLimits:
-        """`max_violations` is the setting; a violation's path and message may each take an
-        eighth of the feedback bound, so a feedback always has room for several."""
-        each = limits.max_feedback_bytes // 8
-        return cls(limits.max_violations, max_path_bytes=each, max_message_bytes=each)
 
 
 class IdempotencyPolicy(StrEnum):
@@ -55,6 +47,13 @@ class ContractMeta:
     side_effects: bool = False
     requires_approval: bool = False
     idempotency: IdempotencyPolicy = IdempotencyPolicy.OPTIONAL
+    #: the top-level argument that carries the call's idempotency key, if the contract has one
+    idempotency_key_argument: str | None = None
+
+    @property
+    def needs_key(self) -> bool:
+        """A call of this tool without an idempotency key is rejected."""
+        return self.side_effects or self.idempotency is IdempotencyPolicy.REQUIRED
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,6 @@ from worker.model import Violation
 from worker.schemas.contract import CompiledCheck, ViolationLimits
 from worker.schemas.engines import compile_check
 from worker.schemas.registry import SchemaSource, discover, read_json
-from worker.schemas.vetting import FASTJSONSCHEMA
-from worker.settings import LimitSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +80,8 @@ def collect(directory: Path) -> tuple[list[tuple[Example, Any]], list[str]]:
     return examples, problems
 
 
-def run(directory: Path, engine: str = FASTJSONSCHEMA) -> ExampleRun:
-    """Compile each schema once with `engine` and check every example against it (violations
-    bounded as the settings' defaults bound them)."""
-    limits = ViolationLimits.from_settings(LimitSettings())
+def run(directory: Path, engine: str, limits: ViolationLimits) -> ExampleRun:
+    """Compile each schema once with `engine` and check every example against it."""
     try:
         examples, problems = collect(directory)
     except SchemaLoadError as exc:

@@ -37,14 +37,13 @@ from worker.schemas.drafts import declared_names, draft_of
 from worker.schemas.engines import compile_check
 from worker.schemas.versions import MAX_VERSION_DIGITS, parse_version
 from worker.schemas.vetting import ENGINES, FASTJSONSCHEMA
-from worker.settings import LimitSettings, Settings
 
 _NAME = r"[A-Za-z0-9_\-]+"
 SCHEMA_FILE = re.compile(rf"^(?P<tool>{_NAME})\.v(?P<version>[0-9]+)\.schema\.json$")
 OUTPUT_FILE = re.compile(rf"^(?P<tool>{_NAME})\.v(?P<version>[0-9]+)\.output\.schema\.json$")
 TOOLS_FILE = re.compile(rf"^(?P<server>{_NAME})(?:\.v(?P<version>[0-9]+))?\.tools\.json$")
 MCP_DOMAIN = "mcp"
-_META_KEYS = {"side_effects", "requires_approval", "idempotency"}
+_META_KEYS = {"side_effects", "requires_approval", "idempotency", "idempotency_key_argument"}
 
 
 def file_version(digits: str | None, file: str) -> str:
@@ -88,10 +87,16 @@ def contract_meta(schema: Any, file: str) -> ContractMeta:
         raise SchemaLoadError(
             f"x-callgate.idempotency must be one of {choices}", file=file
         ) from None
+    argument = raw.get("idempotency_key_argument")
+    if argument is not None and (not isinstance(argument, str) or not argument):
+        raise SchemaLoadError(
+            "x-callgate.idempotency_key_argument must name a top-level argument", file=file
+        )
     return ContractMeta(
         side_effects=raw.get("side_effects", False),
         requires_approval=raw.get("requires_approval", False),
         idempotency=idempotency,
+        idempotency_key_argument=argument,
     )
 
 
@@ -269,29 +274,17 @@ class SchemaRegistry:
                 self._by_name[name] = entry
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> SchemaRegistry:
-        """The registry the settings describe: their directory, engine and violation limits."""
-        return cls.load(
-            settings.schemas.dir,
-            settings.schemas.engine,
-            limits=ViolationLimits.from_settings(settings.limits),
-        )
-
-    @classmethod
     def load(
         cls,
         directory: Path,
         engine: str = FASTJSONSCHEMA,
         *,
-        limits: ViolationLimits | None = None,
+        limits: ViolationLimits,
     ) -> SchemaRegistry:
         """Compile every contract under `directory` with `engine`, or raise naming the culprit.
-
-        `limits` bound what each check reports; without them, the settings' defaults
-        (`LimitSettings()`) apply."""
+        `limits` bound what each check reports."""
         if engine not in ENGINES:
             raise SchemaLoadError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-        limits = limits or ViolationLimits.from_settings(LimitSettings())
         contracts = [compile_source(source, engine, limits) for source in discover(directory)]
         if not contracts:
             raise SchemaLoadError(f"no schemas found under {directory}")

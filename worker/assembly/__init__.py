@@ -1,1 +1,0 @@
-"""Stream reassembly: ordered chunks of interleaved streams to complete (or incomplete) calls."""

@@ -1,0 +1,91 @@
+"""The composition root: every object `callgate check` and `callgate run` use, built from the
+settings, here and nowhere else.
+
+The core never reads settings, files or plugins itself: this module loads the contracts and
+their plugins, turns each setting into the value its object takes, and wires them together.
+Raises `ConfigError` / `SchemaLoadError` naming what is wrong, before anything runs.
+"""
+
+from __future__ import annotations
+
+from worker._native import Assembler
+from worker.adapters.decoder import Decoder
+from worker.core.idempotency import KeyStore
+from worker.core.pipeline import Gate, GateLimits
+from worker.core.processor import EventLimits, Processor
+from worker.plugins import load_plugins
+from worker.schemas.contract import ViolationLimits
+from worker.schemas.registry import SchemaRegistry
+from worker.settings import LimitSettings, Settings
+
+
+def violation_limits(limits: LimitSettings) -> ViolationLimits:
+    """How much a compiled check reports: `max_violations`, each path and message bounded."""
+    return ViolationLimits(
+        limits.max_violations,
+        max_path_bytes=limits.max_message_bytes,
+        max_message_bytes=limits.max_message_bytes,
+    )
+
+
+def build_registry(settings: Settings) -> SchemaRegistry:
+    return SchemaRegistry.load(
+        settings.schemas.dir, settings.schemas.engine, limits=violation_limits(settings.limits)
+    )
+
+
+def tool_labels(registry: SchemaRegistry) -> dict[str, str]:
+    """Every name a call may give a tool (its name, its schema id) -> the tool's metric label."""
+    labels: dict[str, str] = {}
+    for contract in registry.contracts():
+        labels[contract.tool] = contract.tool
+        labels[contract.ref.id] = contract.tool
+    return labels
+
+
+def build_gate(settings: Settings, registry: SchemaRegistry) -> Gate:
+    limits = settings.limits
+    return Gate(
+        registry,
+        load_plugins(settings.schemas.dir, settings.plugins),
+        GateLimits(
+            max_depth=limits.max_depth,
+            max_feedback_bytes=limits.max_feedback_bytes,
+            retry_budget=settings.retry.budget,
+        ),
+    )
+
+
+def build_assembler(settings: Settings) -> Assembler:
+    limits = settings.limits
+    assembly = settings.assembly
+    return Assembler(
+        max_call_bytes=limits.max_bytes,
+        max_call_chunks=limits.max_chunks,
+        max_open_calls_per_partition=limits.max_open_calls_per_partition,
+        max_id_bytes=limits.max_id_bytes,
+        max_detail_bytes=limits.max_message_bytes,
+        idle_timeout_ms=round(assembly.idle_timeout_s * 1000),
+        max_call_lifetime_ms=round(assembly.max_call_lifetime_s * 1000),
+        recently_closed_per_partition=limits.recently_closed_per_partition,
+    )
+
+
+def build_processor(settings: Settings, registry: SchemaRegistry | None = None) -> Processor:
+    limits = settings.limits
+    registry = registry if registry is not None else build_registry(settings)
+    return Processor(
+        build_assembler(settings),
+        Decoder(max_streams_per_partition=limits.max_open_calls_per_partition),
+        build_gate(settings, registry),
+        EventLimits(
+            max_event_bytes=limits.max_event_bytes,
+            max_feedback_bytes=limits.max_feedback_bytes,
+        ),
+    )
+
+
+def build_key_store(settings: Settings) -> KeyStore:
+    """An empty store for one partition of the idempotency topic."""
+    keys = settings.idempotency
+    return KeyStore(max_keys=keys.max_keys, retention_ms=round(keys.retention_s * 1000))

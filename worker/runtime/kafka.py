@@ -1,0 +1,186 @@
+"""The one wrapper around aiokafka: clients built from the settings, and the few composite
+operations the worker needs (make sure topics exist as needed, read a partition to its end).
+
+Everything else in the runtime talks to the clients through this module's types, so fakes of
+them test the worker without a broker. No private aiokafka API is used anywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from worker.errors import BrokerError, ConfigError
+from worker.runtime.kafka_options import connection_options, consumer_options, producer_options
+from worker.runtime.topics import TopicSpec
+from worker.settings import Settings
+
+log = logging.getLogger("callgate.kafka")
+
+READ_COMMITTED = "read_committed"
+
+
+class Kafka:
+    """Builds the worker's clients and runs its admin and restore operations."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._exactly_once = settings.delivery.guarantee == "exactly_once"
+        self._connection = connection_options(settings.kafka)
+
+    def consumer(self) -> AIOKafkaConsumer:
+        """The group consumer: manual commits, read_committed under exactly_once."""
+        options = consumer_options(self._settings)
+        if self._exactly_once:
+            options["isolation_level"] = READ_COMMITTED
+        return AIOKafkaConsumer(**options)
+
+    def producer(self) -> AIOKafkaProducer:
+        options = producer_options(self._settings)
+        if self._exactly_once:
+            delivery = self._settings.delivery
+            options.update(
+                enable_idempotence=True,
+                transactional_id=delivery.transactional_id
+                or f"{self._settings.kafka.client_id}-{socket.gethostname()}",
+                transaction_timeout_ms=delivery.transaction_timeout_ms,
+            )
+        return AIOKafkaProducer(**options)
+
+    @contextlib.asynccontextmanager
+    async def admin(self) -> AsyncIterator[AIOKafkaAdminClient]:
+        client = AIOKafkaAdminClient(
+            **self._connection, request_timeout_ms=self._settings.kafka.request_timeout_ms
+        )
+        await client.start()
+        try:
+            yield client
+        finally:
+            await client.close()
+
+    async def partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
+        """How many partitions each existing topic has (missing topics are left out)."""
+        wanted = sorted(set(topics))
+        if not wanted:
+            return {}
+        async with self.admin() as admin:
+            described = await admin.describe_topics(wanted)
+        return {
+            entry["topic"]: len(entry["partitions"])
+            for entry in described
+            if entry.get("error_code", 0) == 0 and entry["partitions"]
+        }
+
+    async def missing_topics(self, topics: Iterable[str]) -> list[str]:
+        wanted = set(topics)
+        async with self.admin() as admin:
+            existing = set(await admin.list_topics())
+        return sorted(wanted - existing)
+
+    async def ensure_topics(self, specs: Sequence[TopicSpec]) -> None:
+        """Create the internal topics that are missing; check those that exist.
+
+        Raises `ConfigError` when an existing topic cannot serve (too few partitions, not
+        compacted where it must be): using it would lose state.
+        """
+        counts = await self.partition_counts(spec.name for spec in specs)
+        missing = [spec for spec in specs if spec.name not in counts]
+        if missing:
+            async with self.admin() as admin:
+                with contextlib.suppress(TopicAlreadyExistsError):
+                    await admin.create_topics(
+                        [
+                            NewTopic(
+                                spec.name,
+                                num_partitions=spec.partitions,
+                                replication_factor=-1,
+                                topic_configs={"cleanup.policy": "compact"}
+                                if spec.compacted
+                                else {},
+                            )
+                            for spec in missing
+                        ]
+                    )
+            for spec in missing:
+                log.info("created topic %s (%d partitions)", spec.name, spec.partitions)
+        for spec in specs:
+            have = counts.get(spec.name)
+            if have is not None and have < spec.partitions:
+                raise ConfigError(
+                    f"topic {spec.name} has {have} partitions; it needs {spec.partitions} "
+                    "(one per input partition): add partitions or delete it"
+                )
+        await self._check_compacted([s.name for s in specs if s.compacted and s.name in counts])
+
+    async def _check_compacted(self, names: list[str]) -> None:
+        if not names:
+            return
+        try:
+            async with self.admin() as admin:
+                responses = await admin.describe_configs(
+                    [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+                )
+        except KafkaError as exc:  # a broker without DescribeConfigs: nothing to check with
+            log.warning("cannot read the cleanup.policy of %s: %r", ", ".join(names), exc)
+            return
+        for response in responses:
+            for _code, _message, _type, name, entries in response.resources:
+                policy = {entry[0]: entry[1] for entry in entries}.get("cleanup.policy")
+                if policy is not None and "compact" not in str(policy):
+                    raise ConfigError(
+                        f"topic {name} has cleanup.policy={policy}; it must be compact "
+                        "(it holds state that deletion by age would lose)"
+                    )
+
+    async def read_to_end(self, topic: str, partition: int) -> list[Any]:
+        """Every record of a partition, from its start to its end as of now, in order."""
+        options: dict[str, Any] = {
+            **self._connection,
+            "enable_auto_commit": False,
+            "group_id": None,
+            "auto_offset_reset": "earliest",
+            "max_poll_records": 10_000,
+        }
+        if self._exactly_once:
+            options["isolation_level"] = READ_COMMITTED
+        reader = AIOKafkaConsumer(**options)
+        tp = TopicPartition(topic, partition)
+        try:
+            await reader.start()
+            reader.assign([tp])
+            end = (await reader.end_offsets([tp]))[tp]
+            await reader.seek_to_beginning(tp)
+            records: list[Any] = []
+            while await reader.position(tp) < end:
+                batch = await reader.getmany(tp, timeout_ms=1000)
+                records.extend(batch.get(tp, ()))
+            return records
+        except KafkaError as exc:
+            raise BrokerError(f"cannot read {topic}[{partition}]: {exc!r}") from exc
+        finally:
+            await reader.stop()
+
+
+class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Hands the consumer's rebalance callbacks to the worker."""
+
+    def __init__(self, revoked: Any, assigned: Any) -> None:
+        self._revoked = revoked
+        self._assigned = assigned
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._revoked(list(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._assigned(list(assigned))
+
+
+__all__ = ["Kafka", "Listener", "TopicPartition"]

@@ -1,0 +1,276 @@
+"""The outbox: records to produce, batched per topic partition, acknowledged, retried, replaced.
+
+Records are added during a round and sent at its end with one `send_batch` per topic partition
+(no future per record); each batch's acknowledgement is reported to the `Sink` per round. What
+goes wrong is handled by kind:
+
+- a retriable error (a leader moved, a timeout, a topic whose metadata is not there yet): the
+  batch's records are sent again after a backoff that grows per topic while that topic keeps
+  failing; the topic is *failing* until one of its batches is acknowledged (health is per topic:
+  another topic's success says nothing about this one);
+- a permanent error (record too large, invalid topic, not authorized): a batch of several is
+  split and sent again one by one, to find the record at fault; a single record that fails for
+  good is handed to `Sink.refused`, which may give a bounded substitute to send in its place
+  (counted as the same record of its round), and the round moves on either way.
+
+The partition of a keyed record is Kafka's default (murmur2 of the key, as the Java client),
+computed natively; a record may also name its partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiokafka.errors import (
+    InvalidTopicError,
+    KafkaError,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+)
+
+from worker._native import partition_for_key
+
+log = logging.getLogger("callgate.outbox")
+
+Header = tuple[str, bytes]
+
+#: Errors that no retry will cure.
+PERMANENT_ERRORS: tuple[type[KafkaError], ...] = (
+    RecordTooLargeError,
+    InvalidTopicError,
+    TopicAuthorizationFailedError,
+)
+try:  # the broker's MESSAGE_TOO_LARGE has its own class in some aiokafka versions
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    PERMANENT_ERRORS = (*PERMANENT_ERRORS, MessageSizeTooLargeError)
+except ImportError:  # pragma: no cover - depends on the aiokafka version
+    pass
+
+
+@dataclass(slots=True)
+class Record:
+    """One record to produce, for round `round_id`; `origin` is what a substitute is made from."""
+
+    round_id: int
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    partition: int | None = None
+    origin: Any = None
+    attempts: int = 0
+    #: sent in a batch of its own (after a permanent error of its batch, to find the culprit)
+    alone: bool = False
+
+
+class Sink(Protocol):
+    """Who hears how records fared."""
+
+    def acknowledged(self, record: Record) -> None: ...
+
+    def refused(self, record: Record, error: KafkaError) -> Record | None:
+        """A record failed for good: its substitute to send instead, or None."""
+        ...
+
+    def topic_failing(self, topic: str, error: KafkaError) -> None: ...
+
+    def topic_recovered(self, topic: str) -> None: ...
+
+
+class Producer(Protocol):
+    """What the outbox uses of an `aiokafka.AIOKafkaProducer`."""
+
+    def create_batch(self) -> Any: ...
+
+    async def send_batch(
+        self, batch: Any, topic: str, *, partition: int
+    ) -> asyncio.Future[Any]: ...
+
+    async def partitions_for(self, topic: str) -> set[int]: ...
+
+
+@dataclass(slots=True)
+class _TopicHealth:
+    failures: int = 0
+    retry_at: float = 0.0
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Exponential delay for a failing topic: base, doubling, capped."""
+
+    base_s: float = 0.1
+    cap_s: float = 5.0
+
+    def delay(self, failures: int) -> float:
+        return 0.0 if failures == 0 else min(self.cap_s, self.base_s * 2 ** (failures - 1))
+
+
+@dataclass
+class Outbox:
+    producer: Producer
+    sink: Sink
+    clock: Callable[[], float]
+    backoff: Backoff = field(default_factory=Backoff)
+    _queued: list[Record] = field(default_factory=list)
+    _retry: list[Record] = field(default_factory=list)
+    _health: dict[str, _TopicHealth] = field(default_factory=dict)
+    _partitions: dict[str, list[int]] = field(default_factory=dict)
+    in_flight: int = 0
+    _progress: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self, record: Record) -> None:
+        self._queued.append(record)
+
+    async def wait_progress(self, timeout_s: float) -> None:
+        """Until an acknowledgement or a failure arrives, or the timeout."""
+        self._progress.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._progress.wait(), timeout=timeout_s)
+
+    async def wait_idle(self) -> None:
+        """Until nothing sent is waiting for its acknowledgement."""
+        while self.in_flight:
+            self._progress.clear()
+            await self._progress.wait()
+
+    def discard(self, drop: Callable[[Record], bool]) -> None:
+        """Forget queued records that no longer matter (their partition was revoked)."""
+        self._queued = [r for r in self._queued if not drop(r)]
+        self._retry = [r for r in self._retry if not drop(r)]
+
+    def clear(self) -> None:
+        """Forget everything queued (an aborted transaction)."""
+        self._queued = []
+        self._retry = []
+
+    @property
+    def queued(self) -> int:
+        return len(self._queued) + len(self._retry)
+
+    def failing_topics(self) -> list[str]:
+        return [topic for topic, health in self._health.items() if health.failures]
+
+    async def flush(self) -> None:
+        """Send everything queued, and every retry that is due, batched per topic partition."""
+        now = self.clock()
+        due = [r for r in self._retry if now >= self._health_of(r.topic).retry_at]
+        if due:
+            self._retry = [r for r in self._retry if now < self._health_of(r.topic).retry_at]
+        records, self._queued = due + self._queued, []
+        if not records:
+            return
+        groups: dict[tuple[str, int], list[Record]] = {}
+        alone: list[tuple[str, int, Record]] = []
+        for record in records:
+            partition = record.partition
+            if partition is None:
+                try:
+                    partition = await self._partition(record)
+                except KafkaError as exc:
+                    self._failed([record], exc)
+                    continue
+            if record.alone:
+                alone.append((record.topic, partition, record))
+            else:
+                groups.setdefault((record.topic, partition), []).append(record)
+        for (topic, partition), group in groups.items():
+            await self._send(topic, partition, group)
+        for topic, partition, record in alone:
+            await self._send(topic, partition, [record])
+
+    async def _partition(self, record: Record) -> int:
+        partitions = self._partitions.get(record.topic)
+        if partitions is None:
+            partitions = sorted(await self.producer.partitions_for(record.topic))
+            if not partitions:
+                raise KafkaError(f"topic {record.topic!r} has no partitions")
+            self._partitions[record.topic] = partitions
+        if record.key is None:
+            return partitions[0]
+        return partitions[partition_for_key(record.key, len(partitions))]
+
+    async def _send(self, topic: str, partition: int, records: list[Record]) -> None:
+        batch = self.producer.create_batch()
+        in_batch: list[Record] = []
+        for record in records:
+            if (
+                batch.append(
+                    key=record.key, value=record.value, timestamp=None, headers=record.headers
+                )
+                is None
+            ):
+                await self._submit(batch, topic, partition, in_batch)
+                batch, in_batch = self.producer.create_batch(), []
+                batch.append(
+                    key=record.key, value=record.value, timestamp=None, headers=record.headers
+                )
+            in_batch.append(record)
+        if in_batch:
+            await self._submit(batch, topic, partition, in_batch)
+
+    async def _submit(self, batch: Any, topic: str, partition: int, records: list[Record]) -> None:
+        for record in records:
+            record.attempts += 1
+        try:
+            future = await self.producer.send_batch(batch, topic, partition=partition)
+        except KafkaError as exc:
+            self._failed(records, exc)
+            return
+        self.in_flight += len(records)
+        future.add_done_callback(lambda done: self._done(done, topic, records))
+
+    def _done(self, done: asyncio.Future[Any], topic: str, records: list[Record]) -> None:
+        self.in_flight -= len(records)
+        self._progress.set()
+        error = None if not done.cancelled() else KafkaError("send cancelled")
+        if error is None:
+            exc = done.exception()
+            if exc is not None:
+                error = exc if isinstance(exc, KafkaError) else KafkaError(repr(exc))
+        if error is not None:
+            self._failed(records, error)
+            return
+        health = self._health_of(topic)
+        if health.failures:
+            health.failures = 0
+            health.retry_at = 0.0
+            log.info("topic %s: writes succeed again", topic)
+            self.sink.topic_recovered(topic)
+        for record in records:
+            self.sink.acknowledged(record)
+
+    def _failed(self, records: list[Record], error: KafkaError) -> None:
+        if isinstance(error, PERMANENT_ERRORS):
+            if len(records) > 1:  # find the record at fault: send each alone
+                for record in records:
+                    record.alone = True
+                    self._queued.append(record)
+                return
+            (record,) = records
+            log.error("topic %s refused a record for good: %r", record.topic, error)
+            substitute = self.sink.refused(record, error)
+            if substitute is not None:
+                self._queued.append(substitute)
+            return
+        topic = records[0].topic
+        health = self._health_of(topic)
+        health.failures += 1
+        health.retry_at = self.clock() + self.backoff.delay(health.failures)
+        if health.failures == 1:
+            log.warning("topic %s: write failed, will retry: %r", topic, error)
+        self.sink.topic_failing(topic, error)
+        self._partitions.pop(topic, None)  # the partition count may have changed
+        self._retry.extend(records)
+
+    def _health_of(self, topic: str) -> _TopicHealth:
+        health = self._health.get(topic)
+        if health is None:
+            health = self._health[topic] = _TopicHealth()
+        return health

@@ -1,0 +1,755 @@
+"""`callgate run`: the Kafka shell around the pure processor. Start, the round loop, stop.
+
+Lifecycle: `start` (output topics checked to exist, internal topics made sure of, clients
+connected, group joined), `run` (rounds until `request_stop`), `close` (what is in flight
+acknowledged, checkpointed and committed, within the grace period).
+
+A round fetches a batch and hands each partition's records, as they come, to the processor (an
+input topic) or to the key owner (the idempotency requests topic); what they make goes to the
+outbox, and the protocol of `worker.runtime.delivery` moves the round from sent to acknowledged
+to checkpointed to committed. A round never waits for the previous round's acknowledgements: the
+next fetch overlaps them. Under `exactly_once` each round is one transaction instead.
+
+Rebalances: a revoked partition's rounds are finished (bounded), its offsets committed, its state
+dropped; an assigned input partition is restored from its changelog and fetching resumes right
+after the offset its checkpoint reflects; an assigned idempotency partition restores its keys.
+A failing topic or too many unacknowledged records pause fetching (the loop keeps polling, so
+the group membership stays) until the backlog drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+from prometheus_client import CollectorRegistry
+
+from worker.compose import build_key_store, build_processor, build_registry, tool_labels
+from worker.core.idempotency import KeyStore, resolve
+from worker.core.processor import Emission, Processor, Route
+from worker.errors import BrokerError, CallgateError
+from worker.events import encode, record_headers, substitute_rejection
+from worker.health import HealthServer
+from worker.metrics import Metrics
+from worker.model import Code, Outcome, Phase
+from worker.runtime.checkpoints import ChangelogRecord, Writer, restore
+from worker.runtime.delivery import Ledger, Partition
+from worker.runtime.kafka import Kafka, Listener
+from worker.runtime.outbox import Outbox, Record
+from worker.runtime.topics import TopicSpec, changelog_topic, keys_topic, requests_topic
+from worker.settings import Settings
+
+log = logging.getLogger("callgate.worker")
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counts since start, for logs and tests."""
+
+    records: int = 0
+    emitted: int = 0
+    acknowledged: int = 0
+    #: outcome events acknowledged (what a reader of the outcome topics can count)
+    events: int = 0
+    substituted: int = 0
+    dropped: int = 0
+    commits: int = 0
+    commit_errors: int = 0
+    rebalances: int = 0
+    pauses: int = 0
+    checkpoints: int = 0
+    checkpoint_bytes: int = 0
+    rewinds: int = 0
+
+
+#: What an outbox record is, for its acknowledgement.
+OUTPUT, CHECKPOINT, TOMBSTONE, KEY_CHANGE = "output", "checkpoint", "tombstone", "key-change"
+
+
+@dataclass(slots=True)
+class Origin:
+    kind: str
+    partition: Partition
+    emission: Emission | None = None
+    #: the last record of a full checkpoint frame: once acknowledged, old keys may go
+    ends_full_frame: bool = False
+
+
+@dataclass(slots=True)
+class RoundResult:
+    id: int
+    records: int = 0
+    checkpoints: dict[Partition, list[ChangelogRecord]] = field(default_factory=dict)
+    offsets: dict[Partition, int] = field(default_factory=dict)
+
+
+class FlowControl:
+    """Pause above `limit` unacknowledged records or while a topic fails; resume at half."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.paused = False
+
+    def update(self, pending: int, failing: bool) -> bool | None:
+        """True: pause now; False: resume now; None: keep as is."""
+        if not self.paused and (failing or pending > self.limit):
+            self.paused = True
+            return True
+        if self.paused and not failing and pending <= self.limit // 2:
+            self.paused = False
+            return False
+        return None
+
+
+class Worker:
+    """The worker. `await start()`, `await run()` until `request_stop()`, then `await close()`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        processor: Processor,
+        new_key_store: Callable[[], KeyStore],
+        metrics: Metrics,
+        *,
+        kafka: Kafka | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.processor = processor
+        self.metrics = metrics
+        self.stats = Stats()
+        self._kafka = kafka or Kafka(settings)
+        self._new_key_store = new_key_store
+        self._clock = clock
+        topics = settings.topics
+        group = settings.kafka.group_id
+        self._group = group
+        self._requests = requests_topic(group)
+        self._keys = keys_topic(group)
+        self._topic_of: dict[str, str] = {
+            Route.ACCEPTED: topics.accepted,
+            Route.REJECTED: topics.rejected,
+            Route.INCOMPLETE: topics.incomplete,
+            Route.IDEMPOTENCY: self._requests,
+        }
+        self._outcome_topics = frozenset((topics.accepted, topics.rejected, topics.incomplete))
+        self._exactly_once = settings.delivery.guarantee == "exactly_once"
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._outbox: Outbox | None = None
+        self.ledger = Ledger()
+        self._writers: dict[Partition, Writer] = {}
+        self._stores: dict[int, KeyStore] = {}
+        self._assignment: set[TopicPartition] = set()
+        self._flow = FlowControl(settings.kafka.max_pending_produces)
+        self._failing: dict[str, str] = {}
+        self._failed_rounds: set[int] = set()
+        self._stop = asyncio.Event()
+        self._joined = False
+        self._fatal: str | None = None
+        self._last_commit = 0.0
+        self._next_round = 0
+        self._dropped = (0, 0)  # the reassembler's dropped-chunk counts already reported
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Check and make the topics, connect, join. Raises `BrokerError` or `ConfigError`."""
+        settings = self.settings
+        try:
+            await self._prepare_topics()
+            self._producer = self._kafka.producer()
+            self._consumer = self._kafka.consumer()
+            await self._producer.start()
+            await self._consumer.start()
+        except KafkaError as exc:
+            await self._close_clients()
+            servers = ",".join(settings.kafka.bootstrap_servers)
+            raise BrokerError(f"cannot work with Kafka at {servers}: {exc!r}") from None
+        except CallgateError:
+            await self._close_clients()
+            raise
+        self._outbox = Outbox(self._producer, self, self._clock)
+        listener = Listener(self._on_revoked, self._on_assigned)
+        topics = settings.topics
+        if topics.input_pattern:
+            pattern = f"(?:{topics.input_pattern})|^{self._requests}$"
+            self._consumer.subscribe(pattern=pattern, listener=listener)
+        else:
+            self._consumer.subscribe(
+                topics=[*topics.input_topics, self._requests], listener=listener
+            )
+        log.info(
+            "started: group %s, input %s, %s",
+            self._group,
+            topics.input,
+            settings.delivery.guarantee,
+        )
+
+    async def _prepare_topics(self) -> None:
+        """The outcome topics must exist (a broker may acknowledge writes to a missing topic
+        and lose them); the internal ones are created when missing, and checked."""
+        topics = self.settings.topics
+        missing = await self._kafka.missing_topics(
+            [topics.accepted, topics.rejected, topics.incomplete]
+        )
+        if missing:
+            raise BrokerError(f"output topics do not exist: {', '.join(missing)}")
+        partitions = self.settings.idempotency.partitions
+        specs = [
+            TopicSpec(self._requests, partitions, compacted=False),
+            TopicSpec(self._keys, partitions, compacted=True),
+        ]
+        for name, count in (await self._kafka.partition_counts(topics.input_topics)).items():
+            specs.append(TopicSpec(changelog_topic(self._group, name), count, compacted=True))
+        await self._kafka.ensure_topics(specs)
+
+    def request_stop(self) -> None:
+        """Stop fetching after the current round (safe to call from a signal handler)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    async def run(self) -> None:
+        """Rounds until `request_stop()`. Infrastructure errors are retried, never raised, but
+        for a fatal one (state that cannot be kept), which stops the worker."""
+        while not self._stop.is_set():
+            await self.step()
+        if self._fatal is not None:
+            raise BrokerError(self._fatal)
+
+    async def close(self) -> None:
+        """Within the grace period: what is in flight acknowledged, checkpointed, committed."""
+        deadline = self._clock() + self.settings.shutdown_grace_s
+        if self._consumer is not None and self._assignment:
+            self._consumer.pause(*self._assignment)
+        if not self._exactly_once:
+            await self._drain(deadline - 0.5)
+            if not self.ledger.idle():
+                log.warning(
+                    "grace period over with %d records unacknowledged; their input is not "
+                    "committed and will be judged again, to the same verdicts",
+                    self.ledger.pending_records,
+                )
+        await self._close_clients(max(0.1, deadline - self._clock()))
+        log.info(
+            "stopped: %d records, %d events, %d commits",
+            self.stats.records,
+            self.stats.emitted,
+            self.stats.commits,
+        )
+
+    async def _drain(self, deadline: float) -> None:
+        """Send, checkpoint and commit what is in flight, until done or the deadline."""
+        outbox = self._outbox
+        while outbox is not None and self._clock() < deadline:
+            await self._advance(force_commit=True)
+            if self.ledger.idle() and not outbox.queued and not outbox.in_flight:
+                return
+            await outbox.wait_progress(min(0.1, max(0.0, deadline - self._clock())))
+
+    async def _close_clients(self, timeout_s: float = 5.0) -> None:
+        producer, consumer = self._producer, self._consumer
+        self._producer = self._consumer = None
+        for client in (producer, consumer):
+            if client is None:
+                continue
+            try:
+                await asyncio.wait_for(client.stop(), timeout=max(0.1, timeout_s / 2))
+            except (TimeoutError, KafkaError) as exc:
+                log.warning("closing %s: %r", type(client).__name__, exc)
+
+    # -- a round -------------------------------------------------------------------------------
+
+    async def step(self) -> None:
+        """Fetch one batch, judge it, send what it made, move earlier rounds along."""
+        consumer = self._consumer
+        assert consumer is not None, "start() first"
+        kafka = self.settings.kafka
+        try:
+            batch = await consumer.getmany(
+                timeout_ms=kafka.fetch_timeout_ms, max_records=kafka.fetch_max_records
+            )
+        except KafkaError as exc:
+            log.warning("fetch failed: %r", exc)
+            batch = {}
+        if self._exactly_once:
+            if batch:
+                await self._transaction(batch)
+        else:
+            if batch:
+                result = self._judge(batch)
+                self.ledger.open_round(
+                    result.id, result.records, result.checkpoints, result.offsets
+                )
+            await self._advance()
+        self._apply_flow()
+
+    def _judge(self, batch: Mapping[TopicPartition, list[Any]]) -> RoundResult:
+        """Steps 1 and 2: the batch judged into the outbox, each input partition checkpointed."""
+        result = RoundResult(self._next_round)
+        self._next_round += 1
+        for tp, fetched in batch.items():
+            if not fetched:
+                continue
+            where = (tp.topic, tp.partition)
+            self.stats.records += len(fetched)
+            result.offsets[where] = fetched[-1].offset + 1
+            if tp.topic == self._requests:
+                result.records += self._decide_keys(result.id, tp.partition, fetched)
+                continue
+            self.metrics.add_records(len(fetched))
+            for emission in self.processor.feed(tp.topic, tp.partition, fetched):
+                self._add(
+                    Record(
+                        result.id,
+                        self._topic_of[emission.route],
+                        emission.key,
+                        emission.value,
+                        emission.headers,
+                        origin=Origin(OUTPUT, where, emission),
+                    )
+                )
+                self._observe(emission)
+                result.records += 1
+                self.stats.emitted += 1
+            result.checkpoints[where] = self._checkpoint(tp.topic, tp.partition)
+        assembler = self.processor.assembler
+        self.metrics.set_open_calls(assembler.open_calls)
+        self.metrics.set_buffered_bytes(assembler.buffered_bytes)
+        duplicate, late = assembler.duplicate_chunks, assembler.late_chunks
+        self.metrics.add_dropped_chunks(duplicate - self._dropped[0], late - self._dropped[1])
+        self._dropped = (duplicate, late)
+        return result
+
+    def _checkpoint(self, topic: str, partition: int) -> list[ChangelogRecord]:
+        where = (topic, partition)
+        writer = self._writers.get(where)
+        if writer is None:
+            writer = self._writers[where] = Writer(self.settings.delivery.checkpoint_record_bytes)
+        full = writer.wants_full()
+        body = self.processor.checkpoint(topic, partition, full=full)
+        offset = self.processor.next_offset(topic, partition)
+        assert offset is not None, "checkpoint after feeding"
+        self.stats.checkpoints += 1
+        self.stats.checkpoint_bytes += len(body)
+        self.metrics.checkpoint(len(body), full=full)
+        return writer.frame(body, full=full, offset=offset)
+
+    def _decide_keys(self, round_id: int, partition: int, fetched: list[Any]) -> int:
+        """The owner's decisions on idempotency requests: events, and key-store changes."""
+        store = self._stores.get(partition)
+        if store is None:
+            store = self._stores[partition] = self._new_key_store()
+        where = (self._requests, partition)
+        max_feedback = self.settings.limits.max_feedback_bytes
+        count = 0
+        for request in fetched:
+            try:
+                resolution = resolve(store, request.value, request.timestamp, max_feedback)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error(
+                    "%s[%d]@%d is not an idempotency request: %r",
+                    self._requests,
+                    partition,
+                    request.offset,
+                    exc,
+                )
+                continue
+            self._add(
+                Record(
+                    round_id,
+                    self._topic_of[resolution.outcome],
+                    resolution.call_id.encode(),
+                    resolution.event,
+                    record_headers(resolution.outcome, resolution.tool, resolution.schema),
+                    origin=Origin(OUTPUT, where),
+                )
+            )
+            count += 1
+            for key, record in resolution.changes:
+                value = record.encode() if record is not None else None
+                self._add(
+                    Record(
+                        round_id,
+                        self._keys,
+                        key.encode(),
+                        value,
+                        [],
+                        origin=Origin(KEY_CHANGE, where),
+                        partition=partition,
+                    )
+                )
+                count += 1
+            self.metrics.idempotency_decision(resolution.decision)
+            rejected = resolution.outcome is Outcome.REJECTED
+            self.metrics.decided(
+                resolution.outcome,
+                resolution.tool,
+                Phase.IDEMPOTENCY if rejected else None,
+                resolution.decision if rejected else None,
+            )
+        self.metrics.set_idempotency_keys(sum(len(s) for s in self._stores.values()))
+        return count
+
+    def _add(self, record: Record) -> None:
+        assert self._outbox is not None, "start() first"
+        self._outbox.add(record)
+
+    def _observe(self, emission: Emission) -> None:
+        if emission.route is Route.IDEMPOTENCY:
+            return  # counted where the key's owner decides
+        self.metrics.observe(emission.verdict, emission.call.tool)
+
+    # -- steps 3 to 5 (at least once) ----------------------------------------------------------
+
+    async def _advance(self, *, force_commit: bool = False) -> None:
+        outbox = self._outbox
+        assert outbox is not None
+        await outbox.flush()
+        for round_ in self.ledger.checkpoints_to_send():
+            for (topic, partition), frames in round_.checkpoints.items():
+                self._add_frames(round_.id, topic, partition, frames)
+        await outbox.flush()
+        interval = self.settings.kafka.commit_interval_ms / 1000
+        if force_commit or self._clock() - self._last_commit >= interval:
+            await self._commit(self.ledger.take_committable())
+
+    def _add_frames(
+        self, round_id: int, topic: str, partition: int, frames: list[ChangelogRecord]
+    ) -> None:
+        changelog = changelog_topic(self._group, topic)
+        last = len(frames) - 1
+        for index, (key, value, headers) in enumerate(frames):
+            full = dict(headers).get("frame-kind") == b"full"
+            origin = Origin(CHECKPOINT, (topic, partition), ends_full_frame=full and index == last)
+            self._add(
+                Record(round_id, changelog, key, value, headers, origin=origin, partition=partition)
+            )
+
+    async def _commit(self, offsets: Mapping[Partition, int]) -> None:
+        consumer = self._consumer
+        if consumer is None or not offsets:
+            return
+        assigned = {(tp.topic, tp.partition) for tp in self._assignment}
+        request: dict[TopicPartition, int] = {}
+        for (topic, partition), offset in offsets.items():
+            if (topic, partition) not in assigned:
+                continue
+            tp = TopicPartition(topic, partition)
+            highwater = consumer.highwater(tp)
+            if highwater is not None and offset > highwater:
+                # the broker's log is shorter than what was read: it lost data (a restart of
+                # a memory-only broker); committing would skip whatever it holds now
+                log.error(
+                    "%s[%d]: not committing %d, past the log's end %d",
+                    topic,
+                    partition,
+                    offset,
+                    highwater,
+                )
+                continue
+            request[tp] = offset
+        if not request:
+            return
+        try:
+            await consumer.commit(request)
+        except KafkaError as exc:
+            self.stats.commit_errors += 1
+            self.metrics.commit_error()
+            log.warning("commit failed (the next one carries these offsets): %r", exc)
+            self.ledger.recommit(offsets)
+            return
+        self._last_commit = self._clock()
+        self.stats.commits += 1
+
+    # -- the outbox's callbacks (its `Sink`) ---------------------------------------------------
+
+    def acknowledged(self, record: Record) -> None:
+        origin: Origin = record.origin
+        if origin.kind in (OUTPUT, KEY_CHANGE):
+            self.stats.acknowledged += 1
+            if record.topic in self._outcome_topics:
+                self.stats.events += 1
+            self.ledger.acknowledged(record.round_id)
+        elif origin.kind == CHECKPOINT:
+            self.ledger.checkpoint_acknowledged(record.round_id)
+            writer = self._writers.get(origin.partition)
+            if origin.ends_full_frame and writer is not None and not self._exactly_once:
+                for key, value, headers in writer.tombstones():
+                    self._add(
+                        Record(
+                            record.round_id,
+                            record.topic,
+                            key,
+                            value,
+                            headers,
+                            origin=Origin(TOMBSTONE, origin.partition),
+                            partition=record.partition,
+                        )
+                    )
+
+    def refused(self, record: Record, error: KafkaError) -> Record | None:
+        origin: Origin = record.origin
+        self._failed_rounds.add(record.round_id)
+        if origin.kind in (CHECKPOINT, KEY_CHANGE):
+            self._fatal = (
+                f"{record.topic} refuses writes for good ({error!r}): the worker stops, as "
+                "state it cannot keep would be lost"
+            )
+            self.request_stop()
+            return None
+        if origin.kind == TOMBSTONE:
+            return None
+        emission = origin.emission
+        rejected = self.settings.topics.rejected
+        if emission is None or record.topic == rejected:
+            self.stats.dropped += 1
+            self.metrics.event_dropped()
+            log.error(
+                "an event for %s was refused for good, with no place for a substitute: %r",
+                record.topic,
+                error,
+            )
+            self.ledger.acknowledged(record.round_id)
+            return None
+        limits = self.settings.limits
+        detail = f"{record.topic} refused the event ({type(error).__name__})"
+        substitute = substitute_rejection(
+            emission.verdict, Code.OUTPUT_REFUSED, detail, limits.max_feedback_bytes
+        )
+        call = emission.call
+        value = encode(call, substitute, limits.max_event_bytes, limits.max_feedback_bytes)
+        self.stats.substituted += 1
+        self.metrics.event_substituted()
+        return Record(
+            record.round_id,
+            rejected,
+            call.call_id.encode(),
+            value,
+            record_headers(Outcome.REJECTED, call.tool, substitute.schema),
+            None,
+            Origin(OUTPUT, origin.partition),
+        )
+
+    def topic_failing(self, topic: str, error: KafkaError) -> None:
+        if topic not in self._failing:
+            self.metrics.produce_error()
+        self._failing[topic] = repr(error)
+
+    def topic_recovered(self, topic: str) -> None:
+        self._failing.pop(topic, None)
+
+    def _apply_flow(self) -> None:
+        decision = self._flow.update(self.ledger.pending_records, bool(self._failing))
+        consumer = self._consumer
+        if consumer is None or decision is None or not self._assignment:
+            return
+        if decision:
+            failing = f", failing: {', '.join(sorted(self._failing))}" if self._failing else ""
+            log.warning(
+                "pausing %d partitions: %d records unacknowledged%s",
+                len(self._assignment),
+                self.ledger.pending_records,
+                failing,
+            )
+            consumer.pause(*self._assignment)
+            self.stats.pauses += 1
+        else:
+            log.info("resuming %d partitions", len(self._assignment))
+            consumer.resume(*self._assignment)
+
+    # -- exactly once --------------------------------------------------------------------------
+
+    async def _transaction(self, batch: Mapping[TopicPartition, list[Any]]) -> None:
+        """Steps 3 to 5 in one transaction: the round's records, checkpoints and offsets."""
+        producer, outbox = self._producer, self._outbox
+        assert producer is not None, "start() first"
+        assert outbox is not None, "start() first"
+        try:
+            await producer.begin_transaction()
+            for (topic, partition), writer in self._writers.items():
+                for key, value, headers in writer.tombstones():
+                    self._add(
+                        Record(
+                            self._next_round,
+                            changelog_topic(self._group, topic),
+                            key,
+                            value,
+                            headers,
+                            origin=Origin(TOMBSTONE, (topic, partition)),
+                            partition=partition,
+                        )
+                    )
+            result = self._judge(batch)
+            for (topic, partition), frames in result.checkpoints.items():
+                self._add_frames(result.id, topic, partition, frames)
+            await outbox.flush()
+            await outbox.wait_idle()
+            if result.id in self._failed_rounds or outbox.queued:
+                raise KafkaError("a record of the transaction was not written")
+            await producer.send_offsets_to_transaction(
+                {TopicPartition(t, p): o for (t, p), o in result.offsets.items()}, self._group
+            )
+            await producer.commit_transaction()
+            self.stats.commits += 1
+        except KafkaError as exc:
+            log.warning("transaction failed; rewinding to the last committed round: %r", exc)
+            with contextlib.suppress(KafkaError):
+                await producer.abort_transaction()
+            outbox.clear()
+            self._failed_rounds.clear()
+            self.stats.rewinds += 1
+            await self._rewind()
+
+    async def _rewind(self) -> None:
+        """Forget every partition's state and restore it as committed; fetch from there."""
+        partitions = list(self._assignment)
+        await self._on_revoked(partitions, drain=False)
+        await self._on_assigned(partitions, rewind=True)
+
+    # -- rebalance -----------------------------------------------------------------------------
+
+    async def _on_revoked(self, revoked: list[TopicPartition], *, drain: bool = True) -> None:
+        if drain:
+            self.stats.rebalances += 1
+            self.metrics.rebalance()
+        if not revoked:
+            return
+        if drain and not self._exactly_once:
+            budget = max(1.0, self.settings.kafka.session_timeout_ms / 2000)
+            await self._drain(self._clock() + budget)
+        gone = {(tp.topic, tp.partition) for tp in revoked}
+        for topic, partition in gone:
+            if topic == self._requests:
+                self._stores.pop(partition, None)
+            else:
+                self.processor.drop(topic, partition)
+                self._writers.pop((topic, partition), None)
+            self.metrics.forget_partition(topic, partition)
+        self.ledger.forget(gone)
+        if self._outbox is not None:
+            self._outbox.discard(lambda record: record.origin.partition in gone)
+        self._assignment -= set(revoked)
+        log.info("revoked %d partitions", len(gone))
+
+    async def _on_assigned(self, assigned: list[TopicPartition], *, rewind: bool = False) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        for tp in assigned:
+            try:
+                if tp.topic == self._requests:
+                    await self._restore_keys(tp.partition)
+                else:
+                    await self._restore_partition(tp)
+                if rewind:
+                    committed = await consumer.committed(tp)
+                    if committed is not None and tp.topic == self._requests:
+                        consumer.seek(tp, committed)
+            except (BrokerError, KafkaError) as exc:
+                self._fatal = f"cannot restore {tp.topic}[{tp.partition}]: {exc}"
+                self.request_stop()
+                return
+        self._assignment |= set(assigned)
+        self._joined = True
+        self.metrics.set_assigned_partitions(len(self._assignment))
+        if self._flow.paused and assigned:
+            consumer.pause(*assigned)
+        log.info("assigned %d partitions", len(assigned))
+
+    async def _restore_partition(self, tp: TopicPartition) -> None:
+        changelog = changelog_topic(self._group, tp.topic)
+        records = await self._kafka.read_to_end(changelog, tp.partition)
+        restored = restore(
+            ((r.key, r.value, list(r.headers or ())) for r in records),
+            self.settings.delivery.checkpoint_record_bytes,
+        )
+        self._writers[(tp.topic, tp.partition)] = restored.writer
+        self.processor.drop(tp.topic, tp.partition)
+        if not restored.frames:
+            return
+        self.processor.restore(tp.topic, tp.partition, restored.frames)
+        assert restored.offset is not None
+        self._consumer.seek(tp, restored.offset)
+        log.info(
+            "%s[%d]: restored from %d checkpoint frames; fetching from %d",
+            tp.topic,
+            tp.partition,
+            len(restored.frames),
+            restored.offset,
+        )
+
+    async def _restore_keys(self, partition: int) -> None:
+        records = await self._kafka.read_to_end(self._keys, partition)
+        store = self._new_key_store()
+        store.restore((r.key.decode(), r.value) for r in records if r.key is not None)
+        self._stores[partition] = store
+        log.info("%s[%d]: %d idempotency keys restored", self._keys, partition, len(store))
+
+    # -- readiness -----------------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        """For /readyz: joined the group, no topic failing, not stopping."""
+        if self._stop.is_set():
+            return False, "stopping"
+        if self._consumer is None:
+            return False, "starting"
+        if not self._joined:
+            return False, "joining the consumer group"
+        if self._failing:
+            failing = "; ".join(f"{t}: {e}" for t, e in sorted(self._failing.items()))
+            return False, f"writes failing ({failing}); fetching paused"
+        return True, f"consuming {len(self._assignment)} partitions"
+
+
+async def run_until_stopped(worker: Worker, *, handle_signals: bool = True) -> None:
+    """Start, run until SIGTERM/SIGINT (or `request_stop()`), then drain and close."""
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
+    for number in signals:
+        loop.add_signal_handler(number, worker.request_stop)
+    try:
+        await worker.start()
+        try:
+            await worker.run()
+        finally:
+            await worker.close()
+    finally:
+        for number in signals:
+            loop.remove_signal_handler(number)
+
+
+def serve(settings: Settings) -> int:
+    """`callgate run`: build everything from the settings, serve until stopped; the exit status.
+
+    Raises `ConfigError` or `SchemaLoadError` before anything connects when a setting or a
+    contract is wrong (the command line turns them into one message and status 2).
+    """
+    registry = build_registry(settings)
+    processor = build_processor(settings, registry)
+    metrics = Metrics(tool_labels(registry), engine=settings.schemas.engine)
+    worker = Worker(settings, processor, lambda: build_key_store(settings), metrics)
+    # always served: the probes need /healthz and /readyz even with metrics off (empty /metrics)
+    exposed = metrics.registry if settings.metrics.enabled else CollectorRegistry()
+    health = HealthServer(exposed, worker.readiness)
+    port = health.start(settings.metrics.host, settings.metrics.port)
+    log.info("health and metrics on http://%s:%d/", settings.metrics.host, port)
+    try:
+        asyncio.run(run_until_stopped(worker))
+    except BrokerError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        health.stop()
+    return 0
