@@ -329,6 +329,8 @@ pub(crate) struct Partition {
 pub struct Counters {
     pub duplicate_chunks: u64,
     pub late_chunks: u64,
+    /// Records skipped because they were fed before (offset below the partition's next).
+    pub stale_records: u64,
 }
 
 /// One partition's scope: (topic, partition).
@@ -370,15 +372,22 @@ impl Assembler {
     }
 
     /// A record begins: advance the partition's time and close what aged out before it.
+    /// False (and nothing changes) when the record was fed already: its offset is below the
+    /// partition's next one, as when a restored partition is fetched from an earlier offset.
+    #[must_use]
     pub fn begin_record(
         &mut self,
         scope: &Scope,
         offset: i64,
         timestamp: Option<i64>,
         out: &mut Vec<Closed>,
-    ) {
+    ) -> bool {
         let idle = self.limits.idle_timeout_ms;
         let part = self.partitions.entry(scope.clone()).or_default();
+        if offset < part.next_offset {
+            self.counters.stale_records += 1;
+            return false;
+        }
         part.next_offset = offset + 1;
         if let Some(ts) = timestamp {
             part.clock = part.clock.max(ts);
@@ -394,6 +403,7 @@ impl Assembler {
         for key in expired {
             self.close(scope, &key, Ending::Incomplete(Incomplete::Timeout), out);
         }
+        true
     }
 
     /// One piece of the record at `offset` (after `begin_record`).

@@ -710,9 +710,16 @@ impl Assembler {
         let out = PyList::empty(py);
         for (index, record) in records.iter().enumerate() {
             let mut closed = Vec::new();
-            self.core
-                .begin_record(&scope, record.offset, record.timestamp, &mut closed);
+            let fresh =
+                self.core
+                    .begin_record(&scope, record.offset, record.timestamp, &mut closed);
             self.emit(py, &scope, closed, &out)?;
+            if !fresh {
+                if record.format.is_none() && record.value.is_some() {
+                    decoded.next(); // fed before: its decode goes unused
+                }
+                continue;
+            }
             let key = record.key.as_deref();
             if record.value.is_none() {
                 let bad = Malformed {
@@ -785,8 +792,12 @@ impl Assembler {
         let scope = Self::scope(topic, partition);
         let out = PyList::empty(py);
         let mut closed = Vec::new();
-        self.core
-            .begin_record(&scope, offset, timestamp, &mut closed);
+        if !self
+            .core
+            .begin_record(&scope, offset, timestamp, &mut closed)
+        {
+            return Ok(out);
+        }
         self.emit(py, &scope, closed, &out)?;
         let fed = chunks.iter().map(|c| c.to_fed(self.max_id_bytes)).collect();
         self.feed_fed(py, &scope, offset, None, fed, &out)?;
@@ -857,6 +868,11 @@ impl Assembler {
     #[getter]
     fn late_chunks(&self) -> u64 {
         self.core.counters.late_chunks
+    }
+
+    #[getter]
+    fn stale_records(&self) -> u64 {
+        self.core.counters.stale_records
     }
 }
 

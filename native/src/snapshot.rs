@@ -331,7 +331,7 @@ mod tests {
         let mut lines = Vec::new();
         for (offset, piece) in records {
             let mut out: Vec<Closed> = Vec::new();
-            assembler.begin_record(scope, *offset, Some(*offset * 100), &mut out);
+            assert!(assembler.begin_record(scope, *offset, Some(*offset * 100), &mut out));
             assembler.feed(scope, *offset, piece.clone(), &mut out);
             lines.extend(out.into_iter().map(|c| {
                 format!(

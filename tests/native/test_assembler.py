@@ -536,3 +536,13 @@ def test_no_call_is_judged_twice_and_nothing_is_accepted_that_was_not_sent(
                 assert taken[piece["seq"]] == piece["delta"], "a differing repeat was accepted"
         assert call.arguments == "".join(order).encode()
         assert call.chunks == len(order)
+
+
+def test_a_record_fed_before_is_skipped() -> None:
+    a = assembler()
+    pieces = records([envelope("s", "c", None, "{"), envelope("s", "c", None, "}", final=True)])
+    first = feed(a, pieces[:1])
+    again = feed(a, pieces)  # fetched again from an earlier offset: offset 0 is not fed twice
+    assert first == []
+    assert [(c.arguments, c.chunks) for c in again] == [(b"{}", 2)]
+    assert a.stale_records == 1

@@ -123,6 +123,8 @@ class Resolution:
     decision: Decision
     event: bytes
     outcome: Outcome
+    #: the rejection's code (`duplicate`, `idempotency_conflict`), None when accepted
+    code: Code | None
     call_id: str
     tool: str | None
     schema: SchemaRef | None
@@ -135,9 +137,11 @@ def resolve(
     """Decide one idempotency request against the store. ValueError if it is not a request."""
     found = read_idempotency_request(request)
     decision, record, changes = store.decide(found.key, found.digest, found.event_id, at_ms)
-    event, outcome = found.event, Outcome.ACCEPTED
+    event, outcome, code = found.event, Outcome.ACCEPTED, None
     if decision in (Decision.DUPLICATE, Decision.CONFLICT):
         code = Code.DUPLICATE if decision is Decision.DUPLICATE else Code.IDEMPOTENCY_CONFLICT
         event, _ = idempotency_rejection(found.event, code, record.event_id, max_feedback_bytes)
         outcome = Outcome.REJECTED
-    return Resolution(decision, event, outcome, found.call_id, found.tool, found.schema, changes)
+    return Resolution(
+        decision, event, outcome, code, found.call_id, found.tool, found.schema, changes
+    )

@@ -392,12 +392,11 @@ class Worker:
                 )
                 count += 1
             self.metrics.idempotency_decision(resolution.decision)
-            rejected = resolution.outcome is Outcome.REJECTED
             self.metrics.decided(
                 resolution.outcome,
                 resolution.tool,
-                Phase.IDEMPOTENCY if rejected else None,
-                resolution.decision if rejected else None,
+                Phase.IDEMPOTENCY if resolution.code is not None else None,
+                resolution.code,
             )
         self.metrics.set_idempotency_keys(sum(len(s) for s in self._stores.values()))
         return count
