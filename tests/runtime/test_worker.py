@@ -1,0 +1,447 @@
+"""The worker's rounds, on an in-memory Kafka (`tests.runtime.fakes`): the delivery protocol
+step by step, crashes at any point, rebalances, failing and refusing topics, key owners.
+
+What must hold whatever happens: every call gets an event; every event of one call (a replay
+after a crash may write it again) is the same but for its measured phase timings; no offset is
+committed before its round's records and checkpoints are written; a duplicate idempotency key is
+never accepted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import RecordTooLargeError, RequestTimedOutError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.datafiles import SCHEMAS
+from tests.runtime.fakes import FakeBroker, FakeKafka
+from worker.compose import build_key_store, build_processor, build_registry, tool_labels
+from worker.errors import BrokerError
+from worker.metrics import Metrics
+from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
+from worker.runtime.worker import Worker
+from worker.settings import Settings
+
+pytestmark = pytest.mark.asyncio
+
+INPUT, ACCEPTED, REJECTED, INCOMPLETE = "in", "ok", "no", "partial"
+GROUP = "g"
+PARTITIONS = 3
+
+
+def make_settings(**overrides: Any) -> Settings:
+    base: dict[str, Any] = {
+        "kafka": {"bootstrap_servers": ["fake:9092"], "group_id": GROUP, "commit_interval_ms": 0},
+        "topics": {
+            "input": INPUT,
+            "accepted": ACCEPTED,
+            "rejected": REJECTED,
+            "incomplete": INCOMPLETE,
+        },
+        "schemas": {"dir": SCHEMAS},
+        "idempotency": {"partitions": 2},
+        "shutdown_grace_s": 2.0,
+    }
+    for key, value in overrides.items():
+        base[key] = {**base.get(key, {}), **value}
+    return Settings.model_validate(base)
+
+
+def new_broker() -> FakeBroker:
+    broker = FakeBroker()
+    broker.create_topic(INPUT, PARTITIONS)
+    for topic in (ACCEPTED, REJECTED, INCOMPLETE):
+        broker.create_topic(topic, 2)
+    return broker
+
+
+def new_worker(broker: FakeBroker, **overrides: Any) -> Worker:
+    settings = make_settings(**overrides)
+    registry = build_registry(settings)
+    return Worker(
+        settings,
+        build_processor(settings, registry),
+        lambda: build_key_store(settings),
+        Metrics(tool_labels(registry)),
+        kafka=FakeKafka(broker, GROUP, transactional=settings.delivery.guarantee == "exactly_once"),  # type: ignore[arg-type]
+    )
+
+
+def envelope(stream: str, call: str, seq: int, delta: str, **fields: Any) -> bytes:
+    return orjson.dumps(
+        {"stream_id": stream, "call_id": call, "seq": seq, "kind": "tool_call", "delta": delta}
+        | fields
+    )
+
+
+def weather_call(stream: str, call: str, city: str) -> list[bytes]:
+    text = orjson.dumps({"city": city, "units": "celsius"}).decode()
+    cut = len(text) // 2
+    return [
+        envelope(stream, call, 0, text[:cut], tool="get_weather", tool_version="1"),
+        envelope(stream, call, 1, text[cut:], final=True),
+    ]
+
+
+def payment_call(stream: str, call: str, key: str, amount: int) -> list[bytes]:
+    text = orjson.dumps(
+        {
+            "amount_minor": amount,
+            "currency": "EUR",
+            "recipient": "acct_1",
+            "description": None,
+            "idempotency_key": key,
+        }
+    ).decode()
+    return [envelope(stream, call, 0, text, tool="create_payment", final=True)]
+
+
+def produce(broker: FakeBroker, streams: dict[str, list[bytes]], *, clock_ms: int = 1000) -> None:
+    """Each stream's records to the partition of its key, interleaved round-robin."""
+    queues = {s: list(values) for s, values in streams.items()}
+    while any(queues.values()):
+        for stream, values in queues.items():
+            if values:
+                partition = sum(stream.encode()) % PARTITIONS
+                broker.append(INPUT, partition, stream.encode(), values.pop(0), timestamp=clock_ms)
+
+
+def outcome_events(broker: FakeBroker) -> dict[str, list[dict[str, Any]]]:
+    """Every event written to the outcome topics, by call id."""
+    events: dict[str, list[dict[str, Any]]] = {}
+    for topic in (ACCEPTED, REJECTED, INCOMPLETE):
+        for record in broker.records(topic):
+            assert record.value is not None
+            event = orjson.loads(record.value)
+            event["_topic"] = topic
+            events.setdefault(event["call_id"], []).append(event)
+    return events
+
+
+def without_timings(event: dict[str, Any]) -> dict[str, Any]:
+    event = dict(event)
+    event["metrics"] = {k: v for k, v in event["metrics"].items() if k != "phases_us"}
+    return event
+
+
+def assert_one_verdict_per_call(broker: FakeBroker, expected_calls: set[str]) -> None:
+    """No call lost; any repeated event of a call equals the first but for its timings."""
+    events = outcome_events(broker)
+    assert set(events) == expected_calls
+    for call_id, seen in events.items():
+        first = without_timings(seen[0])
+        for again in seen[1:]:
+            assert without_timings(again) == first, f"call {call_id} got a different event"
+
+
+def assert_input_committed(broker: FakeBroker) -> None:
+    """Every input partition is committed to its end: the worker moved on past everything."""
+    for partition in range(PARTITIONS):
+        end = len(broker.logs[INPUT][partition])
+        assert broker.committed.get((GROUP, INPUT, partition), 0) == end, partition
+
+
+async def run_until_idle(worker: Worker, broker: FakeBroker, *, rounds: int = 50) -> None:
+    for _ in range(rounds):
+        await worker.step()
+        broker.deliver()
+        if worker.ledger.idle() and not any(
+            worker._consumer.highwater(tp) > pos  # type: ignore[union-attr]
+            for tp, pos in worker._consumer._positions.items()  # type: ignore[union-attr]
+        ):
+            await worker.step()
+            broker.deliver()
+            await worker.step()
+            return
+    raise AssertionError("the worker did not settle")
+
+
+def traffic(calls: int) -> tuple[dict[str, list[bytes]], set[str]]:
+    streams = {f"s{i}": weather_call(f"s{i}", f"c{i}", f"city{i}") for i in range(calls)}
+    return streams, {f"c{i}" for i in range(calls)}
+
+
+# -- the protocol --------------------------------------------------------------------------------
+
+
+async def test_every_call_gets_its_event_and_offsets_follow_checkpoints() -> None:
+    broker = new_broker()
+    streams, calls = traffic(12)
+    produce(broker, streams)
+    worker = new_worker(broker)
+    await worker.start()
+    await run_until_idle(worker, broker)
+    assert_one_verdict_per_call(broker, calls)
+    assert {e[0]["_topic"] for e in outcome_events(broker).values()} == {ACCEPTED}
+    assert_input_committed(broker)
+    for partition in range(PARTITIONS):
+        if broker.logs[INPUT][partition]:
+            assert broker.logs[changelog_topic(GROUP, INPUT)][partition], "a checkpoint each"
+    await worker.close()
+
+
+async def test_nothing_is_committed_before_its_outputs_and_checkpoints_are_written() -> None:
+    broker = new_broker()
+    broker.auto_deliver = False
+    streams, _ = traffic(6)
+    produce(broker, streams)
+    worker = new_worker(broker)
+    await worker.start()
+    await worker.step()
+    await worker.step()
+    assert broker.committed == {}, "outputs not acknowledged yet"
+    broker.deliver()  # the outputs
+    await worker.step()
+    assert broker.committed == {}, "checkpoints sent, not acknowledged yet"
+    broker.deliver()  # the checkpoints
+    await worker.step()
+    assert broker.committed, "written, then committed"
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+async def test_a_crash_anywhere_replays_the_same_verdicts(data: st.DataObject) -> None:
+    """Run, crash after a generated number of rounds with a generated share of the sends
+    acknowledged, start a new worker on the same broker; repeat; no call is lost and every
+    repeated event equals the first (but for timings)."""
+    broker = new_broker()
+    broker.auto_deliver = False
+    streams = {}
+    calls: set[str] = set()
+    for i in range(data.draw(st.integers(3, 12))):
+        kind = data.draw(st.sampled_from(["weather", "weather", "payment", "abandoned"]))
+        if kind == "payment":
+            streams[f"p{i}"] = payment_call(f"p{i}", f"c{i}", f"key{i % 3}", 100 + i % 2)
+        elif kind == "abandoned":
+            streams[f"a{i}"] = weather_call(f"a{i}", f"c{i}", "x")[:1]
+        else:
+            streams[f"s{i}"] = weather_call(f"s{i}", f"c{i}", f"city{i}")
+        calls.add(f"c{i}")
+    produce(broker, streams)
+    # a later record in every partition ages the abandoned calls into their timeout
+    for partition in range(PARTITIONS):
+        end = orjson.dumps({"stream_id": f"clock{partition}", "kind": "end"})
+        broker.append(INPUT, partition, b"clock", end, timestamp=1000 + 120_000)
+    for _ in range(data.draw(st.integers(0, 3))):
+        worker = new_worker(broker)
+        await worker.start()
+        for _ in range(data.draw(st.integers(1, 4))):
+            await worker.step()
+            broker.deliver(data.draw(st.integers(0, len(broker.pending))))
+        # crash: the worker is dropped; unacknowledged sends are lost with it
+        broker.pending.clear()
+    worker = new_worker(broker)
+    broker.auto_deliver = True
+    await worker.start()
+    await run_until_idle(worker, broker)
+    assert_one_verdict_per_call(broker, calls)
+    accepted_keys: dict[str, str] = {}
+    for seen in outcome_events(broker).values():
+        event = seen[0]
+        if event["outcome"] == "accepted" and event["idempotency_key"]:
+            key = event["idempotency_key"]
+            assert key not in accepted_keys, f"key {key} accepted twice"
+            accepted_keys[key] = event["event_id"]
+
+
+async def test_a_keyed_duplicate_on_another_partition_is_decided_by_the_keys_owner() -> None:
+    broker = new_broker()
+    produce(
+        broker,
+        {
+            "p0": payment_call("p0", "first", "k1", 100),
+            "p1": payment_call("p1", "again", "k1", 100),
+            "p2": payment_call("p2", "other", "k1", 999),
+        },
+    )
+    worker = new_worker(broker)
+    await worker.start()
+    await run_until_idle(worker, broker)
+    events = {call: seen[0] for call, seen in outcome_events(broker).items()}
+    amounts = {"first": 100, "again": 100, "other": 999}
+    (first,) = [e for e in events.values() if e["outcome"] == "accepted"]
+    for call, event in events.items():
+        if event is first:
+            continue
+        same = amounts[call] == amounts[first["call_id"]]
+        assert event["outcome"] == "rejected"
+        assert event["error_code"] == ("duplicate" if same else "idempotency_conflict")
+        assert event["duplicate_of"] == first["event_id"]
+        assert "arguments" not in event
+    assert broker.records(requests_topic(GROUP)), "keyed calls went through the owner"
+    assert broker.records(keys_topic(GROUP)), "the owner remembered the key"
+
+
+async def test_a_restarted_owner_remembers_its_keys() -> None:
+    broker = new_broker()
+    produce(broker, {"p0": payment_call("p0", "first", "k1", 100)})
+    worker = new_worker(broker)
+    await worker.start()
+    await run_until_idle(worker, broker)
+    await worker.close()
+    produce(broker, {"p1": payment_call("p1", "later", "k1", 100)}, clock_ms=2000)
+    worker = new_worker(broker)
+    await worker.start()
+    await run_until_idle(worker, broker)
+    assert outcome_events(broker)["later"][0]["error_code"] == "duplicate"
+
+
+# -- failures --------------------------------------------------------------------------------
+
+
+async def test_a_topic_that_refuses_an_event_for_good_gets_a_substitute() -> None:
+    broker = new_broker()
+    streams, calls = traffic(3)
+    produce(broker, streams)
+    broker.fail_topic(ACCEPTED, RecordTooLargeError())
+    worker = new_worker(broker)
+    await worker.start()
+    await run_until_idle(worker, broker)
+    events = outcome_events(broker)
+    assert set(events) == calls
+    for seen in events.values():
+        (event,) = seen
+        assert (event["_topic"], event["phase"], event["error_code"]) == (
+            REJECTED,
+            "delivery",
+            "output_refused",
+        )
+    assert worker.stats.substituted == 3
+    assert_input_committed(broker)
+
+
+async def test_when_the_rejected_topic_refuses_too_the_event_is_dropped_and_counted() -> None:
+    broker = new_broker()
+    streams, _ = traffic(2)
+    produce(broker, streams)
+    broker.fail_topic(ACCEPTED, RecordTooLargeError())
+    broker.fail_topic(REJECTED, RecordTooLargeError())
+    worker = new_worker(broker)
+    await worker.start()
+    await run_until_idle(worker, broker)
+    assert worker.stats.dropped == 2
+    assert outcome_events(broker) == {}
+    assert_input_committed(broker)
+
+
+async def test_a_failing_topic_pauses_fetching_until_it_recovers_and_nothing_is_lost() -> None:
+    broker = new_broker()
+    streams, calls = traffic(6)
+    produce(broker, streams)
+    broker.fail_topic(ACCEPTED, RequestTimedOutError())
+    worker = new_worker(broker)
+    await worker.start()
+    for _ in range(5):
+        await worker.step()
+    ready, why = worker.readiness()
+    assert not ready
+    assert ACCEPTED in why
+    assert worker._consumer.paused(), "fetching paused while a topic fails"  # type: ignore[union-attr]
+    assert broker.committed == {}
+    broker.fail_topic(ACCEPTED, None)
+    for _ in range(100):  # bounded: the retry backoff is short
+        await worker.step()
+        if worker.ledger.idle() and worker.readiness()[0]:
+            break
+        await asyncio.sleep(0.02)
+    await run_until_idle(worker, broker)
+    assert worker.readiness()[0]
+    assert_one_verdict_per_call(broker, calls)
+
+
+async def test_another_topics_success_does_not_hide_a_failing_one() -> None:
+    broker = new_broker()
+    produce(broker, {"s0": weather_call("s0", "good", "x"), "s1": [b"not json"]})
+    broker.fail_topic(ACCEPTED, RequestTimedOutError())
+    worker = new_worker(broker)
+    await worker.start()
+    for _ in range(5):
+        await worker.step()
+    rejected = {
+        call for call, seen in outcome_events(broker).items() if seen[0]["_topic"] == REJECTED
+    }
+    assert len(rejected) == 1, "the rejected topic works"
+    assert not worker.readiness()[0], "the accepted one still fails"
+
+
+async def test_the_output_topics_must_exist_before_anything_is_produced() -> None:
+    broker = new_broker()
+    del broker.logs[INCOMPLETE]
+    worker = new_worker(broker)
+    with pytest.raises(BrokerError, match=INCOMPLETE):
+        await worker.start()
+
+
+async def test_an_offset_past_the_logs_end_is_never_committed() -> None:
+    broker = new_broker()
+    streams, _ = traffic(3)
+    produce(broker, streams)
+    worker = new_worker(broker)
+    await worker.start()
+    await run_until_idle(worker, broker)
+    before = dict(broker.committed)
+    # the broker lost its logs (a memory-only broker restarted): what was read is gone
+    for partition in range(PARTITIONS):
+        broker.logs[INPUT][partition].clear()
+    await worker._commit({(INPUT, p): 5 for p in range(PARTITIONS)})
+    assert broker.committed == before
+
+
+# -- rebalances --------------------------------------------------------------------------------
+
+
+async def test_a_partition_moves_to_another_worker_with_its_open_calls() -> None:
+    broker = new_broker()
+    text = orjson.dumps({"city": "Oslo", "units": "celsius"}).decode()
+    stream = "s0"
+    partition = sum(stream.encode()) % PARTITIONS
+    first, second = text[:5], text[5:]
+    broker.append(
+        INPUT, partition, b"s0", envelope(stream, "c0", 0, first, tool="get_weather"), timestamp=1
+    )
+    one = new_worker(broker)
+    await one.start()
+    await run_until_idle(one, broker)
+    assert one.processor.assembler.open_calls == 1
+    tp = TopicPartition(INPUT, partition)
+    await one._consumer.revoke([tp])  # type: ignore[union-attr]
+    broker.append(
+        INPUT, partition, b"s0", envelope(stream, "c0", 1, second, final=True), timestamp=2
+    )
+    two = new_worker(broker)
+    await two.start()
+    await run_until_idle(two, broker)
+    events = outcome_events(broker)
+    assert list(events) == ["c0"]
+    (event,) = events["c0"]
+    assert event["outcome"] == "accepted"
+    assert event["source"]["first_offset"] == 0, "judged whole, from its first chunk"
+
+
+# -- exactly once --------------------------------------------------------------------------------
+
+
+async def test_exactly_once_commits_records_checkpoints_and_offsets_together() -> None:
+    broker = new_broker()
+    streams, calls = traffic(9)
+    produce(broker, streams)
+    worker = new_worker(broker, delivery={"guarantee": "exactly_once"})
+    await worker.start()
+    for _ in range(10):
+        await worker.step()
+    events = outcome_events(broker)
+    assert set(events) == calls
+    assert all(len(seen) == 1 for seen in events.values())
+    for partition in range(PARTITIONS):
+        assert broker.committed[(GROUP, INPUT, partition)] == len(broker.logs[INPUT][partition])
