@@ -99,6 +99,12 @@ class TopicSettings(BaseModel):
     accepted: str = "tool-calls.validated"
     rejected: str = "tool-calls.rejected"
     incomplete: str = "tool-calls.incomplete"
+    replication_factor: int = Field(
+        1,
+        ge=1,
+        description="replicas of the internal topics callgate creates (changelogs, idempotency "
+        "topics); 3 on a production cluster",
+    )
 
     @property
     def input_pattern(self) -> str | None:

@@ -53,6 +53,7 @@ class FakeBroker:
         self,
         topic: str,
         partition: int,
+        *,
         key: bytes | None,
         value: bytes | None,
         headers: Sequence[tuple[str, bytes]] = (),
@@ -78,7 +79,7 @@ class FakeBroker:
                 future.set_exception(error)
             else:
                 for key, value, headers in records:
-                    self.append(topic, partition, key, value, headers)
+                    self.append(topic, partition, key=key, value=value, headers=headers)
                 future.set_result(None)
             done += 1
         return done
@@ -151,7 +152,7 @@ class FakeProducer:
     async def commit_transaction(self) -> None:
         for topic, partition, records in self._transaction:
             for key, value, headers in records:
-                self._broker.append(topic, partition, key, value, headers)
+                self._broker.append(topic, partition, key=key, value=value, headers=headers)
         group_id, offsets = self._offsets
         for tp, offset in offsets.items():
             self._broker.committed[(group_id, tp.topic, tp.partition)] = offset
@@ -245,6 +246,10 @@ class FakeConsumer:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._positions[tp] = offset
 
+    async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        for tp in partitions:
+            self._positions[tp] = 0
+
     def pause(self, *partitions: TopicPartition) -> None:
         self._paused |= set(partitions)
 
@@ -284,8 +289,11 @@ class FakeKafka:
         for spec in specs:
             self.broker.create_topic(spec.name, spec.partitions)
 
-    async def read_to_end(self, topic: str, partition: int) -> list[FakeRecord]:
-        logs = self.broker.logs.get(topic)
-        if logs is None or partition >= len(logs):
-            return []
-        return list(logs[partition])
+    async def read_to_end(
+        self, partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], list[FakeRecord]]:
+        read: dict[tuple[str, int], list[FakeRecord]] = {}
+        for topic, partition in partitions:
+            logs = self.broker.logs.get(topic)
+            read[(topic, partition)] = [] if logs is None else list(logs[partition])
+        return read

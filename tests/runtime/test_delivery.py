@@ -41,7 +41,7 @@ def test_a_revoked_partition_never_checkpoints_or_commits() -> None:
     ledger = Ledger()
     ledger.open_round(0, 1, {("in", 0): [FRAME], ("in", 1): [FRAME]}, {("in", 0): 3, ("in", 1): 4})
     ledger.acknowledged(0)
-    (round_,) = ledger.checkpoints_to_send()
+    assert len(ledger.checkpoints_to_send()) == 1
     ledger.forget([("in", 1)])
     ledger.checkpoint_acknowledged(0)
     assert ledger.take_committable() == {("in", 0): 3}

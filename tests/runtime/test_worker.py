@@ -109,7 +109,9 @@ def produce(broker: FakeBroker, streams: dict[str, list[bytes]], *, clock_ms: in
         for stream, values in queues.items():
             if values:
                 partition = sum(stream.encode()) % PARTITIONS
-                broker.append(INPUT, partition, stream.encode(), values.pop(0), timestamp=clock_ms)
+                broker.append(
+                    INPUT, partition, key=stream.encode(), value=values.pop(0), timestamp=clock_ms
+                )
 
 
 def outcome_events(broker: FakeBroker) -> dict[str, list[dict[str, Any]]]:
@@ -232,7 +234,7 @@ async def test_a_crash_anywhere_replays_the_same_verdicts(data: st.DataObject) -
     # a later record in every partition ages the abandoned calls into their timeout
     for partition in range(PARTITIONS):
         end = orjson.dumps({"stream_id": f"clock{partition}", "kind": "end"})
-        broker.append(INPUT, partition, b"clock", end, timestamp=1000 + 120_000)
+        broker.append(INPUT, partition, key=b"clock", value=end, timestamp=1000 + 120_000)
     for _ in range(data.draw(st.integers(0, 3))):
         worker = new_worker(broker)
         await worker.start()
@@ -407,18 +409,16 @@ async def test_a_partition_moves_to_another_worker_with_its_open_calls() -> None
     stream = "s0"
     partition = sum(stream.encode()) % PARTITIONS
     first, second = text[:5], text[5:]
-    broker.append(
-        INPUT, partition, b"s0", envelope(stream, "c0", 0, first, tool="get_weather"), timestamp=1
-    )
+    opening = envelope(stream, "c0", 0, first, tool="get_weather")
+    broker.append(INPUT, partition, key=b"s0", value=opening, timestamp=1)
     one = new_worker(broker)
     await one.start()
     await run_until_idle(one, broker)
     assert one.processor.assembler.open_calls == 1
     tp = TopicPartition(INPUT, partition)
     await one._consumer.revoke([tp])  # type: ignore[union-attr]
-    broker.append(
-        INPUT, partition, b"s0", envelope(stream, "c0", 1, second, final=True), timestamp=2
-    )
+    closing = envelope(stream, "c0", 1, second, final=True)
+    broker.append(INPUT, partition, key=b"s0", value=closing, timestamp=2)
     two = new_worker(broker)
     await two.start()
     await run_until_idle(two, broker)

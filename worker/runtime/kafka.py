@@ -67,12 +67,16 @@ class Kafka:
             await client.close()
 
     async def partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
-        """How many partitions each existing topic has (missing topics are left out)."""
-        wanted = sorted(set(topics))
-        if not wanted:
-            return {}
+        """How many partitions each existing topic has (missing topics are left out).
+
+        Only topics the cluster lists are described: a metadata request naming a missing topic
+        may create it, with the broker's default partition count."""
+        wanted = set(topics)
         async with self.admin() as admin:
-            described = await admin.describe_topics(wanted)
+            existing = sorted(wanted & set(await admin.list_topics()))
+            if not existing:
+                return {}
+            described = await admin.describe_topics(existing)
         return {
             entry["topic"]: len(entry["partitions"])
             for entry in described
@@ -101,7 +105,7 @@ class Kafka:
                             NewTopic(
                                 spec.name,
                                 num_partitions=spec.partitions,
-                                replication_factor=-1,
+                                replication_factor=self._settings.topics.replication_factor,
                                 topic_configs={"cleanup.policy": "compact"}
                                 if spec.compacted
                                 else {},
@@ -140,8 +144,13 @@ class Kafka:
                         "(it holds state that deletion by age would lose)"
                     )
 
-    async def read_to_end(self, topic: str, partition: int) -> list[Any]:
-        """Every record of a partition, from its start to its end as of now, in order."""
+    async def read_to_end(
+        self, partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], list[Any]]:
+        """Every record of each partition, from its start to its end as of now, in order (one
+        reader for them all)."""
+        if not partitions:
+            return {}
         options: dict[str, Any] = {
             **self._connection,
             "enable_auto_commit": False,
@@ -152,19 +161,23 @@ class Kafka:
         if self._exactly_once:
             options["isolation_level"] = READ_COMMITTED
         reader = AIOKafkaConsumer(**options)
-        tp = TopicPartition(topic, partition)
+        tps = [TopicPartition(topic, partition) for topic, partition in partitions]
+        read: dict[tuple[str, int], list[Any]] = {key: [] for key in partitions}
         try:
             await reader.start()
-            reader.assign([tp])
-            end = (await reader.end_offsets([tp]))[tp]
-            await reader.seek_to_beginning(tp)
-            records: list[Any] = []
-            while await reader.position(tp) < end:
-                batch = await reader.getmany(tp, timeout_ms=1000)
-                records.extend(batch.get(tp, ()))
-            return records
+            reader.assign(tps)
+            ends = await reader.end_offsets(tps)
+            todo = [tp for tp in tps if ends[tp] > 0]
+            if todo:
+                await reader.seek_to_beginning(*todo)
+            while todo:
+                batch = await reader.getmany(*todo, timeout_ms=1000)
+                for tp, records in batch.items():
+                    read[(tp.topic, tp.partition)].extend(records)
+                todo = [tp for tp in todo if await reader.position(tp) < ends[tp]]
+            return read
         except KafkaError as exc:
-            raise BrokerError(f"cannot read {topic}[{partition}]: {exc!r}") from exc
+            raise BrokerError(f"cannot read the state topics: {exc!r}") from exc
         finally:
             await reader.stop()
 

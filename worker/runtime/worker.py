@@ -615,7 +615,7 @@ class Worker:
         """Forget every partition's state and restore it as committed; fetch from there."""
         partitions = list(self._assignment)
         await self._on_revoked(partitions, drain=False)
-        await self._on_assigned(partitions, rewind=True)
+        await self._on_assigned(partitions)
 
     # -- rebalance -----------------------------------------------------------------------------
 
@@ -642,34 +642,53 @@ class Worker:
         self._assignment -= set(revoked)
         log.info("revoked %d partitions", len(gone))
 
-    async def _on_assigned(self, assigned: list[TopicPartition], *, rewind: bool = False) -> None:
+    async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+        """Restore each assigned partition's state, and fetch it from where that state ends:
+        an input partition right after its checkpoint (else its committed offset), an
+        idempotency partition from its committed offset. Nothing is fetched from a partition
+        before its state is back (it stays paused until then)."""
         consumer = self._consumer
-        if consumer is None:
+        if consumer is None or not assigned:
             return
-        for tp in assigned:
-            try:
+        consumer.pause(*assigned)
+        state_of = {
+            tp: (
+                self._keys if tp.topic == self._requests else changelog_topic(self._group, tp.topic)
+            )
+            for tp in assigned
+        }
+        try:
+            logs = await self._kafka.read_to_end(
+                [(topic, tp.partition) for tp, topic in state_of.items()]
+            )
+            for tp in assigned:
+                records = logs.get((state_of[tp], tp.partition), [])
+                offset = None
                 if tp.topic == self._requests:
-                    await self._restore_keys(tp.partition)
+                    self._restore_keys(tp.partition, records)
                 else:
-                    await self._restore_partition(tp)
-                if rewind:
-                    committed = await consumer.committed(tp)
-                    if committed is not None and tp.topic == self._requests:
-                        consumer.seek(tp, committed)
-            except (BrokerError, KafkaError) as exc:
-                self._fatal = f"cannot restore {tp.topic}[{tp.partition}]: {exc}"
-                self.request_stop()
-                return
+                    offset = self._restore_partition(tp, records)
+                if offset is None:
+                    offset = await consumer.committed(tp)
+                if offset is None:
+                    await consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, offset)
+        except (BrokerError, KafkaError) as exc:
+            self._fatal = f"cannot restore the state of {len(assigned)} partitions: {exc!r}"
+            self.request_stop()
+            return
+        if self._consumer is not consumer:  # closed while restoring
+            return
         self._assignment |= set(assigned)
         self._joined = True
         self.metrics.set_assigned_partitions(len(self._assignment))
-        if self._flow.paused and assigned:
-            consumer.pause(*assigned)
+        if not self._flow.paused:
+            consumer.resume(*assigned)
         log.info("assigned %d partitions", len(assigned))
 
-    async def _restore_partition(self, tp: TopicPartition) -> None:
-        changelog = changelog_topic(self._group, tp.topic)
-        records = await self._kafka.read_to_end(changelog, tp.partition)
+    def _restore_partition(self, tp: TopicPartition, records: list[Any]) -> int | None:
+        """An input partition's state from its changelog; the offset it reflects, if any."""
         restored = restore(
             ((r.key, r.value, list(r.headers or ())) for r in records),
             self.settings.delivery.checkpoint_record_bytes,
@@ -677,10 +696,8 @@ class Worker:
         self._writers[(tp.topic, tp.partition)] = restored.writer
         self.processor.drop(tp.topic, tp.partition)
         if not restored.frames:
-            return
+            return None
         self.processor.restore(tp.topic, tp.partition, restored.frames)
-        assert restored.offset is not None
-        self._consumer.seek(tp, restored.offset)
         log.info(
             "%s[%d]: restored from %d checkpoint frames; fetching from %d",
             tp.topic,
@@ -688,9 +705,10 @@ class Worker:
             len(restored.frames),
             restored.offset,
         )
+        return restored.offset
 
-    async def _restore_keys(self, partition: int) -> None:
-        records = await self._kafka.read_to_end(self._keys, partition)
+    def _restore_keys(self, partition: int, records: list[Any]) -> None:
+        """A key owner's store from its changelog (it resumes at its committed offset)."""
         store = self._new_key_store()
         store.restore((r.key.decode(), r.value) for r in records if r.key is not None)
         self._stores[partition] = store
