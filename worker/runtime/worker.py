@@ -151,7 +151,6 @@ class Worker:
         self._assignment: set[TopicPartition] = set()
         self._flow = FlowControl(settings.kafka.max_pending_produces)
         self._failing: dict[str, str] = {}
-        self._failed_rounds: set[int] = set()
         self._stop = asyncio.Event()
         self._joined = False
         self._fatal: str | None = None
@@ -500,7 +499,6 @@ class Worker:
 
     def refused(self, record: Record, error: KafkaError) -> Record | None:
         origin: Origin = record.origin
-        self._failed_rounds.add(record.round_id)
         if origin.kind in (CHECKPOINT, KEY_CHANGE):
             self._fatal = (
                 f"{record.topic} refuses writes for good ({error!r}): the worker stops, as "
@@ -593,10 +591,7 @@ class Worker:
             result = self._judge(batch)
             for (topic, partition), frames in result.checkpoints.items():
                 self._add_frames(result.id, topic, partition, frames)
-            await outbox.flush()
-            await outbox.wait_idle()
-            if result.id in self._failed_rounds or outbox.queued:
-                raise KafkaError("a record of the transaction was not written")
+            await self._send_all(outbox)
             await producer.send_offsets_to_transaction(
                 {TopicPartition(t, p): o for (t, p), o in result.offsets.items()}, self._group
             )
@@ -607,9 +602,22 @@ class Worker:
             with contextlib.suppress(KafkaError):
                 await producer.abort_transaction()
             outbox.clear()
-            self._failed_rounds.clear()
             self.stats.rewinds += 1
             await self._rewind()
+
+    async def _send_all(self, outbox: Outbox) -> None:
+        """Every record of the transaction written (retriable errors retried, refused records
+        replaced), within half the transaction timeout; else KafkaError."""
+        timeout_s = self.settings.delivery.transaction_timeout_ms / 2000
+        deadline = self._clock() + timeout_s
+        while True:
+            await outbox.flush()
+            await outbox.wait_idle()
+            if not outbox.queued:
+                return
+            if self._clock() >= deadline:
+                raise KafkaError(f"records of the round not written within {timeout_s:.1f} s")
+            await outbox.wait_progress(outbox.backoff.base_s)
 
     async def _rewind(self) -> None:
         """Forget every partition's state and restore it as committed; fetch from there."""
