@@ -62,6 +62,12 @@ class KafkaSettings(BaseModel):
     session_timeout_ms: int = Field(10_000, ge=1000)
     max_poll_interval_ms: int = Field(300_000, ge=1000)
     linger_ms: int = Field(5, ge=0)
+    topic_check_interval_ms: int = Field(
+        100,
+        ge=0,
+        description="how often the output topics are checked to exist before checkpoints move "
+        "past what was written to them",
+    )
     commit_interval_ms: int = Field(
         100, ge=0, description="offsets are committed at most this often (and on revoke and stop)"
     )

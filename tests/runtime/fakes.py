@@ -45,9 +45,18 @@ class FakeBroker:
     failing: dict[str, KafkaError] = field(default_factory=dict)
     auto_deliver: bool = True
     clock_ms: int = 0
+    #: topics deleted while writes to them are still acknowledged, and lost (as tansu does)
+    deleted: set[str] = field(default_factory=set)
 
     def create_topic(self, name: str, partitions: int) -> None:
         self.logs.setdefault(name, [[] for _ in range(partitions)])
+        self.deleted.discard(name)
+
+    def delete_topic_but_acknowledge_writes(self, name: str) -> None:
+        """Delete a topic the way the embedded broker does: later writes are acknowledged
+        and lost."""
+        del self.logs[name]
+        self.deleted.add(name)
 
     def append(
         self,
@@ -77,6 +86,8 @@ class FakeBroker:
             error = self.failing.get(topic)
             if error is not None:
                 future.set_exception(error)
+            elif topic in self.deleted:
+                future.set_result(None)  # acknowledged, and lost
             else:
                 for key, value, headers in records:
                     self.append(topic, partition, key=key, value=value, headers=headers)
@@ -123,12 +134,14 @@ class FakeProducer:
         return FakeBatch(self._batch_records)
 
     async def partitions_for(self, topic: str) -> set[int]:
+        if topic in self._broker.deleted:
+            return {0, 1}
         if topic not in self._broker.logs:
             raise KafkaTimeoutError(f"no metadata for {topic}")
         return set(range(len(self._broker.logs[topic])))
 
     async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> Any:
-        if topic not in self._broker.logs:
+        if topic not in self._broker.logs and topic not in self._broker.deleted:
             raise KafkaTimeoutError(f"no metadata for {topic}")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self.transactional:

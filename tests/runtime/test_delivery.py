@@ -9,17 +9,18 @@ from hypothesis import strategies as st
 from worker.runtime.delivery import Ledger
 
 FRAME = (b"k", b"v", [])
+VERIFIED = 1.0  # the outcome topics were seen after every acknowledgement of these tests
 
 
 def test_the_steps_in_order() -> None:
     ledger = Ledger()
     ledger.open_round(0, 2, {("in", 0): [FRAME]}, {("in", 0): 10})
     ledger.open_round(1, 1, {("in", 0): [FRAME]}, {("in", 0): 20})
-    assert ledger.checkpoints_to_send() == []
-    ledger.acknowledged(1)  # a later round acknowledged first: still waits for round 0
-    assert ledger.checkpoints_to_send() == []
-    ledger.acknowledged(0, 2)
-    assert [r.id for r in ledger.checkpoints_to_send()] == [0, 1]
+    assert ledger.checkpoints_to_send(VERIFIED) == []
+    ledger.acknowledged(1, 0.0)  # a later round acknowledged first: still waits for round 0
+    assert ledger.checkpoints_to_send(VERIFIED) == []
+    ledger.acknowledged(0, 0.0, 2)
+    assert [r.id for r in ledger.checkpoints_to_send(VERIFIED)] == [0, 1]
     assert ledger.take_committable() == {}
     ledger.checkpoint_acknowledged(1)
     assert ledger.take_committable() == {}  # round 0's checkpoint first
@@ -31,7 +32,7 @@ def test_the_steps_in_order() -> None:
 def test_a_failed_commit_is_retried_with_the_next() -> None:
     ledger = Ledger()
     ledger.open_round(0, 0, {}, {("in", 0): 5})
-    ledger.checkpoints_to_send()
+    ledger.checkpoints_to_send(VERIFIED)
     offsets = ledger.take_committable()
     ledger.recommit(offsets)
     assert ledger.take_committable() == {("in", 0): 5}
@@ -40,8 +41,8 @@ def test_a_failed_commit_is_retried_with_the_next() -> None:
 def test_a_revoked_partition_never_checkpoints_or_commits() -> None:
     ledger = Ledger()
     ledger.open_round(0, 1, {("in", 0): [FRAME], ("in", 1): [FRAME]}, {("in", 0): 3, ("in", 1): 4})
-    ledger.acknowledged(0)
-    assert len(ledger.checkpoints_to_send()) == 1
+    ledger.acknowledged(0, 0.0)
+    assert len(ledger.checkpoints_to_send(VERIFIED)) == 1
     ledger.forget([("in", 1)])
     ledger.checkpoint_acknowledged(0)
     assert ledger.take_committable() == {("in", 0): 3}
@@ -66,12 +67,12 @@ def test_nothing_is_committed_before_it_is_written(data: st.DataObject) -> None:
     committed = 0
     for kind, r in order:
         if kind == "record":
-            ledger.acknowledged(r)
+            ledger.acknowledged(r, 0.0)
             acked_records[r] += 1
         elif r in sent:
             ledger.checkpoint_acknowledged(r)
             acked_checkpoints.add(r)
-        for round_ in ledger.checkpoints_to_send():
+        for round_ in ledger.checkpoints_to_send(VERIFIED):
             sent.add(round_.id)
         offset = ledger.take_committable().get(("in", 0))
         if offset is not None:

@@ -37,7 +37,12 @@ PARTITIONS = 3
 
 def make_settings(**overrides: Any) -> Settings:
     base: dict[str, Any] = {
-        "kafka": {"bootstrap_servers": ["fake:9092"], "group_id": GROUP, "commit_interval_ms": 0},
+        "kafka": {
+            "bootstrap_servers": ["fake:9092"],
+            "group_id": GROUP,
+            "commit_interval_ms": 0,
+            "topic_check_interval_ms": 0,
+        },
         "topics": {
             "input": INPUT,
             "accepted": ACCEPTED,
@@ -375,6 +380,33 @@ async def test_another_topics_success_does_not_hide_a_failing_one() -> None:
     }
     assert len(rejected) == 1, "the rejected topic works"
     assert not worker.readiness()[0], "the accepted one still fails"
+
+
+async def test_writes_acknowledged_to_a_deleted_topic_are_not_lost() -> None:
+    """A broker that acknowledges writes to a deleted topic (and drops them): the worker sees
+    the topic gone before its checkpoints move past those writes, rewinds, waits, and writes
+    the events again once the topic is back."""
+    broker = new_broker()
+    broker.auto_deliver = False
+    first, calls = traffic(6)
+    produce(broker, first)
+    worker = new_worker(broker)
+    await worker.start()
+    await worker.step()  # judged and sent, not acknowledged yet
+    broker.delete_topic_but_acknowledge_writes(ACCEPTED)
+    broker.deliver()  # "acknowledged"
+    for _ in range(5):
+        await worker.step()
+        broker.deliver()
+    assert not worker.readiness()[0]
+    assert "does not exist" in worker.readiness()[1]
+    assert broker.committed == {}, "nothing committed past the lost writes"
+    broker.create_topic(ACCEPTED, 2)
+    broker.auto_deliver = True
+    await run_until_idle(worker, broker)
+    assert worker.readiness()[0]
+    assert_one_verdict_per_call(broker, calls)
+    assert_input_committed(broker)
 
 
 async def test_the_output_topics_must_exist_before_anything_is_produced() -> None:

@@ -14,7 +14,9 @@ checkpoint reflects an input offset: every record before it was fed, none after.
 2. Take each input partition's checkpoint (what changed since the previous one) right away, so
    it reflects exactly the records fed so far.
 3. Send every record of the round, batched per topic partition. The next round may start.
-4. When every record of this round and of every earlier round is acknowledged, send the round's
+4. When every record of this round and of every earlier round is acknowledged, and the outcome
+   topics were seen to exist after that (a broker may acknowledge writes to a deleted topic and
+   drop them; the state must not move past outputs that may be gone), send the round's
    checkpoints, in round order (rounds ready together are sent together, each partition's
    frames in order; a frame names its place, so a restore applies them in order regardless).
 5. When they are acknowledged, commit the round's input offsets (and the offsets of the
@@ -68,6 +70,8 @@ class Round:
     offsets: dict[Partition, int]
     stage: Stage = Stage.SENDING
     checkpoints_outstanding: int = 0
+    #: when the last of its records was acknowledged (the worker's clock)
+    acked_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -88,27 +92,36 @@ class Ledger:
     ) -> None:
         """Step 3: a round's `records` were handed to the outbox (ids only ever grow)."""
         round_ = Round(round_id, records, dict(checkpoints), dict(offsets))
+        if not records:
+            round_.acked_at = float("-inf")
         self._rounds.append(round_)
         self._by_id[round_id] = round_
         self.pending_records += records
 
-    def acknowledged(self, round_id: int, count: int = 1) -> None:
-        """`count` records of the round (step 3) were acknowledged."""
+    def acknowledged(self, round_id: int, now: float, count: int = 1) -> None:
+        """`count` records of the round (step 3) were acknowledged at `now`."""
         round_ = self._by_id.get(round_id)
         if round_ is None or round_.stage is not Stage.SENDING:
             return
         count = min(count, round_.outstanding)
         round_.outstanding -= count
         self.pending_records -= count
+        if not round_.outstanding:
+            round_.acked_at = now
 
-    def checkpoints_to_send(self) -> list[Round]:
-        """Step 4: rounds whose records, and every earlier round's, are all acknowledged, and
-        whose checkpoints are not sent yet, oldest first. Marks them as checkpointing."""
+    def awaiting_verification(self) -> bool:
+        """Some round's records are all acknowledged and its checkpoints wait (step 4)."""
+        return any(r.stage is Stage.SENDING and not r.outstanding for r in self._rounds)
+
+    def checkpoints_to_send(self, verified_at: float) -> list[Round]:
+        """Step 4: rounds whose records, and every earlier round's, were all acknowledged
+        before `verified_at` (when the outcome topics were last seen to exist), and whose
+        checkpoints are not sent yet, oldest first. Marks them as checkpointing."""
         ready: list[Round] = []
         for round_ in self._rounds:
             if round_.stage is not Stage.SENDING:
                 continue
-            if round_.outstanding:
+            if round_.outstanding or round_.acked_at is None or round_.acked_at > verified_at:
                 break
             round_.stage = Stage.CHECKPOINTING
             round_.checkpoints_outstanding = sum(len(r) for r in round_.checkpoints.values())

@@ -70,6 +70,9 @@ class Stats:
     rewinds: int = 0
 
 
+#: Why a topic fails when it does not exist at all.
+_MISSING = "does not exist"
+
 #: What an outbox record is, for its acknowledgement.
 OUTPUT, CHECKPOINT, TOMBSTONE, KEY_CHANGE = "output", "checkpoint", "tombstone", "key-change"
 
@@ -155,6 +158,9 @@ class Worker:
         self._joined = False
         self._fatal: str | None = None
         self._last_commit = 0.0
+        self._last_check = float("-inf")
+        #: when the outcome topics were last seen to exist (checkpoints wait for it)
+        self._verified_at = float("-inf")
         self._next_round = 0
         self._dropped = (0, 0)  # the reassembler's dropped-chunk counts already reported
 
@@ -282,7 +288,9 @@ class Worker:
         except KafkaError as exc:
             log.warning("fetch failed: %r", exc)
             batch = {}
-        if self._exactly_once:
+        if self._missing_topics():
+            await self._recheck_missing(batch)
+        elif self._exactly_once:
             if batch:
                 await self._transaction(batch)
         else:
@@ -415,7 +423,10 @@ class Worker:
         outbox = self._outbox
         assert outbox is not None
         await outbox.flush()
-        for round_ in self.ledger.checkpoints_to_send():
+        interval = self.settings.kafka.topic_check_interval_ms / 1000
+        if self.ledger.awaiting_verification() and self._clock() - self._last_check >= interval:
+            await self._verify_outputs()
+        for round_ in self.ledger.checkpoints_to_send(self._verified_at):
             for (topic, partition), frames in round_.checkpoints.items():
                 self._add_frames(round_.id, topic, partition, frames)
         await outbox.flush()
@@ -479,7 +490,7 @@ class Worker:
             self.stats.acknowledged += 1
             if record.topic in self._outcome_topics:
                 self.stats.events += 1
-            self.ledger.acknowledged(record.round_id)
+            self.ledger.acknowledged(record.round_id, self._clock())
         elif origin.kind == CHECKPOINT:
             self.ledger.checkpoint_acknowledged(record.round_id)
             writer = self._writers.get(origin.partition)
@@ -518,7 +529,7 @@ class Worker:
                 record.topic,
                 error,
             )
-            self.ledger.acknowledged(record.round_id)
+            self.ledger.acknowledged(record.round_id, self._clock())
             return None
         limits = self.settings.limits
         detail = f"{record.topic} refused the event ({type(error).__name__})"
@@ -539,10 +550,54 @@ class Worker:
             Origin(OUTPUT, origin.partition),
         )
 
+    def _missing_topics(self) -> bool:
+        return any(why == _MISSING for why in self._failing.values())
+
+    async def _recheck_missing(self, batch: Mapping[TopicPartition, list[Any]]) -> None:
+        """While a topic is missing nothing is judged (a batch fetched before the pause is
+        fetched again after the rewind); see every interval whether it is back."""
+        if batch:
+            log.debug("dropping a batch of %d partitions while a topic is missing", len(batch))
+            await self._rewind()
+        interval = self.settings.kafka.topic_check_interval_ms / 1000
+        if self._clock() - self._last_check >= interval:
+            await self._verify_outputs()
+        else:
+            await asyncio.sleep(min(interval, 0.05))
+
+    async def _verify_outputs(self) -> None:
+        """See that the topics written to still exist. A broker may acknowledge writes to a
+        deleted topic and drop them: when one is gone, the outputs since the last checkpoint
+        may be too, so every partition is rewound to its checkpoint (the calls are judged and
+        sent again once the topic is back), and fetching stays paused until it is."""
+        started = self._last_check = self._clock()
+        topics = [*self._outcome_topics, self._requests]
+        try:
+            missing = await self._kafka.missing_topics(topics)
+        except KafkaError as exc:
+            log.warning("cannot check that the output topics exist: %r", exc)
+            return
+        for topic in topics:
+            if topic not in missing and self._failing.get(topic) == _MISSING:
+                log.info("topic %s exists again", topic)
+                del self._failing[topic]
+        if not missing:
+            self._verified_at = started
+            return
+        for topic in missing:
+            if self._failing.get(topic) != _MISSING:
+                log.error("topic %s does not exist: rewinding to the last checkpoints", topic)
+            self._failing[topic] = _MISSING
+        if self._outbox is not None:
+            self._outbox.clear()
+        await self._rewind()
+
     def topic_failing(self, topic: str, error: KafkaError) -> None:
         if topic not in self._failing:
             self.metrics.produce_error()
-        self._failing[topic] = repr(error)
+            self._last_check = float("-inf")  # a failing write: see whether the topic is gone
+        if self._failing.get(topic) != _MISSING:
+            self._failing[topic] = repr(error)
 
     def topic_recovered(self, topic: str) -> None:
         self._failing.pop(topic, None)
