@@ -283,6 +283,12 @@ class FakeKafka:
         self.consumer_made: FakeConsumer | None = None
         self.producer_made: FakeProducer | None = None
 
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
     def consumer(self) -> FakeConsumer:
         self.consumer_made = FakeConsumer(self.broker, self.group_id)
         return self.consumer_made

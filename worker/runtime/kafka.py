@@ -35,6 +35,19 @@ class Kafka:
         self._settings = settings
         self._exactly_once = settings.delivery.guarantee == "exactly_once"
         self._connection = connection_options(settings.kafka)
+        self._admin: AIOKafkaAdminClient | None = None
+
+    async def start(self) -> None:
+        """Open the admin connection the worker's frequent checks share."""
+        self._admin = AIOKafkaAdminClient(
+            **self._connection, request_timeout_ms=self._settings.kafka.request_timeout_ms
+        )
+        await self._admin.start()
+
+    async def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            await admin.close()
 
     def consumer(self) -> AIOKafkaConsumer:
         """The group consumer: manual commits, read_committed under exactly_once."""
@@ -84,9 +97,13 @@ class Kafka:
         }
 
     async def missing_topics(self, topics: Iterable[str]) -> list[str]:
+        """The topics the cluster does not list."""
         wanted = set(topics)
-        async with self.admin() as admin:
-            existing = set(await admin.list_topics())
+        if self._admin is not None:
+            existing = set(await self._admin.list_topics())
+        else:
+            async with self.admin() as admin:
+                existing = set(await admin.list_topics())
         return sorted(wanted - existing)
 
     async def ensure_topics(self, specs: Sequence[TopicSpec]) -> None:

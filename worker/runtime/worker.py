@@ -170,6 +170,7 @@ class Worker:
         """Check and make the topics, connect, join. Raises `BrokerError` or `ConfigError`."""
         settings = self.settings
         try:
+            await self._kafka.start()
             await self._prepare_topics()
             self._producer = self._kafka.producer()
             self._consumer = self._kafka.consumer()
@@ -266,6 +267,10 @@ class Worker:
     async def _close_clients(self, timeout_s: float = 5.0) -> None:
         producer, consumer = self._producer, self._consumer
         self._producer = self._consumer = None
+        try:
+            await asyncio.wait_for(self._kafka.close(), timeout=max(0.1, timeout_s / 2))
+        except (TimeoutError, KafkaError) as exc:
+            log.warning("closing the admin client: %r", exc)
         for client in (producer, consumer):
             if client is None:
                 continue
