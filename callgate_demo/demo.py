@@ -259,10 +259,11 @@ class _Progress:
 
     def show(self, total: int, runner: Worker, reader: _OutcomeReader) -> None:
         stats, counts = runner.stats, reader.by_outcome
+        open_calls = runner.processor.assembler.open_calls
         line = (
             f"records {min(stats.records, total)}/{total} · events {reader.unique} · "
             f"accepted {counts['accepted']} · rejected {counts['rejected']} · "
-            f"incomplete {counts['incomplete']} · open calls {runner.processor.assembler.open_calls}"
+            f"incomplete {counts['incomplete']} · open calls {open_calls}"
         )
         if self._tty:
             print("\r" + line, end="", file=self._out, flush=True)

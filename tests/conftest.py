@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from callgate_demo.broker import EmbeddedBroker
+from callgate_demo.broker import BrokerStartError, EmbeddedBroker
 from tests.support.apache_kafka import ApacheKafka, ApacheKafkaError, fetch_libs
-from worker.errors import BrokerStartError
 
 BROKER_START_TIMEOUT_S = 15.0
 # both within pytest's per-test timeout, which counts the set-up of the first test that asks:

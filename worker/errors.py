@@ -1,16 +1,19 @@
 """The exception tree. Expected rejections are values (see `worker.model`), never exceptions.
 
-Exceptions are for bugs, bad configuration and infrastructure; every one derives from
-`CallgateError` and says through `retriable` whether trying the same operation again may help:
+Exceptions are for bugs, bad configuration and infrastructure; every one callgate raises on
+purpose derives from `CallgateError`:
 
-    CallgateError                 (retriable: False)
-    ├── ConfigError               a setting is wrong; start-up stops with its message
-    ├── SchemaLoadError           a contract cannot be loaded or compiled; names file and keyword
+    CallgateError
+    ├── ConfigError               a setting is wrong; start-up stops with its message (status 2)
+    ├── SchemaLoadError           a contract cannot be loaded or compiled; names file and pointer
     │   └── UnsupportedKeywordError   the chosen engine would not enforce a keyword
-    ├── InputFormatError          a record or input line is not what its format says
-    └── InfrastructureError       (retriable: True) broker, network, a dependency that may recover
-        ├── BrokerError               Kafka produce, fetch or commit failed
-        └── BrokerStartError          the embedded broker did not come up (retriable: False)
+    ├── InputFormatError          a record or input line is not what its format says (the
+    │                             record becomes its own rejected call; it never escapes a round)
+    └── InfrastructureError       a dependency failed: the network, a port, a broker
+        └── BrokerError               Kafka refused to work with the worker (status 1)
+
+Anything else raised while judging one call is a bug; it becomes that call's `internal_error`
+rejection (`worker.core.pipeline.Gate.judge`), never a stopped worker.
 """
 
 from __future__ import annotations
@@ -18,8 +21,6 @@ from __future__ import annotations
 
 class CallgateError(Exception):
     """Root of every exception callgate raises on purpose."""
-
-    retriable: bool = False
 
 
 class ConfigError(CallgateError):
@@ -53,16 +54,8 @@ class InputFormatError(CallgateError):
 
 
 class InfrastructureError(CallgateError):
-    """A dependency failed in a way that may recover on its own."""
-
-    retriable = True
+    """A dependency failed: the network, a port, a broker."""
 
 
 class BrokerError(InfrastructureError):
     """A Kafka operation (fetch, produce, commit) failed."""
-
-
-class BrokerStartError(InfrastructureError):
-    """The embedded broker process did not start or did not answer in time."""
-
-    retriable = False

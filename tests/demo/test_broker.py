@@ -7,11 +7,10 @@ import sys
 
 import pytest
 from aiokafka import AIOKafkaConsumer
-
-from callgate_demo.broker import EmbeddedBroker
-from callgate_demo.processes import free_port
-from worker.errors import BrokerStartError
 from worker.runtime.admin import create_topics
+
+from callgate_demo.broker import BrokerStartError, EmbeddedBroker
+from callgate_demo.processes import free_port
 
 pytestmark = pytest.mark.integration
 

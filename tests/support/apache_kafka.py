@@ -28,9 +28,9 @@ from types import TracebackType
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from tests.datafiles import REPO
 from tests.support.processes import ChildWait, free_port, stop_process, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 FETCH = REPO / "tools" / "kafka" / "fetch"
 LOOPBACK = "127.0.0.1"
 NODE_ID = 1
