@@ -1,14 +1,16 @@
 """The worker's one HTTP port: `/metrics`, `/healthz` (alive) and `/readyz` (ready for traffic).
 
 A standard-library `ThreadingHTTPServer` on a daemon thread, so it runs beside the asyncio loop
-without touching it. Readiness is asked of a callback `() -> (ready, reason)` on every request; the
-shell decides what ready means (partitions assigned, consuming, output producer healthy). A
-callback that raises makes the worker unready with the exception's type as the reason: a probe
-never sees a traceback.
+without touching it; an IPv6 host (`::`) binds an IPv6 socket. Readiness is asked of a callback
+`() -> (ready, reason)` on every request; the shell decides what ready means (group joined, no
+topic failing, not stopping). A callback that raises makes the worker unready with the
+exception's type as the reason, and a collector that raises makes `/metrics` answer 500 with its
+type: a probe or a scrape never sees a traceback.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
@@ -25,6 +27,14 @@ _TEXT = "text/plain; charset=utf-8"
 
 def not_ready_yet() -> tuple[bool, str]:
     return False, "starting"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a stuck client never holds up `stop()`
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6  # "::" also serves IPv4 where the system maps it
 
 
 class HealthServer:
@@ -44,11 +54,11 @@ class HealthServer:
         """Bind and serve on a daemon thread; returns the bound port (0 picks a free one)."""
         if self._server is not None:
             raise CallgateError("health server already started")
+        server_class = _Server6 if ":" in host else _Server
         try:
-            server = ThreadingHTTPServer((host, port), self._handler_class())
+            server = server_class((host, port), self._handler_class())
         except OSError as exc:
             raise InfrastructureError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
-        server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever,
@@ -92,16 +102,20 @@ class HealthServer:
             def _respond(self, *, head: bool) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._send(
-                        HTTPStatus.OK, CONTENT_TYPE_LATEST, generate_latest(owner._registry), head
-                    )
+                    try:
+                        text = generate_latest(owner._registry)
+                    except Exception as exc:  # a collector's bug: say so, as for readiness
+                        message = f"collecting metrics failed: {type(exc).__name__}\n"
+                        self._send(HTTPStatus.INTERNAL_SERVER_ERROR, _TEXT, message.encode(), head)
+                        return
+                    self._send(HTTPStatus.OK, CONTENT_TYPE_LATEST, text, head)
                 elif path == "/healthz":
                     self._send(HTTPStatus.OK, _TEXT, b"ok\n", head)
                 elif path == "/readyz":
                     ready, reason = owner._ready()
                     status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
                     body = (reason or ("ready" if ready else "not ready")) + "\n"
-                    self._send(status, _TEXT, body.encode(), head)
+                    self._send(status, _TEXT, body.encode("utf-8", "backslashreplace"), head)
                 else:
                     self._send(
                         HTTPStatus.NOT_FOUND,

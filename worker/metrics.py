@@ -2,21 +2,28 @@
 
 A `Metrics` owns its own `CollectorRegistry` (never the global one), so tests and benchmarks can
 make as many as they like. The shell feeds it outcome values: `observe(verdict, tool)` once per
-judged call, and small setters for gauges and infrastructure counters. With metrics disabled the
-same object is updated and simply not served.
+judged call, `decided(...)` once per call its idempotency key's owner decided, and small setters
+for gauges and infrastructure counters. With metrics disabled the same object is updated and
+simply not served.
 
-Cost on the hot path: the per-call series (calls, rejections, incomplete, repairs, chunks, phase
+Cost on the hot path: the per-call series (calls, rejections, incomplete, repairs, records, phase
 durations) are plain integers in dictionaries, exposed by a custom collector at scrape time. That
 is about ten times cheaper than a `prometheus_client` histogram child (which takes three locks and
 scans its buckets linearly per observation), and durations stay integer microseconds until a
 scrape. The writer is the one thread that runs the event loop; the scrape thread only copies
 (`dict.copy()` and `list()` are single C calls under the GIL, so a scrape sees a consistent
-snapshot of each series). Rare events (commit errors, rebalances, gauges) use ordinary
-`prometheus_client` metrics.
+snapshot of each series). Rare events (commit errors, rebalances, checkpoints, gauges) use
+ordinary `prometheus_client` metrics.
 
-Label sets stay bounded: `tool` values are the registry's tool names plus `_unknown` (a tool the
+Label sets stay bounded: `tool` values are the registry's tool labels plus `_unknown` (a name the
 registry does not know) and `_none` (a call without a tool, e.g. a refusal); every other label
-value comes from a `worker.model` enum, or, for `consumer_lag`, from the assigned partitions.
+value comes from an enum (`worker.model`, `Decision`) or a fixed pair (`full`/`delta`), or, for
+`consumer_lag`, from the assigned partitions. Nothing from a record ever becomes a label value.
+
+Series a rate or an alert must see from their first increment exist, at zero, from the start:
+every (outcome, tool), reason, kind, decision, the poison codes, and `internal_error` in every
+phase where the chain can fail (`rate()` and `increase()` miss the increment that creates a
+series).
 """
 
 from __future__ import annotations
@@ -31,12 +38,21 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from worker import __version__
+from worker.core.idempotency import Decision
 from worker.model import Code, IncompleteReason, Outcome, Phase, RepairKind, Verdict
+from worker.settings import SchemaSettings
 
 PREFIX = "callgate_"
 UNKNOWN_TOOL = "_unknown"
 NO_TOOL = "_none"
 NO_LABEL = "_none"
+
+#: the `kind` of a checkpoint: the whole state of a partition, or what changed since the last
+CHECKPOINT_KINDS = ("full", "delta")
+#: rejections of phase `assembly` with these codes are records that could not be read at all
+POISON_CODES = (Code.MALFORMED_RECORD, Code.INTERNAL_ERROR)
+#: phases the chain can fail in with `internal_error` (delivery only substitutes events)
+INTERNAL_ERROR_PHASES = tuple(phase for phase in Phase if phase is not Phase.DELIVERY)
 
 # Upper bounds of the phase-duration buckets, in microseconds (1 µs .. 1 s).
 PHASE_BUCKETS_US: tuple[int, ...] = (
@@ -70,16 +86,27 @@ _REPAIRS = PREFIX + "repairs"
 _RECORDS = PREFIX + "records"
 _PHASE_DURATION = PREFIX + "phase_duration_seconds"
 
+# the hot path's enum members, bound once (a global is cheaper than a class attribute)
+_ACCEPTED, _REJECTED, _INCOMPLETE_OUTCOME = Outcome.ACCEPTED, Outcome.REJECTED, Outcome.INCOMPLETE
+_ASSEMBLY = Phase.ASSEMBLY
+
+# the one place the engine's default is defined is the settings object
+_DEFAULT_ENGINE: str = SchemaSettings.model_fields["engine"].default
+
 
 class _HotPathCollector(Collector):
     """The per-call series as plain integers; turned into metric families only when scraped."""
 
-    def __init__(self, known_tools: frozenset[str]) -> None:
+    def __init__(self, tool_labels: frozenset[str]) -> None:
         self.records = 0
         self.calls: dict[tuple[str, str], int] = {
-            (outcome, tool): 0 for outcome in Outcome for tool in known_tools
+            (outcome, tool): 0
+            for outcome in Outcome
+            for tool in sorted(tool_labels | {UNKNOWN_TOOL, NO_TOOL})
         }
-        self.rejections: dict[tuple[str, str], int] = {}
+        self.rejections: dict[tuple[str, str], int] = {
+            (phase, Code.INTERNAL_ERROR): 0 for phase in INTERNAL_ERROR_PHASES
+        }
         self.incomplete: dict[str, int] = dict.fromkeys(IncompleteReason, 0)
         self.repairs: dict[str, int] = dict.fromkeys(RepairKind, 0)
         # Per phase: one count per bucket, the +Inf slot, then the sum in microseconds (last).
@@ -94,9 +121,13 @@ class _HotPathCollector(Collector):
         return self._families(empty=False)
 
     def _families(self, *, empty: bool) -> Iterator[Metric]:
-        records = CounterMetricFamily(_RECORDS, "Input records consumed (chunks, vendor events).")
+        records = CounterMetricFamily(
+            _RECORDS, "Input records consumed (envelope chunks and vendor events)."
+        )
         calls = CounterMetricFamily(
-            _CALLS, "Calls judged, by outcome and tool.", labels=("outcome", "tool")
+            _CALLS,
+            "Calls judged, by outcome and tool (a keyed call when its key's owner decides).",
+            labels=("outcome", "tool"),
         )
         rejections = CounterMetricFamily(
             _REJECTIONS, "Rejected calls, by failing phase and code.", labels=("phase", "code")
@@ -132,21 +163,26 @@ class _HotPathCollector(Collector):
 
 
 class Metrics:
-    """callgate's metrics, bound to `self.registry`. Update from the event-loop thread only."""
+    """callgate's metrics, bound to `self.registry`. Update from the event-loop thread only.
+
+    `tool_labels` maps every name a call may give a tool (its name, its schema id) to the tool's
+    label. `max_idempotency_keys` is how many keys the idempotency store may hold in all
+    (`max_keys` per partition times the partitions of the idempotency topics); when given it is
+    exposed as `callgate_idempotency_keys_limit`, which the alert on a store near its bound needs.
+    """
 
     def __init__(
         self,
-        tool_labels: Mapping[str, str] | None = None,
+        tool_labels: Mapping[str, str],
         *,
-        engine: str = "fastjsonschema",
+        engine: str = _DEFAULT_ENGINE,
         version: str = __version__,
+        max_idempotency_keys: int | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        #: every name a call may give a tool (its name, its schema id) -> the tool's label
-        self.tool_labels: Mapping[str, str] = tool_labels or {}
-        known_tools = frozenset(self.tool_labels.values())
-        self.known_tools = known_tools
-        self._hot = _HotPathCollector(known_tools)
+        self.tool_labels: Mapping[str, str] = dict(tool_labels)
+        self.known_tools = frozenset(self.tool_labels.values())
+        self._hot = _HotPathCollector(self.known_tools)
         self.registry.register(self._hot)
         registry = self.registry
         self._open_calls = Gauge(
@@ -163,7 +199,7 @@ class Metrics:
         )
         self._assigned_partitions = Gauge(
             PREFIX + "assigned_partitions",
-            "Input partitions currently assigned to this worker.",
+            "Partitions currently assigned to this worker (input and idempotency requests).",
             registry=registry,
         )
         self._commit_errors = Counter(
@@ -171,7 +207,7 @@ class Metrics:
         )
         self._produce_errors = Counter(
             PREFIX + "produce_errors",
-            "Outcome events the broker did not acknowledge.",
+            "Writes a topic failed to acknowledge (retried until it does).",
             registry=registry,
         )
         self._rebalances = Counter(
@@ -190,39 +226,50 @@ class Metrics:
             "eviction, a gap...).",
             registry=registry,
         )
-        self._poison_records = Counter(
+        poison_records = Counter(
             PREFIX + "poison_records",
             "Input records that could not be read at all, by code.",
             ("code",),
             registry=registry,
         )
-        self._poison_children = {
-            code: self._poison_records.labels(code.value)
-            for code in (Code.MALFORMED_RECORD, Code.INTERNAL_ERROR)
+        self._poison: dict[Code, Counter] = {
+            code: poison_records.labels(code.value) for code in POISON_CODES
         }
-        self._checkpoints = Counter(
+        checkpoints = Counter(
             PREFIX + "checkpoints",
             "Checkpoints of input partitions written to their changelog, by kind.",
             ("kind",),
             registry=registry,
         )
-        self._checkpoint_bytes = Counter(
+        checkpoint_bytes = Counter(
             PREFIX + "checkpoint_bytes",
             "Bytes of checkpoints written to the changelogs, by kind.",
             ("kind",),
             registry=registry,
         )
-        self._idempotency_decisions = Counter(
+        self._checkpoints = {
+            full: (checkpoints.labels(kind), checkpoint_bytes.labels(kind))
+            for full, kind in zip((True, False), CHECKPOINT_KINDS, strict=True)
+        }
+        decisions = Counter(
             PREFIX + "idempotency_decisions",
             "Decisions of this worker's key owners, by decision.",
             ("decision",),
             registry=registry,
         )
+        self._decisions = {decision: decisions.labels(decision.value) for decision in Decision}
         self._idempotency_keys = Gauge(
             PREFIX + "idempotency_keys",
             "Idempotency keys remembered by this worker's key owners.",
             registry=registry,
         )
+        if max_idempotency_keys is not None:
+            Gauge(
+                PREFIX + "idempotency_keys_limit",
+                "Keys the idempotency store may hold in all (max_keys per partition times the "
+                "partitions of the idempotency topics); the oldest are forgotten beyond it.",
+                registry=registry,
+            ).set(max_idempotency_keys)
         self._events_substituted = Counter(
             PREFIX + "events_substituted",
             "Events a topic refused for good, replaced by a rejection that says so.",
@@ -243,24 +290,29 @@ class Metrics:
     # -- hot path ------------------------------------------------------------------------------
 
     def observe(self, verdict: Verdict, tool: str | None) -> None:
-        """Count one judged call and record how long each of its phases took."""
+        """Count one judged call and record how long each of its phases took.
+
+        An accepted call pending its key's owner (`idempotency_digest` set) has its phases and
+        repairs recorded here; its outcome is counted by `decided`, once the owner decides.
+        """
         # Keys are the enum members themselves: a StrEnum hashes and compares as its str value,
         # while `.value` is a Python-level property that would triple this method's cost.
         hot = self._hot
-        label = NO_TOOL if tool is None else self.tool_labels.get(tool, UNKNOWN_TOOL)
         outcome = verdict.outcome
-        key = (outcome, label)
-        calls = hot.calls
-        calls[key] = calls.get(key, 0) + 1
-        if outcome is Outcome.REJECTED:
-            code = verdict.code or NO_LABEL
-            rkey = (verdict.phase or NO_LABEL, code)
+        if outcome is not _ACCEPTED or verdict.idempotency_digest is None:
+            key = (outcome, NO_TOOL if tool is None else self.tool_labels.get(tool, UNKNOWN_TOOL))
+            calls = hot.calls
+            calls[key] = calls.get(key, 0) + 1
+        if outcome is _REJECTED:
+            phase, code = verdict.phase, verdict.code
+            rkey = (phase or NO_LABEL, code or NO_LABEL)
             rejections = hot.rejections
             rejections[rkey] = rejections.get(rkey, 0) + 1
-            poison = self._poison_children.get(code)  # type: ignore[call-overload]
-            if poison is not None and verdict.phase is Phase.ASSEMBLY:
-                poison.inc()
-        elif outcome is Outcome.INCOMPLETE:
+            if phase is _ASSEMBLY and code is not None:
+                poison = self._poison.get(code)
+                if poison is not None:
+                    poison.inc()
+        elif outcome is _INCOMPLETE_OUTCOME:
             reason = verdict.reason or NO_LABEL
             incomplete = hot.incomplete
             incomplete[reason] = incomplete.get(reason, 0) + 1
@@ -269,21 +321,22 @@ class Metrics:
             for repair in verdict.repairs:
                 repairs[repair] = repairs.get(repair, 0) + 1
         buckets, bounds, find = hot.buckets, PHASE_BUCKETS_US, bisect_left
-        for phase, micros in verdict.phases_us.items():
-            counts = buckets[phase]
+        for phase_name, micros in verdict.phases_us.items():
+            counts = buckets[phase_name]
             counts[find(bounds, micros)] += 1
             counts[-1] += micros
 
     def add_records(self, count: int) -> None:
         self._hot.records += count
 
-    def decided(self, outcome: str, tool: str | None, phase: str | None, code: str | None) -> None:
+    def decided(
+        self, outcome: Outcome, tool: str | None, phase: Phase | None, code: Code | None
+    ) -> None:
         """Count a call whose outcome its idempotency key's owner decided."""
         hot = self._hot
-        label = NO_TOOL if tool is None else self.tool_labels.get(tool, UNKNOWN_TOOL)
-        key = (outcome, label)
+        key = (outcome, NO_TOOL if tool is None else self.tool_labels.get(tool, UNKNOWN_TOOL))
         hot.calls[key] = hot.calls.get(key, 0) + 1
-        if outcome == Outcome.REJECTED:
+        if outcome is Outcome.REJECTED:
             rkey = (phase or NO_LABEL, code or NO_LABEL)
             hot.rejections[rkey] = hot.rejections.get(rkey, 0) + 1
 
@@ -310,24 +363,27 @@ class Metrics:
         self._commit_errors.inc()
 
     def produce_error(self, count: int = 1) -> None:
-        self._produce_errors.inc(count)
+        if count > 0:
+            self._produce_errors.inc(count)
 
     def rebalance(self) -> None:
         self._rebalances.inc()
 
     def add_dropped_chunks(self, duplicate: int, late: int) -> None:
-        if duplicate:
+        """Chunks the reassembler dropped since the last call (a counter never goes down)."""
+        if duplicate > 0:
             self._duplicate_chunks.inc(duplicate)
-        if late:
+        if late > 0:
             self._late_chunks.inc(late)
 
     def checkpoint(self, nbytes: int, *, full: bool) -> None:
-        kind = "full" if full else "delta"
-        self._checkpoints.labels(kind).inc()
-        self._checkpoint_bytes.labels(kind).inc(nbytes)
+        count, size = self._checkpoints[full]
+        count.inc()
+        if nbytes > 0:
+            size.inc(nbytes)
 
-    def idempotency_decision(self, decision: str) -> None:
-        self._idempotency_decisions.labels(decision).inc()
+    def idempotency_decision(self, decision: Decision) -> None:
+        self._decisions[decision].inc()
 
     def set_idempotency_keys(self, count: int) -> None:
         self._idempotency_keys.set(count)

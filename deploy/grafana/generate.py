@@ -53,13 +53,22 @@ def _quantile(q: float) -> str:
     )
 
 
+def _sum(metric: str, by: str = "instance") -> str:
+    return f"sum by ({by}) ({metric}{{{BY_WORKER}}})"
+
+
+def _internal(selector: str) -> str:
+    return f'code="internal_error", {selector}'
+
+
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     (
         "Traffic and outcomes",
         (
             Panel(
                 "Calls/s by outcome",
-                "Every judged call is exactly one of accepted, rejected, incomplete.",
+                "Every judged call is exactly one of accepted, rejected, incomplete. A call with "
+                "an idempotency key is counted when its key's owner decides.",
                 (Query(_rate("callgate_calls_total", BY_TOOL, "outcome"), "{{outcome}}"),),
                 unit="ops",
                 stack=True,
@@ -81,9 +90,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 extra={"min": 0, "max": 1},
             ),
             Panel(
-                "Chunks/s per worker",
-                "Input records consumed. Flat at zero while lag grows: the worker is stuck.",
-                (Query(_rate("callgate_chunks_total", BY_WORKER, "instance"), "{{instance}}"),),
+                "Records/s per worker",
+                "Input records consumed (envelope chunks, vendor events). Flat at zero while lag "
+                "grows: the worker is stuck.",
+                (Query(_rate("callgate_records_total", BY_WORKER, "instance"), "{{instance}}"),),
                 unit="ops",
                 width=9,
             ),
@@ -107,21 +117,45 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         (
             Panel(
                 "Rejections/s by phase and code",
-                "The first phase that failed and why. schema_violation: the model's arguments "
-                "break the contract; invalid_json: the model wrote broken JSON.",
+                "The first phase that failed and why (internal errors have their own panel). "
+                "schema_violation: the model's arguments break the contract; invalid_json: the "
+                "model wrote broken JSON; idempotency duplicate / idempotency_conflict: decided "
+                "by the key's owner.",
                 (
                     Query(
-                        _rate("callgate_rejections_total", BY_WORKER, "phase, code"),
+                        _rate(
+                            "callgate_rejections_total",
+                            f'code!="internal_error", {BY_WORKER}',
+                            "phase, code",
+                        ),
                         "{{phase}} {{code}}",
                     ),
                 ),
                 unit="ops",
                 stack=True,
+                width=16,
+            ),
+            Panel(
+                "Internal errors/s by phase",
+                "Calls callgate itself failed on (a bug, logged with its traceback): each one is "
+                "rejected with code internal_error, never accepted. Any value here is a bug to "
+                "report (alert CallgateInternalErrors).",
+                (
+                    Query(
+                        _rate("callgate_rejections_total", _internal(BY_WORKER), "phase"),
+                        "{{phase}}",
+                    ),
+                ),
+                unit="ops",
+                width=8,
+                extra={"color": "red"},
             ),
             Panel(
                 "Incomplete/s by reason",
                 "Truncated or unfinished calls; never repaired into success. max_tokens: raise the "
-                "model's output limit; timeout / stream_ended: the producer stopped mid-call.",
+                "model's output limit; timeout / stream_ended: the producer stopped mid-call; "
+                "max_lifetime: a call open too long; stream_corrupt: the vendor stream "
+                "contradicted itself.",
                 (Query(_rate("callgate_incomplete_total", BY_WORKER, "reason"), "{{reason}}"),),
                 unit="ops",
                 stack=True,
@@ -130,21 +164,6 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Repairs/s by kind",
                 "Lossless repairs applied before parsing (a ```json fence around the whole text).",
                 (Query(_rate("callgate_repairs_total", BY_WORKER, "kind"), "{{kind}}"),),
-                unit="ops",
-            ),
-            Panel(
-                "Dropped input/s",
-                "Duplicate chunks dropped (a producer retry) and records that could not be "
-                "decoded at all (poison records, skipped and counted).",
-                (
-                    Query(
-                        _rate("callgate_duplicate_chunks_total", BY_WORKER, "instance"),
-                        "duplicate {{instance}}",
-                    ),
-                    Query(
-                        _rate("callgate_poison_records_total", BY_WORKER, "code"), "poison {{code}}"
-                    ),
-                ),
                 unit="ops",
             ),
         ),
@@ -170,44 +189,138 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         ),
     ),
     (
-        "Capacity and Kafka",
+        "Open calls",
         (
             Panel(
                 "Open calls",
                 "Calls still being assembled. Climbing without bound: producers leave calls open.",
-                (Query(f"sum by (instance) (callgate_open_calls{{{BY_WORKER}}})", "{{instance}}"),),
+                (Query(_sum("callgate_open_calls"), "{{instance}}"),),
                 width=8,
             ),
             Panel(
                 "Buffered bytes",
                 "Memory held by open calls (bounded by the limits settings).",
-                (
-                    Query(
-                        f"sum by (instance) (callgate_buffered_bytes{{{BY_WORKER}}})",
-                        "{{instance}}",
-                    ),
-                ),
+                (Query(_sum("callgate_buffered_bytes"), "{{instance}}"),),
                 unit="bytes",
                 width=8,
             ),
             Panel(
                 "Assigned partitions",
-                "Input partitions per worker. A worker at 0 is idle: more workers than partitions.",
-                (
-                    Query(
-                        f"sum by (instance) (callgate_assigned_partitions{{{BY_WORKER}}})",
-                        "{{instance}}",
-                    ),
-                ),
+                "Partitions per worker (input and idempotency requests). A worker at 0 is idle: "
+                "more workers than partitions.",
+                (Query(_sum("callgate_assigned_partitions"), "{{instance}}"),),
                 width=8,
             ),
+        ),
+    ),
+    (
+        "State: checkpoints and idempotency",
+        (
+            Panel(
+                "Checkpoint bytes/s by kind",
+                "What the open calls' checkpoints write to the changelog topics. Full ones "
+                "carry a partition's whole state, deltas what changed since.",
+                (Query(_rate("callgate_checkpoint_bytes_total", BY_WORKER, "kind"), "{{kind}}"),),
+                unit="Bps",
+                stack=True,
+                width=6,
+            ),
+            Panel(
+                "Checkpoints/s: full vs delta",
+                "Checkpoints written per second by kind. None while records are consumed: "
+                "checkpoints stall (alert CallgateCheckpointsStalled).",
+                (Query(_rate("callgate_checkpoints_total", BY_WORKER, "kind"), "{{kind}}"),),
+                unit="ops",
+                stack=True,
+                width=6,
+            ),
+            Panel(
+                "Idempotency decisions/s",
+                "What the key owners decide: first (accepted), replay (the same call again, "
+                "accepted again), duplicate and conflict (rejected).",
+                (
+                    Query(
+                        _rate("callgate_idempotency_decisions_total", BY_WORKER, "decision"),
+                        "{{decision}}",
+                    ),
+                ),
+                unit="ops",
+                stack=True,
+                width=6,
+            ),
+            Panel(
+                "Idempotency keys",
+                "Keys remembered by all selected workers' key owners, against the store's bound. "
+                "At the bound the oldest keys are forgotten before their retention ends.",
+                (
+                    Query(f"sum(callgate_idempotency_keys{{{BY_WORKER}}})", "keys"),
+                    Query(f"max(callgate_idempotency_keys_limit{{{BY_WORKER}}})", "limit"),
+                ),
+                width=6,
+            ),
+        ),
+    ),
+    (
+        "Delivery and dropped input",
+        (
+            Panel(
+                "Events substituted and dropped/s",
+                "Events a topic refused for good. Substituted: replaced by a rejection "
+                "output_refused (phase delivery) on the rejected topic. Dropped: no substitute "
+                "possible, the call has no event at all (alert CallgateEventsDropped).",
+                (
+                    Query(
+                        _rate("callgate_events_substituted_total", BY_WORKER, "instance"),
+                        "substituted {{instance}}",
+                    ),
+                    Query(
+                        _rate("callgate_events_dropped_total", BY_WORKER, "instance"),
+                        "dropped {{instance}}",
+                    ),
+                ),
+                unit="ops",
+                width=8,
+                extra={"color": "red"},
+            ),
+            Panel(
+                "Dropped chunks/s",
+                "Duplicate: retransmissions of a piece already taken (producer retries, harmless). "
+                "Late: chunks of a call that already has its verdict (after a timeout, an "
+                "eviction, a gap): the producer is slower than the idle timeout.",
+                (
+                    Query(
+                        _rate("callgate_duplicate_chunks_total", BY_WORKER, "instance"),
+                        "duplicate {{instance}}",
+                    ),
+                    Query(
+                        _rate("callgate_late_chunks_total", BY_WORKER, "instance"),
+                        "late {{instance}}",
+                    ),
+                ),
+                unit="ops",
+                width=8,
+            ),
+            Panel(
+                "Poison records/s by code",
+                "Records that could not be read at all, each answered by its own rejection in "
+                "phase assembly: malformed_record (a bad producer), internal_error (a bug in a "
+                "decoder).",
+                (Query(_rate("callgate_poison_records_total", BY_WORKER, "code"), "{{code}}"),),
+                unit="ops",
+                width=8,
+            ),
+        ),
+    ),
+    (
+        "Kafka",
+        (
             Panel(
                 "Consumer lag by partition",
                 "Records not yet consumed. Growing steadily: add workers (up to the partition "
                 "count) or find the slow phase above.",
                 (
                     Query(
-                        f"sum by (topic, partition) (callgate_consumer_lag{{{BY_WORKER}}})",
+                        _sum("callgate_consumer_lag", "topic, partition"),
                         "{{topic}}/{{partition}}",
                     ),
                 ),
@@ -216,7 +329,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Panel(
                 "Rebalances",
                 "Group rebalances per worker. Frequent ones: workers crash, or exceed "
-                "max.poll.interval; each one replays open calls.",
+                "max.poll.interval; each one restores the moved partitions from their checkpoints.",
                 (
                     Query(
                         "sum by (instance) "
@@ -228,8 +341,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             ),
             Panel(
                 "Broker errors/s",
-                "Failed commits and unacknowledged outcome events. Any sustained value: check "
-                "the brokers; offsets are not committed past unacknowledged outputs.",
+                "Failed offset commits, and writes a topic failed to acknowledge (retried; "
+                "fetching pauses while a topic fails and /readyz says which).",
                 (
                     Query(
                         _rate("callgate_commit_errors_total", BY_WORKER, "instance"),
@@ -303,6 +416,8 @@ def _panel(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
     for key in ("min", "max"):
         if key in panel.extra:
             defaults[key] = panel.extra[key]
+    if "color" in panel.extra:
+        defaults["color"] = {"mode": "fixed", "fixedColor": panel.extra["color"]}
     return {
         "id": panel_id,
         "type": panel.kind,
@@ -349,7 +464,8 @@ def dashboard() -> dict[str, Any]:
     return {
         "uid": "callgate",
         "title": "callgate",
-        "description": "Tool-call gate: outcomes, failing phases, latency per phase, Kafka.",
+        "description": "Tool-call gate: outcomes, failing phases, latency per phase, state "
+        "(checkpoints, idempotency), delivery, Kafka.",
         "tags": ["callgate", "kafka"],
         "timezone": "browser",
         "editable": True,

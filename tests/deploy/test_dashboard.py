@@ -18,7 +18,7 @@ from tests.deploy.prometheus_helpers import (
 )
 from worker.metrics import Metrics
 
-DECLARED = Metrics(frozenset({"any_tool"})).series_names()
+DECLARED = Metrics({"any_tool": "any_tool"}, max_idempotency_keys=1).series_names()
 GENERATOR = DEPLOY / "grafana" / "generate.py"
 
 
@@ -43,27 +43,49 @@ def test_every_metric_a_panel_or_variable_names_is_declared() -> None:
         assert not undeclared, f"{named.source} uses undeclared {sorted(undeclared)}"
 
 
-def test_the_panels_the_operators_need_are_there() -> None:
-    titles = {panel["title"] for panel in data_panels()}
-    for wanted in (
-        "Calls/s by outcome",
-        "Acceptance ratio",
-        "Rejections/s by phase and code",
-        "Incomplete/s by reason",
-        "Repairs/s by kind",
-        "p50 phase duration",
-        "p99 phase duration",
-        "Open calls",
-        "Buffered bytes",
-        "Consumer lag by partition",
-        "Rebalances",
-    ):
-        assert wanted in titles
+def test_the_panels_answer_the_operators_questions_top_to_bottom() -> None:
+    # (panel title, a metric its queries name): the order operators read the dashboard in
+    wanted = [
+        ("Calls/s by outcome", "callgate_calls_total"),
+        ("Acceptance ratio", "callgate_calls_total"),
+        ("Rejections/s by phase and code", "callgate_rejections_total"),
+        ("Internal errors/s by phase", "callgate_rejections_total"),
+        ("Incomplete/s by reason", "callgate_incomplete_total"),
+        ("Repairs/s by kind", "callgate_repairs_total"),
+        ("p50 phase duration", "callgate_phase_duration_seconds_bucket"),
+        ("p99 phase duration", "callgate_phase_duration_seconds_bucket"),
+        ("Open calls", "callgate_open_calls"),
+        ("Buffered bytes", "callgate_buffered_bytes"),
+        ("Checkpoint bytes/s by kind", "callgate_checkpoint_bytes_total"),
+        ("Checkpoints/s: full vs delta", "callgate_checkpoints_total"),
+        ("Idempotency decisions/s", "callgate_idempotency_decisions_total"),
+        ("Idempotency keys", "callgate_idempotency_keys"),
+        ("Events substituted and dropped/s", "callgate_events_dropped_total"),
+        ("Dropped chunks/s", "callgate_late_chunks_total"),
+        ("Consumer lag by partition", "callgate_consumer_lag"),
+        ("Rebalances", "callgate_rebalances_total"),
+        ("Broker errors/s", "callgate_produce_errors_total"),
+    ]
+    panels = data_panels()
+    position = {panel["title"]: (panel["gridPos"]["y"], panel["gridPos"]["x"]) for panel in panels}
+    for title, metric in wanted:
+        assert title in position, f"no panel {title!r}"
+        (panel,) = [p for p in panels if p["title"] == title]
+        assert metric in set().union(*(metric_names(t["expr"]) for t in panel["targets"])), title
+    order = [position[title] for title, _ in wanted]
+    assert order == sorted(order), "panels out of the order operators read them in"
     used = set().union(*(metric_names(q.expr) for q in panel_queries()))
     # every declared series is on the dashboard somewhere
     assert {name.removesuffix("_count").removesuffix("_sum") for name in DECLARED} - used <= {
         "callgate_phase_duration_seconds"
     }
+
+
+def test_internal_errors_are_apart_from_the_other_rejections() -> None:
+    (rejections,) = [p for p in data_panels() if p["title"] == "Rejections/s by phase and code"]
+    (internal,) = [p for p in data_panels() if p["title"] == "Internal errors/s by phase"]
+    assert all('code!="internal_error"' in t["expr"] for t in rejections["targets"])
+    assert all('code="internal_error"' in t["expr"] for t in internal["targets"])
 
 
 def test_templated_by_worker_and_tool() -> None:

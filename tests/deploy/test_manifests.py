@@ -3,8 +3,12 @@ settings' defaults (no cluster and no docker here, so this is what can be checke
 
 from __future__ import annotations
 
+import fnmatch
+import itertools
 import os
 import re
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +78,10 @@ def test_compose_worker_env_is_valid_settings(monkeypatch: pytest.MonkeyPatch) -
     worker = compose["services"]["worker"]
     settings = assert_valid_settings(worker["environment"], monkeypatch)
     assert settings.kafka.bootstrap_servers == ["kafka:9092"]
+    assert settings.topics.replication_factor == 1  # the one broker of compose
     assert settings.metrics.port == METRICS_PORT
-    assert worker["command"] == ["callgate", "run"]
+    # the image's entrypoint is `callgate`: the command is its arguments
+    assert worker["command"] == ["run"]
     assert str(METRICS_PORT) in worker["expose"]
     assert "/srv/callgate/schemas:ro" in worker["volumes"][0]
     assert str(settings.schemas.dir) == "/srv/callgate/schemas"
@@ -152,6 +158,8 @@ def test_deployment_probes_ports_and_resources(monkeypatch: pytest.MonkeyPatch) 
         setting_field(extra["name"])
     settings = assert_valid_settings(settings_env, monkeypatch)
     assert settings.metrics.port == METRICS_PORT
+    # the internal topics hold state: replicated as a production cluster's topics are
+    assert settings.topics.replication_factor == 3
     grace = pod["spec"]["terminationGracePeriodSeconds"]
     assert grace > settings.shutdown_grace_s
 
@@ -193,28 +201,169 @@ def test_service_servicemonitor_and_pdb_select_the_workers() -> None:
 
 # -- dockerfile ----------------------------------------------------------------------------------
 
+DOCKERFILE = DEPLOY / "Dockerfile"
 
-def test_dockerfile() -> None:
-    lines = [
-        line.strip()
-        for line in (DEPLOY / "Dockerfile").read_text().splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
-    instructions = [line.split()[0] for line in lines if line.split()[0].isupper()]
-    assert lines[0] == "FROM python:3.11-slim"
-    assert any(line.startswith("RUN pip install .") for line in lines)
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]]  # (INSTRUCTION, arguments), continuations joined
+
+    def all(self, instruction: str) -> list[str]:
+        return [args for name, args in self.instructions if name == instruction]
+
+
+def dockerfile_stages() -> tuple[list[str], list[Stage]]:
+    """The Dockerfile's leading comment lines (parser directives) and its stages."""
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    head = list(itertools.takewhile(lambda line: line.startswith("#"), text.splitlines()))
+    logical: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1].strip() + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in logical:
+        instruction, _, rest = line.partition(" ")
+        if instruction == "ARG" and not stages:
+            name, _, default = rest.partition("=")
+            args[name] = default
+        elif instruction == "FROM":
+            base, _, name = rest.partition(" AS ")
+            for arg, default in args.items():
+                base = base.replace("${" + arg + "}", default)
+            stages.append(Stage(name.strip(), base.strip(), []))
+        else:
+            stages[-1].instructions.append((instruction, rest))
+    return head, stages
+
+
+def stage(name: str) -> Stage:
+    (found,) = [s for s in dockerfile_stages()[1] if s.name == name]
+    return found
+
+
+def version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def test_dockerfile_builds_the_wheel_in_a_stage_with_rust_and_maturin() -> None:
+    head, stages = dockerfile_stages()
+    assert head[0] == "# syntax=docker/dockerfile:1"  # RUN --mount needs it
+    assert [s.name for s in stages] == ["rust", "build", "runtime"]  # runtime: the default target
+    build, runtime = stage("build"), stage("runtime")
+    # one Python for the wheel and for the image: the wheel's ABI is the runtime's
+    assert build.base == runtime.base
+    assert re.fullmatch(r"python:3\.11-slim-bookworm", runtime.base)
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["requires-python"] == ">=3.11"
+
+    # the Rust toolchain: new enough for the crate, from the same Debian release
+    rust = stage("rust").base
+    match = re.fullmatch(r"rust:(\d+\.\d+)-slim-bookworm", rust)
+    assert match, rust
+    crate = tomllib.loads((ROOT / "native" / "Cargo.toml").read_text())
+    assert version(match[1]) >= version(crate["package"]["rust-version"])
+    copies = build.all("COPY")
+    assert "--from=rust /usr/local/rustup /usr/local/rustup" in copies
+    assert "--from=rust /usr/local/cargo /usr/local/cargo" in copies
+
+    # maturin as pyproject's build system pins it; the lock file enforced; release profile
+    (requirement,) = pyproject["build-system"]["requires"]
+    runs = " ".join(build.all("RUN"))
+    assert f'pip install "{requirement}"' in runs
+    assert re.search(r"maturin build --release --locked .*--out /wheels", runs)
+    assert "pip wheel --wheel-dir /wheels /wheels/callgate-*.whl" in runs
+
+    # what the wheel is made of is copied, and exists (the context is the repository root)
+    sources = {
+        source for line in copies if not line.startswith("--from=") for source in line.split()[:-1]
+    }
+    maturin = pyproject["tool"]["maturin"]
+    needed = {
+        "pyproject.toml",
+        "README.md",
+        "Cargo.toml",
+        "Cargo.lock",
+        str(Path(maturin["manifest-path"]).parent),
+        *maturin["python-packages"],
+    }
+    assert sources == needed
+    for source in sources:
+        assert (ROOT / source).exists(), source
+
+
+def test_dockerfile_runtime_has_the_wheel_only_and_no_build_tools() -> None:
+    runtime = stage("runtime")
+    text = " ".join(args for _, args in runtime.instructions)
+    for tool in ("apt-get", "gcc", "cargo", "rustup", "rustc", "maturin", "build-essential"):
+        assert tool not in text, tool
+    # nothing from the build context or from the build stage lands in a layer: the wheels are
+    # mounted for the one install step
+    assert not runtime.all("COPY")
+    assert not runtime.all("ADD")
+    (install,) = [line for line in runtime.all("RUN") if "pip install" in line]
+    assert install.startswith("--mount=type=bind,from=build,source=/wheels,target=/wheels ")
+    assert "pip install --no-index --find-links /wheels callgate " in install + " "
     # the worker's own dependencies only: no demo (embedded broker) or dev extra
-    assert not [line for line in lines if line.startswith("RUN pip install") and "[" in line]
-    user = next(line for line in lines if line.startswith("USER "))
-    assert not user.split()[1].startswith(("0", "root"))
-    assert instructions.index("USER") > max(i for i, v in enumerate(instructions) if v == "RUN")
-    assert f"EXPOSE {METRICS_PORT}" in lines
-    assert 'ENTRYPOINT ["callgate"]' in lines
-    assert 'CMD ["run"]' in lines
-    # what it copies exists (the build context is the repository root)
-    for line in lines:
-        if line.startswith("COPY "):
-            for source in line.split()[1:-1]:
-                assert (ROOT / source).exists(), source
-    env = " ".join(lines)
+    assert not re.search(r"callgate\[", install)
+    assert 'python -c "import worker._native"' in install
+
+
+def test_dockerfile_runtime_runs_callgate_as_a_user_with_a_health_check() -> None:
+    runtime = stage("runtime")
+    names = [name for name, _ in runtime.instructions]
+    (user,) = runtime.all("USER")
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit()
+    assert int(uid) != 0
+    assert gid.isdigit()
+    assert int(gid) != 0
+    assert names.index("USER") > max(i for i, name in enumerate(names) if name == "RUN")
+    pod = k8s_objects()["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == int(uid)
+    assert pod["securityContext"]["runAsGroup"] == int(gid)
+
+    env = " ".join(runtime.all("ENV"))
     assert f"CALLGATE_METRICS__PORT={METRICS_PORT}" in env
+    assert "CALLGATE_SCHEMAS__DIR=/srv/callgate/schemas" in env
+    assert runtime.all("EXPOSE") == [str(METRICS_PORT)]
+    (healthcheck,) = runtime.all("HEALTHCHECK")
+    # liveness only: a worker waiting for a failing topic is alive, not restarted
+    assert f"http://127.0.0.1:{METRICS_PORT}/healthz" in healthcheck
+    assert "--interval=" in healthcheck
+    assert healthcheck.split(" CMD ", 1)[1].startswith('["python", "-c",')
+    assert runtime.all("STOPSIGNAL") == ["SIGTERM"]
+    assert runtime.all("ENTRYPOINT") == ['["callgate"]']
+    assert runtime.all("CMD") == ['["run"]']
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["callgate"] == "worker.cli:main"
+
+
+def test_dockerignore_keeps_the_context_to_the_sources() -> None:
+    patterns = [
+        line.strip()
+        for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+    def ignored(path: str) -> bool:
+        return any(
+            fnmatch.fnmatch(path, pattern) or path.startswith(pattern.rstrip("/") + "/")
+            for pattern in patterns
+        )
+
+    for local in (".venv", ".git", "target", "native/fuzz", "worker/_native.cpython-311.so"):
+        assert ignored(local), local
+    for line in stage("build").all("COPY"):
+        if not line.startswith("--from="):
+            for source in line.split()[:-1]:
+                assert not ignored(source), source

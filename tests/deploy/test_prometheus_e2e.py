@@ -1,10 +1,11 @@
 """A real Prometheus scrapes callgate, then every dashboard query and alert expression runs on it.
 
 Two scrape targets:
-- the health server of a `Metrics` fed by the real core `Processor` (the shell's updates done by
-  hand): fast, and independent of Kafka;
-- a real worker (`python -m worker run`, i.e. `callgate run`) in its own process,
-  consuming traffic produced continuously to the session's embedded broker.
+- the health server of a `Metrics` fed by the real core `Processor` and a real `KeyStore`, the
+  shell's updates made by hand as `worker.runtime.worker` makes them: fast, and independent of
+  Kafka;
+- a real worker (`python -m worker run`, i.e. `callgate run`) in its own process, consuming
+  traffic produced continuously to the session's embedded broker.
 
 Each panel query must parse and return data; each alert expression must parse, and every rule
 of deploy/prometheus/alerts.yaml must evaluate without error inside Prometheus.
@@ -40,12 +41,16 @@ from tests.deploy.prometheus_helpers import (
     prometheus_binary,
     scrape_config,
 )
-from worker.core.processor import InboundRecord, Processor
+from worker.check import FileRecord
+from worker.compose import build_key_store, build_processor, build_registry, tool_labels
+from worker.core.idempotency import resolve
+from worker.core.processor import Route
 from worker.health import HealthServer
 from worker.metrics import Metrics
-from worker.model import Code
-from worker.runtime.admin import create_topics
-from worker.settings import load_settings
+from worker.model import Phase
+from worker.runtime.kafka import Kafka
+from worker.runtime.topics import TopicSpec
+from worker.settings import Settings, load_settings
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +61,9 @@ SCHEMA = {
     "required": ["city"],
     "additionalProperties": False,
 }
+INPUT = "model-output"
+#: the partitions of the idempotency topics the real worker is given (it owns them all)
+IDEMPOTENCY_PARTITIONS = 1
 
 
 @pytest.fixture
@@ -72,7 +80,7 @@ def traffic(run: str) -> list[tuple[bytes, bytes]]:
     def env(stream: str, **fields: object) -> tuple[bytes, bytes]:
         return stream.encode(), orjson.dumps({"stream_id": stream, **fields})
 
-    def call(name: str, tool: str, *deltas: str) -> list[tuple[bytes, bytes]]:
+    def call(name: str, tool: str, *deltas: str, **extra: object) -> list[tuple[bytes, bytes]]:
         sid = f"{run}:{name}"
         return [
             env(
@@ -82,18 +90,27 @@ def traffic(run: str) -> list[tuple[bytes, bytes]]:
                 kind="tool_call",
                 delta=delta,
                 final=i == len(deltas) - 1,
-                **({"tool": tool} if i == 0 else {}),
+                **({"tool": tool, **extra} if i == 0 else {}),
             )
             for i, delta in enumerate(deltas)
         ]
 
     truncated = f"{run}:truncated"
+    ok = call("ok", "get_weather", '{"city":', '"Oslo"}')
+    # the same key for the same request twice: the key's owner accepts the first only
+    keyed = [
+        *call("keyed", "get_weather", '{"city": "Lima"}', idempotency_key=f"{run}:k"),
+        *call("again", "get_weather", '{"city": "Lima"}', idempotency_key=f"{run}:k"),
+    ]
     return [
-        *call("ok", "get_weather", '{"city":', '"Oslo"}'),
+        ok[0],
+        ok[0],  # a producer's retry: a duplicate chunk
+        ok[1],
         *call("violation", "get_weather", '{"town":', '"Oslo"}'),
         *call("fenced", "get_weather", '```json\n{"city": "Rome"}\n```'),
         *call("broken", "get_weather", '{"city": "Paris"'),
         *call("unknown", "get_forecast", '{"days": 3}'),
+        *keyed,
         env(truncated, call_id=f"{truncated}:c", seq=0, kind="tool_call", tool="get_weather",
             delta='{"city": "Ber', final=False),
         env(truncated, kind="end", finish_reason="length"),
@@ -113,7 +130,7 @@ def run_every_query(prometheus: PrometheusProcess) -> None:
         evaluated = [r for r in rules if not r["lastEvaluation"].startswith("0001-")]
         if len(evaluated) == len(alert_rules()) or time.monotonic() > deadline:
             break
-        time.sleep(0.5)
+        time.sleep(0.5)  # a bounded poll of Prometheus' rule evaluation
     assert {r["name"] for r in evaluated} == {r["alert"] for r in alert_rules()}
     assert all(r["health"] == "ok" for r in evaluated), [r.get("lastError") for r in evaluated]
 
@@ -122,45 +139,69 @@ def run_every_query(prometheus: PrometheusProcess) -> None:
 
 
 class ChainFeeder:
-    """Feeds `traffic()` rounds through a Processor and updates Metrics as the shell does."""
+    """Feeds `traffic()` rounds through a Processor and a key store, updating Metrics as the
+    worker does (`worker.runtime.worker.Worker._judge` and `_decide_keys`)."""
 
-    def __init__(self, processor: Processor, metrics: Metrics) -> None:
-        self.processor, self.metrics = processor, metrics
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        registry = build_registry(settings)
+        self.processor = build_processor(settings, registry)
+        self.keys = build_key_store(settings)
+        keys = settings.idempotency
+        self.metrics = Metrics(
+            tool_labels(registry),
+            engine=settings.schemas.engine,
+            max_idempotency_keys=keys.max_keys * keys.partitions,
+        )
         self.stop = threading.Event()
         self.rounds = 0
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="chain-feeder", daemon=True)
 
     def _run(self) -> None:
-        metrics, offset = self.metrics, 0
+        try:
+            self._feed()
+        except BaseException as exc:  # reported by the test, never lost in the thread
+            self.error = exc
+
+    def _feed(self) -> None:
+        metrics, processor, offset, dropped = self.metrics, self.processor, 0, (0, 0)
+        max_feedback = self.settings.limits.max_feedback_bytes
         metrics.rebalance()
         metrics.set_assigned_partitions(1)
         while not self.stop.is_set():
-            emissions = []
-            records = traffic(f"r{self.rounds}")
-            for key, value in records:
-                record = InboundRecord("model-output", 0, offset, key, value)
-                emissions.extend(self.processor.feed(record, time.monotonic()))
+            records = []
+            for key, value in traffic(f"r{self.rounds}"):
+                timestamp = 1_700_000_000_000 + offset
+                records.append(FileRecord(INPUT, 0, offset, timestamp, key, value, ()))
                 offset += 1
-            metrics.add_chunks(len(records))
-            for emission in emissions:
+            metrics.add_records(len(records))
+            for emission in processor.feed(INPUT, 0, records):
                 metrics.observe(emission.verdict, emission.call.tool)
-                if emission.verdict.code in (Code.MALFORMED_RECORD, Code.UNKNOWN_FORMAT):
-                    metrics.poison_record(emission.verdict.code)
-            metrics.set_open_calls(self.processor.open_calls)
-            metrics.set_buffered_bytes(self.processor.buffered_bytes)
-            metrics.set_lag("model-output", 0, 3)
+                if emission.route is Route.IDEMPOTENCY:
+                    resolution = resolve(self.keys, emission.value, offset, max_feedback)
+                    metrics.idempotency_decision(resolution.decision)
+                    phase = Phase.IDEMPOTENCY if resolution.code is not None else None
+                    metrics.decided(resolution.outcome, resolution.tool, phase, resolution.code)
+            full = self.rounds % 10 == 0
+            metrics.checkpoint(len(processor.checkpoint(INPUT, 0, full=full)), full=full)
+            assembler = processor.assembler
+            metrics.set_open_calls(assembler.open_calls)
+            metrics.set_buffered_bytes(assembler.buffered_bytes)
+            duplicate, late = assembler.duplicate_chunks, assembler.late_chunks
+            metrics.add_dropped_chunks(duplicate - dropped[0], late - dropped[1])
+            dropped = (duplicate, late)
+            metrics.set_idempotency_keys(len(self.keys))
+            metrics.set_lag(INPUT, 0, 3)
             self.rounds += 1
             self.stop.wait(0.05)  # pacing, not synchronisation
 
 
 def test_every_query_on_metrics_fed_by_the_chain(schemas_dir: Path, tmp_path: Path) -> None:
     prometheus_binary()
-    settings = load_settings(schemas={"dir": schemas_dir}, plugins=[])
-    processor = Processor.from_settings(settings)
-    metrics = Metrics(processor.tool_names, engine=settings.schemas.engine)
-    health = HealthServer(metrics.registry, lambda: (True, "test"))
+    feeder = ChainFeeder(load_settings(schemas={"dir": schemas_dir}, plugins=[]))
+    health = HealthServer(feeder.metrics.registry, lambda: (True, "test"))
     port = health.start("127.0.0.1", 0)
-    feeder = ChainFeeder(processor, metrics)
     feeder.thread.start()
     config = scrape_config([f"127.0.0.1:{port}"], rule_files=[ALERTS])
     try:
@@ -172,10 +213,24 @@ def test_every_query_on_metrics_fed_by_the_chain(schemas_dir: Path, tmp_path: Pa
                 for r in api.query("sum by (outcome) (callgate_calls_total) > 0")
             }
             assert outcomes == {"accepted", "rejected", "incomplete"}
+            decisions = {
+                r["metric"]["decision"]
+                for r in api.query("sum by (decision) (callgate_idempotency_decisions_total) > 0")
+            }
+            assert decisions == {"first", "duplicate"}
+            assert api.query('callgate_poison_records_total{code="malformed_record"} > 0')
+            assert api.query("callgate_duplicate_chunks_total > 0")
+            assert api.query('callgate_checkpoints_total{kind="full"} > 0')
+            assert api.query('callgate_checkpoints_total{kind="delta"} > 0')
+            # the chain itself fires nothing: no internal error, no stalled checkpoint...; the
+            # poison record of every round is all there is to see
+            firing = {r["metric"]["alertname"] for r in api.query('ALERTS{alertstate="firing"}')}
+            assert firing <= {"CallgatePoisonRecords"}
     finally:
         feeder.stop.set()
         feeder.thread.join(10)
         health.stop()
+    assert feeder.error is None, feeder.error
     assert feeder.rounds > 0
 
 
@@ -226,8 +281,18 @@ def wait_ready(port: int, worker: subprocess.Popen[bytes], log: Path, timeout_s:
             last = exc.read().decode(errors="replace").strip()
         except (urllib.error.URLError, OSError) as exc:
             last = str(exc)
-        time.sleep(0.2)
+        time.sleep(0.2)  # a bounded poll of the worker's readiness
     raise AssertionError(f"worker not ready within {timeout_s} s ({last}):\n{log.read_text()}")
+
+
+async def create_topics(bootstrap: str, topics: dict[str, str]) -> None:
+    settings = load_settings(kafka={"bootstrap_servers": [bootstrap]})
+    await Kafka(settings).ensure_topics(
+        [
+            TopicSpec(name, 2 if role == "in" else 1, compacted=False)
+            for role, name in topics.items()
+        ]
+    )
 
 
 @pytest.fixture
@@ -236,8 +301,7 @@ def worker_process(
 ) -> Iterator[tuple[int, Producer]]:
     run = uuid.uuid4().hex[:8]
     topics = {name: f"e2e-{run}-{name}" for name in ("in", "accepted", "rejected", "incomplete")}
-    asyncio.run(create_topics(bootstrap, [topics["in"]], partitions=2))
-    asyncio.run(create_topics(bootstrap, [t for k, t in topics.items() if k != "in"]))
+    asyncio.run(create_topics(bootstrap, topics))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
     env.update(
@@ -250,6 +314,7 @@ def worker_process(
             "CALLGATE_TOPICS__ACCEPTED": topics["accepted"],
             "CALLGATE_TOPICS__REJECTED": topics["rejected"],
             "CALLGATE_TOPICS__INCOMPLETE": topics["incomplete"],
+            "CALLGATE_IDEMPOTENCY__PARTITIONS": str(IDEMPOTENCY_PARTITIONS),
             "CALLGATE_SCHEMAS__DIR": str(schemas_dir),
             "CALLGATE_PLUGINS": "",
             "CALLGATE_METRICS__HOST": "127.0.0.1",
@@ -283,6 +348,7 @@ def worker_process(
                 worker.kill()
                 worker.wait(5)
     assert producer.error is None, producer.error
+    assert worker.returncode == 0, f"worker exited with {worker.returncode}:\n{log.read_text()}"
 
 
 def test_every_query_on_a_running_worker(
@@ -294,7 +360,10 @@ def test_every_query_on_a_running_worker(
     with PrometheusProcess(config, tmp_path / "prometheus") as prometheus:
         run_every_query(prometheus)
         api = PrometheusAPI(prometheus.base_url)
-        assert api.query("sum(callgate_chunks_total) > 0")
+        assert api.query("sum(callgate_records_total) > 0")
         assert api.query('sum(callgate_calls_total{outcome="accepted"}) > 0')
-        assert api.query("sum(callgate_assigned_partitions) == 2")
+        assert api.query('sum(callgate_idempotency_decisions_total{decision="first"}) > 0')
+        assert api.query("sum(callgate_checkpoints_total) > 0")
+        # the input's two partitions and the idempotency requests' one
+        assert api.query(f"sum(callgate_assigned_partitions) == {2 + IDEMPOTENCY_PARTITIONS}")
     assert producer.rounds > 0
