@@ -82,8 +82,9 @@ class Origin:
     kind: str
     partition: Partition
     emission: Emission | None = None
-    #: the last record of a full checkpoint frame: once acknowledged, old keys may go
-    ends_full_frame: bool = False
+    #: the last record of a checkpoint frame: its size and kind, counted once acknowledged
+    frame_bytes: int = 0
+    full_frame: bool = False
 
 
 @dataclass(slots=True)
@@ -317,6 +318,11 @@ class Worker:
             where = (tp.topic, tp.partition)
             self.stats.records += len(fetched)
             result.offsets[where] = fetched[-1].offset + 1
+            highwater = self._consumer.highwater(tp) if self._consumer is not None else None
+            if highwater is not None:
+                self.metrics.set_lag(
+                    tp.topic, tp.partition, max(0, highwater - result.offsets[where])
+                )
             if tp.topic == self._requests:
                 result.records += self._decide_keys(result.id, tp.partition, fetched)
                 continue
@@ -353,9 +359,6 @@ class Worker:
         body = self.processor.checkpoint(topic, partition, full=full)
         offset = self.processor.next_offset(topic, partition)
         assert offset is not None, "checkpoint after feeding"
-        self.stats.checkpoints += 1
-        self.stats.checkpoint_bytes += len(body)
-        self.metrics.checkpoint(len(body), full=full)
         return writer.frame(body, full=full, offset=offset)
 
     def _decide_keys(self, round_id: int, partition: int, fetched: list[Any]) -> int:
@@ -418,8 +421,7 @@ class Worker:
         self._outbox.add(record)
 
     def _observe(self, emission: Emission) -> None:
-        if emission.route is Route.IDEMPOTENCY:
-            return  # counted where the key's owner decides
+        # a keyed call's phases and repairs count here; its outcome where its key's owner decides
         self.metrics.observe(emission.verdict, emission.call.tool)
 
     # -- steps 3 to 5 (at least once) ----------------------------------------------------------
@@ -443,13 +445,14 @@ class Worker:
         self, round_id: int, topic: str, partition: int, frames: list[ChangelogRecord]
     ) -> None:
         changelog = changelog_topic(self._group, topic)
+        size = sum(len(value or b"") for _, value, _ in frames)
+        full = bool(frames) and dict(frames[0][2]).get("frame-kind") == b"full"
         last = len(frames) - 1
         for index, (key, value, headers) in enumerate(frames):
-            full = dict(headers).get("frame-kind") == b"full"
-            origin = Origin(CHECKPOINT, (topic, partition), ends_full_frame=full and index == last)
-            self._add(
-                Record(round_id, changelog, key, value, headers, origin=origin, partition=partition)
-            )
+            origin = Origin(CHECKPOINT, (topic, partition))
+            if index == last:
+                origin.frame_bytes, origin.full_frame = size, full
+            self._add(Record(round_id, changelog, key, value, headers, partition, origin))
 
     async def _commit(self, offsets: Mapping[Partition, int]) -> None:
         consumer = self._consumer
@@ -498,8 +501,12 @@ class Worker:
             self.ledger.acknowledged(record.round_id, self._clock())
         elif origin.kind == CHECKPOINT:
             self.ledger.checkpoint_acknowledged(record.round_id)
+            if origin.frame_bytes:
+                self.stats.checkpoints += 1
+                self.stats.checkpoint_bytes += origin.frame_bytes
+                self.metrics.checkpoint(origin.frame_bytes, full=origin.full_frame)
             writer = self._writers.get(origin.partition)
-            if origin.ends_full_frame and writer is not None and not self._exactly_once:
+            if origin.full_frame and writer is not None and not self._exactly_once:
                 for key, value, headers in writer.tombstones():
                     self._add(
                         Record(
@@ -598,8 +605,8 @@ class Worker:
         await self._rewind()
 
     def topic_failing(self, topic: str, error: KafkaError) -> None:
+        self.metrics.produce_error()
         if topic not in self._failing:
-            self.metrics.produce_error()
             self._last_check = float("-inf")  # a failing write: see whether the topic is gone
         if self._failing.get(topic) != _MISSING:
             self._failing[topic] = repr(error)
@@ -705,6 +712,7 @@ class Worker:
                 self._writers.pop((topic, partition), None)
             self.metrics.forget_partition(topic, partition)
         self.ledger.forget(gone)
+        self.metrics.set_idempotency_keys(sum(len(s) for s in self._stores.values()))
         if self._outbox is not None:
             self._outbox.discard(lambda record: record.origin.partition in gone)
         self._assignment -= set(revoked)
@@ -751,6 +759,7 @@ class Worker:
         self._assignment |= set(assigned)
         self._joined = True
         self.metrics.set_assigned_partitions(len(self._assignment))
+        self.metrics.set_idempotency_keys(sum(len(s) for s in self._stores.values()))
         if not self._flow.paused:
             consumer.resume(*assigned)
         log.info("assigned %d partitions", len(assigned))
@@ -823,7 +832,12 @@ def serve(settings: Settings) -> int:
     """
     registry = build_registry(settings)
     processor = build_processor(settings, registry)
-    metrics = Metrics(tool_labels(registry), engine=settings.schemas.engine)
+    keys = settings.idempotency
+    metrics = Metrics(
+        tool_labels(registry),
+        engine=settings.schemas.engine,
+        max_idempotency_keys=keys.max_keys * keys.partitions,
+    )
     worker = Worker(settings, processor, lambda: build_key_store(settings), metrics)
     # always served: the probes need /healthz and /readyz even with metrics off (empty /metrics)
     exposed = metrics.registry if settings.metrics.enabled else CollectorRegistry()
