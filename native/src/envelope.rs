@@ -21,6 +21,7 @@ use std::sync::Arc;
 use jiter::{Jiter, NumberAny, NumberInt, Peek};
 
 use crate::assembler::{CallPiece, Channel, Finish, Piece, Trace};
+use crate::json;
 
 /// Why a record is not an envelope, and the stream and call it still names, if any.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,7 +85,8 @@ fn read_fields(text: &[u8]) -> Result<Vec<Option<Value>>, String> {
     if jiter.peek().map_err(not_json)? != Peek::Object {
         return Err("envelope must be a JSON object".to_owned());
     }
-    let mut unknown: Vec<String> = Vec::new();
+    // a hash set: a record of many distinct unknown fields costs linear time, not quadratic
+    let mut unknown: HashSet<String> = HashSet::new();
     let mut key = jiter.known_object().map_err(not_json)?.map(str::to_owned);
     while let Some(name) = key {
         match FIELDS.iter().position(|f| *f == name) {
@@ -93,15 +95,17 @@ fn read_fields(text: &[u8]) -> Result<Vec<Option<Value>>, String> {
                     return Err(format!("envelope has the field {name:?} twice"));
                 }
                 values[index] = Some(
-                    read_value(&mut jiter).map_err(|e| format!("envelope field {name:?}: {e}"))?,
+                    read_value(&mut jiter, text)
+                        .map_err(|e| format!("envelope field {name:?}: {e}"))?,
                 );
             }
             None => {
                 if unknown.contains(&name) {
                     return Err(format!("envelope has the field {name:?} twice"));
                 }
-                skip_strict(&mut jiter, 0).map_err(|e| format!("envelope field {name:?}: {e}"))?;
-                unknown.push(name);
+                check_strict(&mut jiter, text)
+                    .map_err(|e| format!("envelope field {name:?}: {e}"))?;
+                unknown.insert(name);
             }
         }
         key = jiter.next_key().map_err(not_json)?.map(str::to_owned);
@@ -110,7 +114,7 @@ fn read_fields(text: &[u8]) -> Result<Vec<Option<Value>>, String> {
     Ok(values)
 }
 
-fn read_value(jiter: &mut Jiter) -> Result<Value, String> {
+fn read_value<'j>(jiter: &mut Jiter<'j>, text: &'j [u8]) -> Result<Value, String> {
     let peek = jiter.peek().map_err(|e| e.to_string())?;
     Ok(match peek {
         Peek::Null => {
@@ -124,43 +128,21 @@ fn read_value(jiter: &mut Jiter) -> Result<Value, String> {
             _ => Value::Other,
         },
         _ => {
-            skip_strict(jiter, 0)?;
+            check_strict(jiter, text)?;
             Value::Other
         }
     })
 }
 
-/// Nesting allowed inside an unknown field's value.
-const MAX_SKIP_DEPTH: usize = 64;
+/// Nesting allowed inside an unknown field's value (and a known field's container, which is
+/// refused for its type once it is known to be strict JSON).
+const MAX_FIELD_DEPTH: usize = 64;
 
-/// Skip one value, refusing what strict JSON refuses beyond jiter: duplicate keys, deep nesting.
-fn skip_strict(jiter: &mut Jiter, depth: usize) -> Result<(), String> {
-    if depth > MAX_SKIP_DEPTH {
-        return Err(format!("nests deeper than {MAX_SKIP_DEPTH} levels"));
-    }
-    let text = |e: jiter::JiterError| e.to_string();
-    match jiter.peek().map_err(text)? {
-        Peek::Object => {
-            let mut seen: HashSet<String> = HashSet::new();
-            let mut key = jiter.known_object().map_err(text)?.map(str::to_owned);
-            while let Some(name) = key {
-                skip_strict(jiter, depth + 1)?;
-                if !seen.insert(name) {
-                    return Err("an object has the same key twice".to_owned());
-                }
-                key = jiter.next_key().map_err(text)?.map(str::to_owned);
-            }
-        }
-        Peek::Array => {
-            let mut next = jiter.known_array().map_err(text)?;
-            while next.is_some() {
-                skip_strict(jiter, depth + 1)?;
-                next = jiter.array_step().map_err(text)?;
-            }
-        }
-        peek => jiter.known_skip(peek).map_err(text)?,
-    }
-    Ok(())
+/// Takes one field value that is not read, checked as strictly as any JSON callgate parses (the
+/// one rule, in `json.rs`). The message says what and where (line, column) without echoing the
+/// text.
+fn check_strict<'j>(jiter: &mut Jiter<'j>, text: &'j [u8]) -> Result<(), String> {
+    json::check_value(jiter, text, MAX_FIELD_DEPTH).map_err(|failure| failure.message)
 }
 
 struct Fields<'a> {
@@ -437,6 +419,51 @@ mod tests {
             "{}",
             bad.message
         );
+    }
+
+    #[test]
+    fn a_duplicate_key_nested_in_an_unknown_field_is_malformed() {
+        let bad = malformed(
+            r#"{"stream_id":"s","call_id":"c","kind":"tool_call","x-meta":{"a":[1,{"b":{},"b":[]}]}}"#,
+        );
+        assert_eq!(
+            bad.message,
+            "envelope field \"x-meta\": an object has the same key twice (line 1, column 76)"
+        );
+        // equal once unescaped, and only in one object: sibling objects may share keys
+        let bad = malformed(
+            r#"{"stream_id":"s","call_id":"c","kind":"tool_call","x":[{"k":1},{"k":2,"\u006b":3}]}"#,
+        );
+        assert!(bad.message.contains("same key twice"), "{}", bad.message);
+        call(r#"{"stream_id":"s","call_id":"c","kind":"tool_call","x":[{"k":1},{"k":{"k":2}}]}"#);
+    }
+
+    #[test]
+    fn an_unknown_field_is_held_to_the_strict_json_rules() {
+        for (value, what) in [
+            ("\"\\udc00\"", "lone UTF-16 surrogate"),
+            ("[18446744073709551616]", "outside the 64-bit range"),
+            ("{\"n\":1e400}", "too large for a 64-bit float"),
+            ("[NaN]", "NaN and Infinity"),
+        ] {
+            let bad = malformed(&format!(
+                r#"{{"stream_id":"s","call_id":"c","kind":"tool_call","x":{value}}}"#
+            ));
+            assert!(bad.message.contains(what), "{value}: {}", bad.message);
+        }
+        let mut text = br#"{"stream_id":"s","call_id":"c","kind":"tool_call","x":"#.to_vec();
+        text.extend_from_slice(b"[\"\xff\"]}");
+        let bad = decode(&text, None, 64).expect_err("not UTF-8");
+        assert!(bad.message.contains("not valid UTF-8"), "{}", bad.message);
+        let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+        let bad = malformed(&format!(
+            r#"{{"stream_id":"s","call_id":"c","kind":"tool_call","x":{deep}}}"#
+        ));
+        assert!(bad.message.contains("deeper than 64"), "{}", bad.message);
+        let deep = format!("{}{}", "[".repeat(64), "]".repeat(64));
+        call(&format!(
+            r#"{{"stream_id":"s","call_id":"c","kind":"tool_call","x":{deep}}}"#
+        ));
     }
 
     #[test]

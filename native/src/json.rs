@@ -4,7 +4,8 @@
 //! [`ValueBuilder`] makes a pure-Rust [`Value`] for the Rust tests and the fuzz target. The parser
 //! drives jiter's low-level [`Jiter`] with an explicit stack of open containers, so nesting costs
 //! heap, never native stack, and it stops at `max_depth` (and at [`DEPTH_CAP`] whatever the caller
-//! asks).
+//! asks). [`check_value`] runs the same parser, building nothing, over one value inside a text
+//! another reader is going through (the envelope's fields it does not read): one rule, one place.
 //!
 //! Strict means: any JSON value at the root and only whitespace after it; no duplicate key in any
 //! object; no `NaN`/`Infinity`; no number a double cannot hold; integers only within
@@ -116,28 +117,41 @@ pub fn parse<B: Builder>(
     max_depth: usize,
     builder: &mut B,
 ) -> Result<B::Value, Stop<B::Error>> {
-    let mut parser = Parser {
-        data,
-        jiter: Jiter::new(data),
-        builder,
-        stack: SmallVec::new(),
-        max_depth: max_depth.min(DEPTH_CAP),
-        stop: None,
-    };
-    if let Ok(value) = parser.run() {
-        return Ok(value);
-    }
-    let stop = parser.stop.take();
-    debug_assert!(stop.is_some(), "a halt always says why");
-    Err(match stop {
-        Some(Stop::Invalid(failure)) => Stop::Invalid(utf8_first(data, failure)),
-        Some(build) => build,
-        None => Stop::Invalid(Failure {
-            code: Code::InvalidJson,
-            message: located("the text is not valid JSON", data, 0),
-            path: String::new(),
+    let mut jiter = Jiter::new(data);
+    let mut parser = Parser::new(data, &mut jiter, builder, max_depth);
+    let done = parser
+        .value()
+        .and_then(|value| parser.finish().map(|()| value));
+    match done {
+        Ok(value) => Ok(value),
+        Err(Halt) => Err(match parser.stopped() {
+            Stop::Invalid(failure) => Stop::Invalid(utf8_first(data, failure)),
+            build => build,
         }),
-    })
+    }
+}
+
+/// Checks the one JSON value at `jiter`'s current position as strictly as [`parse`] checks a
+/// whole text (no duplicate key, no `NaN`/`Infinity`, numbers a double or a 64-bit integer holds,
+/// valid UTF-8 with no lone surrogate escape), nesting at most `max_depth` containers deep, and
+/// builds nothing. On success `jiter` stands just past the value, and what follows is the
+/// caller's to read. `data` is the text `jiter` reads: a failure is located in it, and its path
+/// is relative to the value. A failure is not reclassified by what the rest of `data` holds, as
+/// [`parse`] reclassifies any failure in a text that is not UTF-8.
+pub fn check_value<'j>(
+    jiter: &mut Jiter<'j>,
+    data: &'j [u8],
+    max_depth: usize,
+) -> Result<(), Failure> {
+    let mut checker = Checker;
+    let mut parser = Parser::new(data, jiter, &mut checker, max_depth);
+    match parser.value() {
+        Ok(()) => Ok(()),
+        Err(Halt) => match parser.stopped() {
+            Stop::Invalid(failure) => Err(failure),
+            Stop::Build(never) => match never {},
+        },
+    }
 }
 
 /// A text that is not UTF-8 is rejected as `invalid_utf8`, whatever else is wrong with it. A
@@ -182,17 +196,51 @@ struct Halt;
 
 type Step<T> = Result<T, Halt>;
 
-struct Parser<'j, 'b, B: Builder> {
+struct Parser<'j, 'p, B: Builder> {
     data: &'j [u8],
-    jiter: Jiter<'j>,
-    builder: &'b mut B,
+    jiter: &'p mut Jiter<'j>,
+    builder: &'p mut B,
     stack: SmallVec<[Frame<B>; 8]>,
     max_depth: usize,
     stop: Option<Stop<B::Error>>,
 }
 
-impl<B: Builder> Parser<'_, '_, B> {
-    fn run(&mut self) -> Step<B::Value> {
+impl<'j, 'p, B: Builder> Parser<'j, 'p, B> {
+    fn new(data: &'j [u8], jiter: &'p mut Jiter<'j>, builder: &'p mut B, max_depth: usize) -> Self {
+        Parser {
+            data,
+            jiter,
+            builder,
+            stack: SmallVec::new(),
+            max_depth: max_depth.min(DEPTH_CAP),
+            stop: None,
+        }
+    }
+
+    /// Why the parse halted.
+    #[cold]
+    fn stopped(&mut self) -> Stop<B::Error> {
+        let stop = self.stop.take();
+        debug_assert!(stop.is_some(), "a halt always says why");
+        stop.unwrap_or_else(|| {
+            Stop::Invalid(Failure {
+                code: Code::InvalidJson,
+                message: located("the text is not valid JSON", self.data, 0),
+                path: String::new(),
+            })
+        })
+    }
+
+    /// After the root value: only whitespace may follow.
+    fn finish(&mut self) -> Step<()> {
+        match self.jiter.finish() {
+            Ok(()) => Ok(()),
+            Err(error) => Err(self.jiter_failure(&error, true)),
+        }
+    }
+
+    /// The one value at the current position, nested containers and all.
+    fn value(&mut self) -> Step<B::Value> {
         let mut peek = match self.jiter.peek() {
             Ok(peek) => peek,
             Err(error) => return Err(self.jiter_failure(&error, true)),
@@ -243,12 +291,7 @@ impl<B: Builder> Parser<'_, '_, B> {
             // or element, or close the container and add it to its own parent in turn.
             loop {
                 match self.stack.last_mut() {
-                    None => {
-                        return match self.jiter.finish() {
-                            Ok(()) => Ok(value),
-                            Err(error) => Err(self.jiter_failure(&error, true)),
-                        };
-                    }
+                    None => return Ok(value),
                     Some(Frame::Array { array, index }) => {
                         self.builder.push(array, value);
                         match self.jiter.array_step() {
@@ -732,6 +775,48 @@ impl Builder for ValueBuilder {
     }
 }
 
+/// Builds nothing, for [`check_value`]: all it keeps is each open object's keys, for the
+/// duplicate check.
+struct Checker;
+
+impl Builder for Checker {
+    type Value = ();
+    type Key = String;
+    type Array = ();
+    type Object = HashSet<String>;
+    type Error = std::convert::Infallible;
+
+    fn null(&mut self) {}
+    fn bool(&mut self, _value: bool) {}
+    fn int(&mut self, _value: i64) {}
+    fn uint(&mut self, _value: u64) {}
+    fn float(&mut self, _value: f64) {}
+    fn string(&mut self, _value: &str) {}
+    fn key(&mut self, key: &str) -> String {
+        key.to_owned()
+    }
+    fn array(&mut self) {}
+    fn push(&mut self, _array: &mut (), _value: ()) {}
+    fn end_array(&mut self, _array: ()) -> Result<(), Self::Error> {
+        Ok(())
+    }
+    fn object(&mut self) -> HashSet<String> {
+        HashSet::new()
+    }
+    fn insert(
+        &mut self,
+        keys: &mut HashSet<String>,
+        key: &String,
+        _value: (),
+    ) -> Result<bool, Self::Error> {
+        Ok(keys.insert(key.clone()))
+    }
+    fn end_object(&mut self, _keys: HashSet<String>) {}
+    fn key_text(key: &String) -> Cow<'_, str> {
+        Cow::Borrowed(key)
+    }
+}
+
 /// Parses `data` into a [`Value`].
 pub fn parse_value(data: &[u8], max_depth: usize) -> Result<Value, Failure> {
     match parse(data, max_depth, &mut ValueBuilder) {
@@ -744,9 +829,11 @@ pub fn parse_value(data: &[u8], max_depth: usize) -> Result<Value, Failure> {
 /// The fuzz target's checks on one input (also run over the kept corpus by `cargo test`):
 /// parsing never panics; a parsed value serializes to text that parses back to the same value;
 /// the depth the parser sees is the depth `depth_over` measures, and `max_depth` cuts exactly
-/// there; a rejection's message is plain ASCII.
+/// there; a rejection's message is plain ASCII; [`check_value`] decides as the parse does.
 pub fn fuzz_check(data: &[u8]) {
-    match parse_value(data, DEPTH_CAP) {
+    let parsed = parse_value(data, DEPTH_CAP);
+    check_agrees(data, &parsed);
+    match parsed {
         Ok(value) => {
             let text = value.to_json();
             let again = parse_value(text.as_bytes(), DEPTH_CAP)
@@ -774,6 +861,26 @@ pub fn fuzz_check(data: &[u8]) {
                 assert!(depth_over(data, DEPTH_CAP).is_some(), "{failure:?}");
             }
         }
+    }
+}
+
+/// [`check_value`] over the text, then only whitespace, is [`parse`]: the same decision, and on a
+/// value that fails, the same failure (once reclassified for a text that is not UTF-8).
+fn check_agrees(data: &[u8], parsed: &Result<Value, Failure>) {
+    let mut jiter = Jiter::new(data);
+    match (check_value(&mut jiter, data, DEPTH_CAP), parsed) {
+        (Ok(()), Ok(_)) => assert!(jiter.finish().is_ok(), "check_value stopped early"),
+        (Ok(()), Err(failure)) => {
+            // the value is sound: what the parse refused is the text after it
+            assert!(jiter.finish().is_err(), "{failure:?}");
+            assert!(
+                matches!(failure.code, Code::InvalidJson | Code::InvalidUtf8),
+                "{failure:?}"
+            );
+            assert_eq!(failure.path, "", "{failure:?}");
+        }
+        (Err(checked), Ok(_)) => panic!("check_value refuses a parsed text: {checked:?}"),
+        (Err(checked), Err(failure)) => assert_eq!(&utf8_first(data, checked), failure),
     }
 }
 
@@ -1362,6 +1469,73 @@ mod tests {
         assert_eq!(depth_over(b"[[[[", 3), Some(4));
         assert_eq!(depth_over(b"", 0), None);
         assert_eq!(depth_over(b"[", 0), Some(1));
+    }
+
+    /// `check_value` on the value of the member `"x"` of `text`, then the rest of the object.
+    fn check_member(text: &str, max_depth: usize) -> Result<Option<String>, Failure> {
+        let data = text.as_bytes();
+        let mut jiter = Jiter::new(data);
+        assert_eq!(jiter.next_object().expect("an object"), Some("x"));
+        check_value(&mut jiter, data, max_depth)?;
+        let next = jiter
+            .next_key()
+            .expect("the rest is JSON")
+            .map(str::to_owned);
+        Ok(next)
+    }
+
+    #[test]
+    fn check_value_takes_one_value_and_leaves_the_rest() {
+        for value in [
+            r#"{"a": [1, {"b": "[}"}], "c": {}}"#,
+            "18446744073709551615",
+            r#""\ud83d\ude00""#,
+            "[]",
+            "-0.5e-3",
+            "null",
+        ] {
+            let text = format!(r#"{{"x": {value} , "y": 1}}"#);
+            assert_eq!(check_member(&text, 8), Ok(Some("y".to_owned())), "{text}");
+        }
+    }
+
+    #[test]
+    fn check_value_is_as_strict_as_parse() {
+        let cases: [(&[u8], Code, &str); 9] = [
+            (br#"{"a": {"b": 1, "b": 2}}"#, Code::DuplicateKey, "/a/b"),
+            (
+                br#"[0, {"k~/": 1, "k~/": 1}]"#,
+                Code::DuplicateKey,
+                "/1/k~0~1",
+            ),
+            (br#"{"s": "\udc00"}"#, Code::InvalidUtf8, "/s"),
+            (b"[\"\xff\"]", Code::InvalidUtf8, "/0"),
+            (b"99999999999999999999", Code::InvalidJson, ""),
+            (b"[1e400]", Code::InvalidJson, "/0"),
+            (b"[NaN]", Code::NonFiniteNumber, "/0"),
+            (br#"{"a": 1,}"#, Code::InvalidJson, ""),
+            (b"[[[]]]", Code::TooDeep, "/0/0"),
+        ];
+        for (value, code, path) in cases {
+            let mut text = br#"{"x": "#.to_vec();
+            text.extend_from_slice(value);
+            text.extend_from_slice(b"}");
+            let mut jiter = Jiter::new(&text);
+            jiter.next_object().expect("an object");
+            let failure = check_value(&mut jiter, &text, 2).expect_err("must be refused");
+            assert_eq!(
+                (failure.code, failure.path.as_str()),
+                (code, path),
+                "{value:?}"
+            );
+            // located in the whole text
+            assert!(failure.message.contains("(line 1, column "), "{failure:?}");
+        }
+        let failure = check_member("{\"x\": {\"a\": 1,\n \"a\": 2}}", 8).expect_err("duplicate");
+        assert!(
+            failure.message.ends_with("(line 2, column 2)"),
+            "{failure:?}"
+        );
     }
 
     #[test]
