@@ -13,7 +13,11 @@ fn every_corpus_input_passes_the_parse_target_checks() {
         let path = entry.expect("a corpus entry").path();
         let data = fs::read(&path).expect("a corpus file");
         let checked = std::panic::catch_unwind(|| _native::json::fuzz_check(&data));
-        assert!(checked.is_ok(), "corpus input {} fails the checks", path.display());
+        assert!(
+            checked.is_ok(),
+            "corpus input {} fails the checks",
+            path.display()
+        );
         inputs += 1;
     }
     assert!(inputs >= 30, "the corpus has only {inputs} inputs");
