@@ -9,6 +9,7 @@ mod assembler;
 mod envelope;
 mod event;
 mod face;
+pub mod fuzzing;
 pub mod json;
 mod partition;
 mod snapshot;
