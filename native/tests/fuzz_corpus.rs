@@ -5,7 +5,9 @@ use std::fs;
 use std::path::Path;
 
 fn every_input_passes(target: &str, check: fn(&[u8]), at_least: usize) {
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target);
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target);
     let mut inputs = 0;
     for entry in fs::read_dir(&corpus).expect("the corpus is kept in the repository") {
         let path = entry.expect("a corpus entry").path();
@@ -18,7 +20,10 @@ fn every_input_passes(target: &str, check: fn(&[u8]), at_least: usize) {
         );
         inputs += 1;
     }
-    assert!(inputs >= at_least, "the {target} corpus has only {inputs} inputs");
+    assert!(
+        inputs >= at_least,
+        "the {target} corpus has only {inputs} inputs"
+    );
 }
 
 #[test]
