@@ -10,7 +10,7 @@ NATIVE := native/Cargo.toml Cargo.toml $(wildcard Cargo.lock) $(shell find nativ
 CARGO_ENV := PYO3_PYTHON=$(abspath $(BIN)/python) \
 	LD_LIBRARY_PATH=$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: demo test system kafka lint typecheck rust unit integration bench clean
+.PHONY: demo test system kafka lint typecheck rust unit integration bench fuzz clean
 
 $(STAMP): pyproject.toml $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,15 @@ integration: system kafka $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# the native core's fuzz targets, each for FUZZ_SECONDS (cargo-fuzz and a nightly toolchain);
+# new inputs land in native/fuzz/corpus/<target>/, which cargo test replays
+FUZZ_SECONDS ?= 60
+fuzz:
+	cargo +nightly fuzz --version >/dev/null 2>&1 || cargo install --locked cargo-fuzz
+	cd native && for target in parse envelope assembler; do \
+		$(CARGO_ENV) cargo +nightly fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) target .mypy_cache .ruff_cache .pytest_cache
