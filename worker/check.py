@@ -21,6 +21,7 @@ from worker.adapters.decoder import ENVELOPE
 from worker.adapters.input import read_records
 from worker.core.idempotency import KeyStore, resolve
 from worker.core.processor import Emission, Processor, Route
+from worker.errors import ConfigError
 from worker.model import Outcome
 
 _BOM = b"\xef\xbb\xbf"
@@ -126,7 +127,10 @@ def main_check(
     max_feedback_bytes: int,
 ) -> int:
     with contextlib.ExitStack() as stack:
-        source = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
+        try:
+            source = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
+        except OSError as exc:  # the command line names a file that cannot be read: say so
+            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
         tally = run_check(
             processor,
             keys,

@@ -31,14 +31,23 @@ _REQUEST_TAG = b"CGI1"
 
 def encode(call: AssembledCall, verdict: Verdict, max_bytes: int, max_feedback_bytes: int) -> bytes:
     """The event of `call` as judged, at most `max_bytes` long (see the module docstring)."""
+    return encode_written(call, verdict, max_bytes, max_feedback_bytes)[0]
+
+
+def encode_written(
+    call: AssembledCall, verdict: Verdict, max_bytes: int, max_feedback_bytes: int
+) -> tuple[bytes, Verdict]:
+    """`encode`, and the verdict the event was written from: `verdict` itself, or what replaced
+    it. Where the event goes (its topic, its headers) follows the second, never the first: an
+    accepted call whose event became `event_too_large` is a rejection."""
     event = encode_event(call, verdict, max_bytes)
     if event is not None:
-        return event
+        return event, verdict
     if verdict.outcome is Outcome.REJECTED and verdict.violations:
         shorter = _without_violations(verdict, max_feedback_bytes)
         event = encode_event(call, shorter, max_bytes)
         if event is not None:
-            return event
+            return event, shorter
     substitute = substitute_rejection(
         verdict,
         Code.EVENT_TOO_LARGE,
@@ -48,7 +57,7 @@ def encode(call: AssembledCall, verdict: Verdict, max_bytes: int, max_feedback_b
     event = encode_event(call, substitute, max_bytes)
     if event is None:  # identifiers are bounded, so this cannot happen; say so if it does
         raise AssertionError(f"a bounded substitute event exceeds {max_bytes} bytes")
-    return event
+    return event, substitute
 
 
 def _without_violations(verdict: Verdict, max_feedback_bytes: int) -> Verdict:
@@ -156,16 +165,29 @@ def read_idempotency_request(value: bytes) -> IdempotencyRequest:
         raise ValueError("not an idempotency request")
     header, _, event = value[len(_REQUEST_TAG) :].partition(b"\n")
     fields = orjson.loads(header)
-    schema = fields.get("schema")
+    if not isinstance(fields, dict):
+        raise ValueError("an idempotency request's header must be an object")
+    tool, schema = fields.get("tool"), fields.get("schema")
+    if not (tool is None or type(tool) is str):
+        raise ValueError("an idempotency request's tool is a string or null")
+    if not (schema is None or (type(schema) is list and [type(p) for p in schema] == [str, str])):
+        raise ValueError("an idempotency request's schema is [id, version] or null")
     return IdempotencyRequest(
-        key=fields["key"],
-        digest=bytes.fromhex(fields["digest"]),
-        event_id=fields["event_id"],
-        call_id=fields["call_id"],
-        tool=fields.get("tool"),
+        key=_text(fields, "key"),
+        digest=bytes.fromhex(_text(fields, "digest")),
+        event_id=_text(fields, "event_id"),
+        call_id=_text(fields, "call_id"),
+        tool=tool,
         schema=SchemaRef(schema[0], schema[1]) if schema else None,
         event=event,
     )
+
+
+def _text(fields: dict[str, Any], name: str) -> str:
+    value = fields.get(name)
+    if type(value) is not str:
+        raise ValueError(f"an idempotency request needs a string {name!r}")
+    return value
 
 
 def idempotency_rejection(

@@ -1,218 +1,763 @@
-"""The record processor: records in, events out, poison records isolated, commit offsets safe."""
+"""The record processor: records of a partition in, one emission per call out.
+
+What the Kafka worker and `callgate check` both run, fed records as the Kafka client hands them
+(`FileRecord` has every field a ConsumerRecord has that the processor reads). The heart of it is
+the last section: one verdict per call across crashes, for generated traffic of envelopes and
+vendor streams interleaved, checkpointed and restored anywhere.
+"""
 
 from __future__ import annotations
 
+import itertools
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
+from tests.adapters import streamgen
 from tests.datafiles import SCHEMAS
-from worker.core.processor import InboundRecord, Processor
-from worker.settings import load_settings
+from worker.check import FileRecord
+from worker.compose import build_key_store, build_processor, build_registry
+from worker.core.idempotency import Decision, KeyStore, resolve
+from worker.core.pipeline import Gate, GateLimits
+from worker.core.processor import Emission, EventLimits, Processor, Route
+from worker.events import read_idempotency_request
+from worker.model import Outcome
+from worker.plugins import Plugins, load_plugins
+from worker.settings import Settings
+
+FIXED = settings(derandomize=True, deadline=None, print_blob=True)
+IDLE_MS = 1_000
+LIFETIME_MS = 2_000
+SETTINGS = Settings(
+    schemas={"dir": SCHEMAS},
+    assembly={"idle_timeout_s": IDLE_MS / 1000, "max_call_lifetime_s": LIFETIME_MS / 1000},
+)
+REGISTRY = build_registry(SETTINGS)
+TOPIC = "model-output"
+MAX_FEEDBACK = SETTINGS.limits.max_feedback_bytes
 
 
-@pytest.fixture
-def processor() -> Processor:
-    return Processor.from_settings(load_settings(schemas={"dir": SCHEMAS}))
+def new_processor(settings: Settings = SETTINGS) -> Processor:
+    return build_processor(settings, REGISTRY)
 
 
-def envelope(**fields: Any) -> bytes:
-    return orjson.dumps({"stream_id": "r1", "kind": "tool_call", **fields})
+def envelope(stream: str, call: str | None, seq: int | None, delta: str, **fields: Any) -> bytes:
+    body: dict[str, Any] = {"stream_id": stream, "kind": "tool_call", "delta": delta}
+    if call is not None:
+        body["call_id"] = call
+    if seq is not None:
+        body["seq"] = seq
+    body.update(fields)
+    return orjson.dumps(body)
 
 
-def complete_call(call_id: str) -> bytes:
-    """A whole valid get_weather call in one envelope."""
-    return envelope(
-        call_id=call_id,
-        seq=0,
-        tool="get_weather",
-        final=True,
-        delta='{"city":"Oslo","units":"celsius"}',
-    )
+def end(stream: str, finish: str | None = None) -> bytes:
+    return orjson.dumps({"stream_id": stream, "kind": "end", "finish_reason": finish})
 
 
-class Records:
-    def __init__(self) -> None:
-        self.offset = 0
+@dataclass
+class Partition:
+    """Records of one partition, offsets from 0, record time as the test says."""
 
-    def __call__(self, value: bytes | None, key: bytes = b"r1", **headers: str) -> InboundRecord:
-        record = InboundRecord("in", 0, self.offset, key, value, headers)
+    topic: str = TOPIC
+    partition: int = 0
+    offset: int = 0
+    clock: int = 1_000_000
+
+    def __call__(
+        self,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        after_ms: int = 1,
+        fmt: str | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> FileRecord:
+        self.clock += after_ms
+        extra = ((("content-format", fmt.encode()),) if fmt else ()) + tuple(headers)
+        record = FileRecord(self.topic, self.partition, self.offset, self.clock, key, value, extra)
         self.offset += 1
         return record
 
 
-def test_a_call_in_chunks_becomes_one_accepted_event(processor: Processor) -> None:
-    rec = Records()
-    assert (
-        processor.feed(
-            rec(
-                envelope(
-                    call_id="c1", seq=0, tool="get_weather", tool_version="1", delta='{"city":"Hang'
-                )
-            ),
-            now=0,
-        )
-        == []
-    )
-    (emission,) = processor.feed(
-        rec(
-            envelope(
-                call_id="c1",
-                seq=1,
-                delta='zhou","units":"celsius"}',
-                final=True,
-                trace_id="t-1",
-                attempt=1,
-            )
-        ),
-        now=0,
-    )
+def events(emissions: Iterable[Emission]) -> list[dict[str, Any]]:
+    return [orjson.loads(e.value) for e in emissions]
+
+
+def summary(emissions: Iterable[Emission]) -> list[tuple[Any, ...]]:
+    return [(e["call_id"], e["outcome"], e["error_code"] or e["reason"]) for e in events(emissions)]
+
+
+WEATHER = '{"city":"Oslo","units":"celsius"}'
+
+
+# --- one call, one event ----------------------------------------------------------------------
+
+
+def test_a_call_in_chunks_becomes_one_event_when_its_last_chunk_arrives() -> None:
+    p, rec = new_processor(), Partition()
+    pieces = ['{"city":"Hang', 'zhou","units":', '"celsius"}']
+    first = rec(envelope("r1", "c1", 0, pieces[0], tool="get_weather", tool_version="1"))
+    middle = rec(envelope("r1", "c1", 1, pieces[1]))
+    last = rec(envelope("r1", "c1", 2, pieces[2], final=True, trace_id="t-1", attempt=2))
+    assert p.feed(TOPIC, 0, [first]) == []
+    assert p.feed(TOPIC, 0, [middle]) == []
+    (emission,) = p.feed(TOPIC, 0, [last])
+    assert emission.route is Route.ACCEPTED
+    assert emission.key == b"c1"
+    assert emission.headers == [
+        ("outcome", b"accepted"),
+        ("tool", b"get_weather"),
+        ("schema-version", b"1"),
+    ]
     event = orjson.loads(emission.value)
     assert event["outcome"] == "accepted"
     assert event["arguments"] == {"city": "Hangzhou", "units": "celsius", "days": 1}
     assert event["schema"] == {"id": "weather.get_weather", "version": "1"}
-    assert event["source"] == {"topic": "in", "partition": 0, "first_offset": 0, "last_offset": 1}
-    assert event["metrics"]["chunks"] == 2
-    assert set(event["metrics"]["phases_us"]) >= {"assembly", "json_parse", "schema_validation"}
-    assert event["trace_id"] == "t-1"
-    assert emission.key == b"c1"
-    assert dict(emission.headers)["outcome"] == b"accepted"
-    assert processor.commit_offset("in", 0) == 2
+    assert event["source"] == {"topic": TOPIC, "partition": 0, "first_offset": 0, "last_offset": 2}
+    assert event["metrics"]["chunks"] == 3
+    assert event["metrics"]["bytes"] == len("".join(pieces).encode())
+    assert (event["trace_id"], event["attempt"]) == ("t-1", 2)
+    assert event["event_id"] == emission.call.event_id
+    assert emission.verdict.outcome is Outcome.ACCEPTED
+    assert p.next_offset(TOPIC, 0) == 3
 
 
-def test_poison_records_are_rejected_and_the_partition_moves_on(processor: Processor) -> None:
-    rec = Records()
-    bad = [b"not json", b"[]", orjson.dumps({"kind": "tool_call"}), None]
-    emissions = [e for value in bad for e in processor.feed(rec(value), now=0)]
-    unknown = processor.feed(rec(b"{}", **{"content-format": "gemini.stream"}), now=0)
-    events = [orjson.loads(e.value) for e in emissions + unknown]
-    assert [(e["outcome"], e["phase"], e["error_code"]) for e in events] == [
-        ("rejected", "assembly", "malformed_record")
-    ] * 5
-    assert "gemini.stream" in events[-1]["violations"][0]["message"]
-    (good,) = processor.feed(
-        rec(complete_call("c")),
-        now=0,
-    )
-    assert orjson.loads(good.value)["outcome"] == "accepted"
-    assert processor.commit_offset("in", 0) == rec.offset
-    assert processor.poison_records == 5
+def test_batching_does_not_matter() -> None:
+    rec = Partition()
+    records = [
+        rec(envelope("r1", "a", 0, '{"city":"Oslo",', tool="get_weather")),
+        rec(envelope("r1", "b", 0, "{", tool="get_weather", final=True)),
+        rec(envelope("r1", "a", 1, '"units":"celsius"}', final=True)),
+    ]
+    whole = summary(new_processor().feed(TOPIC, 0, records))
+    one_by_one = new_processor()
+    assert [s for r in records for s in summary(one_by_one.feed(TOPIC, 0, [r]))] == whole
+    assert whole == [("b", "rejected", "invalid_json"), ("a", "accepted", None)]
 
 
-def test_commit_offset_never_passes_an_open_call(processor: Processor) -> None:
-    rec = Records()
-    processor.feed(rec(envelope(call_id="open", seq=0, tool="get_weather", delta="{")), now=0)
-    for i in range(5):
-        processor.feed(rec(complete_call(f"c{i}")), now=0)
-    assert processor.commit_offset("in", 0) == 0
-    processor.feed(rec(envelope(call_id="open", seq=1, delta="}", final=True)), now=0)
-    assert processor.commit_offset("in", 0) == rec.offset
-    assert processor.commit_offset("in", 7) is None
+# --- records that cannot be read -------------------------------------------------------------
 
 
-def test_replayed_input_emits_the_same_event_ids(processor: Processor) -> None:
-    def run(p: Processor) -> list[str]:
-        rec = Records()
-        values = [
-            envelope(call_id="a", seq=0, tool="get_weather", delta='{"city":"Oslo",'),
-            envelope(call_id="b", seq=0, tool="get_weather", delta="{", final=True),
-            envelope(call_id="a", seq=1, delta='"units":"celsius"}', final=True),
+@pytest.mark.parametrize(
+    ("value", "fmt", "key"),
+    [
+        (b"not json", None, None),
+        (b"[]", None, None),
+        (b'{"kind": "tool_call"}', None, None),  # no stream
+        (b'{"stream_id": "r1", "kind": "tool_call", "call_id": "c", "seq": -1}', None, None),
+        (None, None, None),  # a tombstone
+        (b"{}", "gemini.stream", b"g1"),  # a format nobody reads
+        (b"{", "openai.chat", b"o1"),  # a vendor event that is not JSON
+        (b'{"id": "x"}', "openai.chat", None),  # a vendor record without its stream key
+    ],
+)
+def test_a_poison_record_is_its_own_rejection_and_the_partition_goes_on(
+    value: bytes | None, fmt: str | None, key: bytes | None
+) -> None:
+    p, rec = new_processor(), Partition()
+    good_start = rec(envelope("r9", "good", 0, '{"city":"Oslo",', tool="get_weather"))
+    poison = rec(value, fmt=fmt, key=key)
+    good_end = rec(envelope("r9", "good", 1, '"units":"celsius"}', final=True))
+    out = p.feed(TOPIC, 0, [good_start, poison, good_end])
+    assert summary(out) == [
+        (f"record:{TOPIC}:0:1", "rejected", "malformed_record"),
+        ("good", "accepted", None),
+    ]
+    bad = orjson.loads(out[0].value)
+    assert (bad["phase"], bad["retryable"]) == ("assembly", False)
+    assert bad["source"]["first_offset"] == bad["source"]["last_offset"] == 1
+    assert bad["violations"][0]["message"]  # says what is wrong
+    assert out[0].route is Route.REJECTED
+    assert p.next_offset(TOPIC, 0) == 3
+
+
+def test_a_bad_record_that_names_a_call_ends_it_stream_corrupt() -> None:
+    p, rec = new_processor(), Partition()
+    opened = rec(envelope("r1", "c1", 0, '{"city":', tool="get_weather"))
+    broken = rec(envelope("r1", "c1", 1, '"Oslo"}', final="yes"))  # final must be a bool
+    out = p.feed(TOPIC, 0, [opened, broken])
+    assert sorted(summary(out)) == sorted(
+        [
+            (f"record:{TOPIC}:0:1", "rejected", "malformed_record"),
+            ("c1", "incomplete", "stream_corrupt"),
         ]
-        return [orjson.loads(e.value)["event_id"] for v in values for e in p.feed(rec(v), now=0)]
-
-    first = run(processor)
-    assert len(first) == 2
-    assert run(Processor.from_settings(load_settings(schemas={"dir": SCHEMAS}))) == first
-
-
-def test_revoke_drops_open_calls_and_expire_times_out(processor: Processor) -> None:
-    rec = Records()
-    processor.feed(rec(envelope(call_id="a", seq=0, tool="get_weather", delta="{")), now=0)
-    processor.revoke("in", 0)
-    assert processor.open_calls == 0
-    assert processor.commit_offset("in", 0) is None
-    processor.feed(rec(envelope(call_id="b", seq=0, tool="get_weather", delta="{")), now=100)
-    (expired,) = processor.expire(now=100 + 3600)
-    assert orjson.loads(expired.value)["reason"] == "timeout"
-
-
-def test_stream_end_marks_open_calls_incomplete(processor: Processor) -> None:
-    rec = Records()
-    processor.feed(
-        rec(envelope(call_id="a", seq=0, tool="get_weather", delta='["ls","pwd"')), now=0
     )
-    (emission,) = processor.feed(
-        rec(orjson.dumps({"stream_id": "r1", "kind": "end", "finish_reason": "length"})), now=0
+
+
+def test_a_reused_call_id_is_its_own_rejection_and_a_resent_call_is_nothing() -> None:
+    p, rec = new_processor(), Partition()
+    whole = envelope("r1", "c1", 0, WEATHER, tool="get_weather", final=True)
+    first = p.feed(TOPIC, 0, [rec(whole), rec(whole)])  # a retransmission: no second verdict
+    assert summary(first) == [("c1", "accepted", None)]
+    reused = envelope("r1", "c1", 0, '{"city":"Rome","units":"celsius"}', tool="get_weather")
+    out = p.feed(TOPIC, 0, [rec(reused), rec(envelope("r1", "c1", 1, "", final=True))])
+    assert summary(out) == [("c1", "rejected", "call_id_reused")]
+    event = orjson.loads(out[0].value)
+    assert (event["phase"], event["retryable"]) == ("assembly", False)
+    assert event["event_id"] != orjson.loads(first[0].value)["event_id"]  # a call of its own
+
+
+def test_a_retransmitted_piece_that_differs_is_stream_corrupt() -> None:
+    p, rec = new_processor(), Partition()
+    out = p.feed(
+        TOPIC,
+        0,
+        [
+            rec(envelope("r1", "c1", 0, '{"city":"Oslo",', tool="get_weather")),
+            rec(envelope("r1", "c1", 0, '{"city":"Rome",', tool="get_weather")),
+        ],
     )
-    event = orjson.loads(emission.value)
-    assert (event["outcome"], event["reason"]) == ("incomplete", "max_tokens")
+    assert summary(out) == [("c1", "incomplete", "stream_corrupt")]
+    assert out[0].route is Route.INCOMPLETE
+    assert orjson.loads(out[0].value)["retryable"] is True
 
 
-def test_a_replay_inside_a_judged_call_names_the_same_event(processor: Processor) -> None:
-    """Commit stops at an open call; a judged call's tail fed again keeps the original id."""
-    rec = Records()
-    values = [
-        envelope(call_id="b", seq=0, tool="get_weather", delta='{"city":"Oslo",'),  # 0
-        envelope(call_id="a", seq=0, tool="get_weather", delta="{"),  # 1: stays open
-        envelope(call_id="b", seq=1, delta='"units":"celsius"}', final=True),  # 2
+# --- time is record time -----------------------------------------------------------------------
+
+
+def test_an_idle_call_times_out_by_record_time_only() -> None:
+    p, rec = new_processor(), Partition()
+    assert p.feed(TOPIC, 0, [rec(envelope("r1", "slow", 0, "{", tool="get_weather"))]) == []
+    # other traffic just inside the idle time: nothing closes
+    assert p.feed(TOPIC, 0, [rec(end("r2"), after_ms=IDLE_MS - 1)]) == []
+    # a record past the idle time closes it, before that record is read
+    out = p.feed(
+        TOPIC,
+        0,
+        [rec(envelope("r2", "fast", 0, WEATHER, tool="get_weather", final=True), after_ms=2)],
+    )
+    assert summary(out) == [("slow", "incomplete", "timeout"), ("fast", "accepted", None)]
+    # its late piece is no second verdict
+    late = p.feed(TOPIC, 0, [rec(envelope("r1", "slow", 1, "}", final=True))])
+    assert late == []
+
+
+def test_a_record_from_the_past_does_not_turn_the_clock_back() -> None:
+    p, rec = new_processor(), Partition()
+    p.feed(TOPIC, 0, [rec(end("r0"), after_ms=10 * IDLE_MS)])
+    # opened by a record stamped long before the partition's time: it is as old as that time
+    p.feed(TOPIC, 0, [rec(envelope("r1", "b", 0, "{", tool="get_weather"), after_ms=-5 * IDLE_MS)])
+    out = p.feed(TOPIC, 0, [rec(end("r2"), after_ms=5 * IDLE_MS + 2)])
+    assert summary(out) == []
+    out = p.feed(TOPIC, 0, [rec(end("r2"), after_ms=IDLE_MS)])
+    assert summary(out) == [("b", "incomplete", "timeout")]
+
+
+def test_a_call_open_past_its_lifetime_ends_at_its_next_piece() -> None:
+    p, rec = new_processor(), Partition()
+    out = p.feed(TOPIC, 0, [rec(envelope("r1", "long", 0, '{"city":', tool="get_weather"))])
+    seq = 1
+    while rec.clock < 1_000_000 + LIFETIME_MS:  # always active, never idle
+        out += p.feed(TOPIC, 0, [rec(envelope("r1", "long", seq, " "), after_ms=IDLE_MS // 2)])
+        seq += 1
+    out += p.feed(TOPIC, 0, [rec(envelope("r1", "long", seq, '"Oslo"}', final=True))])
+    assert summary(out) == [("long", "incomplete", "max_lifetime")]
+
+
+def test_input_without_timestamps_never_times_out() -> None:
+    p = new_processor()
+    records = [
+        FileRecord(TOPIC, 0, 0, None, None, envelope("r1", "a", 0, "{", tool="get_weather"), ()),
+        *(FileRecord(TOPIC, 0, i, None, None, end(f"x{i}"), ()) for i in range(1, 50)),
     ]
-    (judged,) = [e for v in values for e in processor.feed(rec(v), now=0)]
-    assert processor.commit_offset("in", 0) == 1
-    replay = Processor.from_settings(load_settings(schemas={"dir": SCHEMAS}))
-    tail = [
-        e
-        for offset in (1, 2)
-        for e in replay.feed(InboundRecord("in", 0, offset, b"r1", values[offset]), now=0)
-    ]
-    (fragment,) = tail
-    assert orjson.loads(fragment.value)["reason"] == "sequence_gap"
-    assert orjson.loads(fragment.value)["event_id"] == orjson.loads(judged.value)["event_id"]
+    assert p.feed(TOPIC, 0, records) == []
+    assert summary(p.flush()) == [("a", "incomplete", "stream_ended")]
 
 
-def test_commit_offset_waits_for_an_open_vendor_stream(processor: Processor) -> None:
-    rec = Records()
-    start = (
-        b'{"type":"message_start","message":{"id":"m","type":"message","role":"assistant",'
-        b'"model":"m","content":[],"stop_reason":null,"usage":{"input_tokens":1,"output_tokens":1}}}'
+# --- stream end, flush ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("finish", "reason"),
+    [
+        ("length", "max_tokens"),
+        ("content_filter", "content_filter"),
+        ("stop", "stream_ended"),
+        (None, "stream_ended"),
+    ],
+)
+def test_a_stream_that_ends_with_calls_open_makes_them_incomplete(
+    finish: str | None, reason: str
+) -> None:
+    p, rec = new_processor(), Partition()
+    p.feed(TOPIC, 0, [rec(envelope("r1", "cut", 0, '{"city":"Pa', tool="get_weather"))])
+    p.feed(TOPIC, 0, [rec(envelope("r2", "other", 0, "{", tool="get_weather"))])
+    out = p.feed(TOPIC, 0, [rec(end("r1", finish))])
+    assert summary(out) == [("cut", "incomplete", reason)]
+    assert summary(p.flush()) == [("other", "incomplete", "stream_ended")]
+    assert p.flush() == []
+
+
+def test_a_dropped_partition_forgets_its_open_calls() -> None:
+    p, rec = new_processor(), Partition()
+    p.feed(TOPIC, 0, [rec(envelope("r1", "a", 0, "{", tool="get_weather"))])
+    p.drop(TOPIC, 0)
+    assert p.assembler.open_calls == 0
+    assert p.next_offset(TOPIC, 0) is None
+    assert p.flush() == []
+
+
+# --- keyed calls: the owner of the key decides ------------------------------------------------
+
+
+def payment_args(**overrides: Any) -> dict[str, Any]:
+    body = {
+        "amount_minor": 1250,
+        "currency": "EUR",
+        "recipient": "acct_1",
+        "description": None,
+        "idempotency_key": "pay-1",
+    }
+    body.update(overrides)
+    return body
+
+
+def payment(rec: Partition, call: str, args: dict[str, Any], stream: str = "r1") -> FileRecord:
+    text = orjson.dumps(args).decode()
+    return rec(envelope(stream, call, 0, text, tool="create_payment", final=True))
+
+
+def test_a_keyed_call_goes_to_its_keys_owner_who_accepts_the_first() -> None:
+    p, rec, store = new_processor(), Partition(), build_key_store(SETTINGS)
+    (emission,) = p.feed(TOPIC, 0, [payment(rec, "c1", payment_args())])
+    assert emission.route is Route.IDEMPOTENCY
+    assert emission.key == b"pay-1"
+    assert emission.headers == []
+    request = read_idempotency_request(emission.value)
+    assert (request.key, request.call_id, request.event_id) == (
+        "pay-1",
+        "c1",
+        emission.call.event_id,
     )
-    processor.feed(rec(start, key=b"anthropic-1", **{"content-format": "anthropic.messages"}), 0)
-    processor.feed(
-        rec(complete_call("c")),
-        now=0,
+    assert request.digest == emission.verdict.idempotency_digest
+    resolution = resolve(store, emission.value, rec.clock, MAX_FEEDBACK)
+    assert (resolution.decision, resolution.outcome) == (Decision.FIRST, Outcome.ACCEPTED)
+    event = orjson.loads(resolution.event)
+    assert (event["outcome"], event["call_id"], event["idempotency_key"]) == (
+        "accepted",
+        "c1",
+        "pay-1",
     )
-    assert processor.commit_offset("in", 0) == 0
-    stop = b'{"type":"message_stop"}'
-    processor.feed(rec(stop, key=b"anthropic-1", **{"content-format": "anthropic.messages"}), 0)
-    assert processor.commit_offset("in", 0) == rec.offset
+    assert event["requires_approval"] is True
+    assert event["arguments"] == payment_args()
+    assert resolution.event == request.event
 
 
-def test_tool_names_by_alias(processor: Processor) -> None:
-    assert processor.tool_name("weather.get_weather") == "get_weather"
-    assert processor.tool_name("get_weather") == "get_weather"
-    assert processor.tool_name("rm_rf") == "rm_rf"
-    assert processor.tool_name(None) is None
+def test_the_same_request_again_is_a_duplicate_naming_the_first_event() -> None:
+    p, rec, store = new_processor(), Partition(), build_key_store(SETTINGS)
+    (first,) = p.feed(TOPIC, 0, [payment(rec, "c1", payment_args())])
+    # another call, the same request written another way
+    reordered = dict(reversed(list(payment_args().items())))
+    (second,) = p.feed(TOPIC, 0, [payment(rec, "c2", reordered, stream="r2")])
+    assert second.route is Route.IDEMPOTENCY
+    resolve(store, first.value, rec.clock, MAX_FEEDBACK)
+    resolution = resolve(store, second.value, rec.clock, MAX_FEEDBACK)
+    assert (resolution.decision, resolution.outcome) == (Decision.DUPLICATE, Outcome.REJECTED)
+    event = orjson.loads(resolution.event)
+    assert (event["outcome"], event["phase"], event["error_code"]) == (
+        "rejected",
+        "idempotency",
+        "duplicate",
+    )
+    assert event["call_id"] == "c2"
+    assert event["event_id"] == second.call.event_id
+    assert event["duplicate_of"] == first.call.event_id
+    assert "arguments" not in event
+    assert event["retryable"] is False
 
 
-def test_bare_middle_fragments_judge_as_full_envelopes_do() -> None:
-    """Middle chunks with only their six fields skip the Chunk; the events must not show it."""
-    pieces = ['{"city":', '"Oslo",', '"units":', '"kelvin"}']
+def test_a_different_request_under_the_same_key_is_a_conflict() -> None:
+    p, rec, store = new_processor(), Partition(), build_key_store(SETTINGS)
+    (first,) = p.feed(TOPIC, 0, [payment(rec, "c1", payment_args())])
+    (other,) = p.feed(TOPIC, 0, [payment(rec, "c2", payment_args(amount_minor=999))])
+    resolve(store, first.value, rec.clock, MAX_FEEDBACK)
+    resolution = resolve(store, other.value, rec.clock, MAX_FEEDBACK)
+    assert resolution.decision is Decision.CONFLICT
+    event = orjson.loads(resolution.event)
+    assert (event["error_code"], event["duplicate_of"]) == (
+        "idempotency_conflict",
+        first.call.event_id,
+    )
 
-    def events(extra: dict[str, Any]) -> list[dict[str, Any]]:
-        processor = Processor.from_settings(load_settings(schemas={"dir": SCHEMAS}))
-        rec = Records()
-        records = [rec(envelope(call_id="c", seq=0, tool="get_weather", delta=pieces[0]))]
-        for seq, delta in enumerate(pieces[1:], start=1):
-            fields = {"call_id": "c", "seq": seq, "delta": delta, "final": seq == 3, **extra}
-            records.append(rec(envelope(**fields)))
-        out = [orjson.loads(e.value) for e in processor.feed_many(records, now=0)]
-        for event in out:
-            event["metrics"]["phases_us"] = sorted(event["metrics"]["phases_us"])
-        return out
 
-    # a seventh field (null, so it changes nothing) sends every middle chunk down the general path
-    bare, general = events({}), events({"idempotency_key": None})
-    assert bare == general
-    assert [(e["outcome"], e["error_code"], e["metrics"]["chunks"]) for e in bare] == [
-        ("rejected", "schema_violation", 4)
+def test_a_replayed_keyed_call_is_accepted_again_as_the_same_event() -> None:
+    store = build_key_store(SETTINGS)
+    records = [payment(Partition(), "c1", payment_args())]
+    (first,) = new_processor().feed(TOPIC, 0, records)
+    (again,) = new_processor().feed(TOPIC, 0, records)  # after a crash: the same input
+    decided = [resolve(store, e.value, 0, MAX_FEEDBACK) for e in (first, again)]
+    assert [d.decision for d in decided] == [Decision.FIRST, Decision.REPLAY]
+    assert [d.outcome for d in decided] == [Outcome.ACCEPTED, Outcome.ACCEPTED]
+    assert orjson.loads(decided[1].event)["event_id"] == orjson.loads(decided[0].event)["event_id"]
+
+
+def test_a_rejected_keyed_call_goes_straight_to_its_topic() -> None:
+    p, rec = new_processor(), Partition()
+    (emission,) = p.feed(TOPIC, 0, [payment(rec, "c1", payment_args(currency="XXX"))])
+    assert emission.route is Route.REJECTED
+    assert orjson.loads(emission.value)["idempotency_key"] == "pay-1"
+
+
+def test_an_accepted_call_whose_event_cannot_be_written_is_routed_as_its_rejection() -> None:
+    """The event says rejected `event_too_large`: its topic, headers and key owner agree."""
+    plugins = load_plugins(SCHEMAS)
+    growing = Plugins()
+    growing.adapter("weather.get_weather", "1")(lambda args: {**args, "pad": "x" * 2_000})
+    limits = SETTINGS.limits
+    for chosen, key in ((growing, None), (growing, "w-1"), (plugins, None)):
+        built = new_processor()  # its assembler and decoder, this gate and event bound
+        p = Processor(
+            built.assembler,
+            built.decoder,
+            Gate(
+                REGISTRY,
+                chosen,
+                GateLimits(limits.max_depth, MAX_FEEDBACK, SETTINGS.retry.budget),
+            ),
+            EventLimits(max_event_bytes=1_500, max_feedback_bytes=MAX_FEEDBACK),
+        )
+        text = envelope(
+            "r1",
+            "c1",
+            0,
+            WEATHER,
+            tool="get_weather",
+            tool_version="1",
+            final=True,
+            idempotency_key=key,
+        )
+        (emission,) = p.feed(TOPIC, 0, [Partition()(text)])
+        event = orjson.loads(emission.value)
+        if chosen is plugins:
+            assert emission.route is Route.ACCEPTED  # small enough
+            continue
+        assert (event["outcome"], event["error_code"]) == ("rejected", "event_too_large")
+        assert emission.route is Route.REJECTED
+        assert dict(emission.headers)["outcome"] == b"rejected"
+        assert emission.verdict.outcome is Outcome.REJECTED
+        assert event["idempotency_key"] == key
+
+
+# --- one verdict per call across crashes ------------------------------------------------------
+
+STREAM_FORMATS = ["openai.chat", "anthropic.messages", "openai.responses"]
+ARGUMENTS = [
+    WEATHER,
+    '{"city":"Zürich","units":"fahrenheit","days":3}',
+    '{"city":1}',
+    '{"city":"Oslo",}',
+    '```json\n{"city":"Oslo","units":"celsius"}\n```',
+    '{"deep":' + "[" * 40 + "]" * 40 + "}",
+]
+
+
+def envelope_stream(
+    n: int, rng: random.Random, draw: st.DrawFn
+) -> list[tuple[bytes | None, bytes | None, str | None]]:
+    stream = f"s{n}"
+    out: list[tuple[bytes | None, bytes | None, str | None]] = []
+    for c in range(draw(st.integers(1, 3))):
+        call = f"c{n}.{c}"
+        kind = draw(st.sampled_from(["weather", "weather", "payment", "keyed", "text"]))
+        if kind == "payment":
+            args = payment_args(
+                idempotency_key=draw(st.sampled_from(["pay-1", "pay-2"])),
+                amount_minor=draw(st.sampled_from([1, 2, 5_000_000])),
+                currency=draw(st.sampled_from(["EUR", "JPY"])),
+            )
+            text, tool, extra = orjson.dumps(args).decode(), "create_payment", {}
+        else:
+            text, tool = draw(st.sampled_from(ARGUMENTS)), "get_weather"
+            extra = (
+                {"idempotency_key": draw(st.sampled_from(["w-1", "w-2"]))}
+                if kind == "keyed"
+                else {}
+            )
+            if kind == "text":
+                extra = {}
+        pieces = streamgen.split_text(text, rng, max_piece=12)
+        shape = draw(st.sampled_from(["whole", "whole", "cut", "gap", "resend", "corrupt"]))
+        for seq, piece in enumerate(pieces):
+            last = seq == len(pieces) - 1
+            if shape == "gap" and seq == 1:
+                continue
+            fields: dict[str, Any] = {"final": last and shape != "cut", **extra}
+            if seq == 0:
+                fields["tool"] = tool
+            if kind == "text":
+                fields["kind"] = "text"
+            value = envelope(stream, call, seq, piece, **fields)
+            out.append((value, None, None))
+            if shape == "resend":
+                out.append((value, None, None))
+            if shape == "corrupt" and seq == 0:
+                out.append((envelope(stream, call, 0, piece + "x", **fields), None, None))
+    if draw(st.booleans()):
+        out.append((end(stream, draw(st.sampled_from([None, "length", "stop"]))), None, None))
+    return out
+
+
+def vendor_stream(
+    n: int, rng: random.Random, draw: st.DrawFn
+) -> list[tuple[bytes | None, bytes | None, str | None]]:
+    fmt = draw(st.sampled_from(STREAM_FORMATS))
+    calls = [
+        (f"v{n}call{i}", "get_weather", draw(st.sampled_from(ARGUMENTS)))
+        for i in range(draw(st.integers(1, 2)))
     ]
+    if fmt == "openai.chat":
+        events_ = streamgen.chat_stream(f"chat{n}", [calls], rng)
+    elif fmt == "anthropic.messages":
+        cut = draw(st.sampled_from([None, 2]))
+        stop = "max_tokens" if cut else "tool_use"
+        events_ = streamgen.anthropic_stream(
+            f"msg{n}", calls, rng, stop_reason=stop, cut_last_after=cut
+        )
+    else:
+        cut = draw(st.sampled_from([None, 3]))
+        events_ = streamgen.responses_stream(f"resp{n}", calls, rng, cut_after=cut)
+    if draw(st.integers(0, 9)) == 0 and len(events_) > 2:  # a corrupt event mid-stream
+        events_.insert(len(events_) // 2, {"type": None})
+    key = f"vendor-{n}".encode()
+    return [(orjson.dumps(e), key, fmt) for e in events_]
+
+
+#: time between records: mostly a stream's pace, now and then a stall past the idle time or
+#: the lifetime, or a producer's clock behind the partition's
+STEPS = st.one_of(
+    st.sampled_from([0, 1, 2, 7, 50, 120, 300]),
+    st.integers(0, 40).map(
+        lambda n: {0: IDLE_MS + 1, 1: 2 * LIFETIME_MS, 2: -50, 3: -5 * IDLE_MS}.get(n, 10)
+    ),
+)
+
+
+@st.composite
+def traffic(
+    draw: st.DrawFn, envelope_streams: int = 3, vendor_streams: int = 2
+) -> list[FileRecord]:
+    """Envelope streams, vendor streams and poison records of one partition, interleaved, with
+    record times that stall, jump past the idle time and the lifetime, and go back."""
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    streams = [envelope_stream(n, rng, draw) for n in range(draw(st.integers(0, envelope_streams)))]
+    streams += [vendor_stream(n, rng, draw) for n in range(draw(st.integers(0, vendor_streams)))]
+    streams += [
+        [(draw(st.sampled_from([b"{", b"[]", None])), None, None)]
+        for _ in range(draw(st.integers(0, 2)))
+    ]
+    merged = [item for _, item in streamgen.interleave(streams, rng)]
+    clock = 1_700_000_000_000
+    records = []
+    for offset, (value, key, fmt) in enumerate(merged):
+        clock += draw(STEPS)
+        headers = (("content-format", fmt.encode()),) if fmt else ()
+        records.append(FileRecord(TOPIC, 0, offset, clock, key, value, headers))
+    return records
+
+
+def normalized(emission: Emission) -> tuple[Any, ...]:
+    """What an emission says, without the phase timings (measurement, not decision)."""
+    value = emission.value
+    request: Any = None
+    if emission.route is Route.IDEMPOTENCY:
+        found = read_idempotency_request(value)
+        request = (found.key, found.digest, found.event_id, found.call_id, found.tool, found.schema)
+        value = found.event
+    event = orjson.loads(value)
+    del event["metrics"]["phases_us"]
+    return (emission.route, emission.key, emission.headers, request, event)
+
+
+def uninterrupted(records: Sequence[FileRecord], settings: Settings) -> list[tuple[Any, ...]]:
+    p = new_processor(settings)
+    return [normalized(e) for e in [*p.feed(TOPIC, 0, records), *p.flush()]]
+
+
+def cut_points(draw: st.DrawFn, n: int) -> list[int]:
+    return sorted(set(draw(st.lists(st.integers(0, n), max_size=8))))
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The settings a partition runs under, and how many streams the traffic interleaves."""
+
+    settings: Settings
+    envelope_streams: int
+    vendor_streams: int
+
+
+#: every bound far away, and every bound hit: open calls and vendor streams evicted, closed
+#: calls forgotten (what a checkpoint must carry exactly, order included)
+TIGHT = Settings(
+    schemas={"dir": SCHEMAS},
+    assembly={"idle_timeout_s": IDLE_MS / 1000, "max_call_lifetime_s": LIFETIME_MS / 1000},
+    limits={"max_open_calls_per_partition": 2, "recently_closed_per_partition": 2},
+)
+DECODER_BUG = (
+    "worker/adapters/decoder.py: once a partition holds more vendor streams than its bound, a "
+    "partition restored from its checkpoints does not hold the original's streams (live and "
+    "corrupt) and decodes later records otherwise, e.g. a Responses delta rejected 'the stream "
+    "must start with response.created' where the original run took it"
+)
+ROOMY = Bounds(SETTINGS, 3, 2)
+TIGHTLY = Bounds(TIGHT, 4, 5)
+CRASH = settings(FIXED, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+#: past the bounds, a failure takes hundreds of examples to show and long to shrink: it is
+#: printed as found
+CRASH_AT_THE_BOUNDS = settings(
+    FIXED,
+    max_examples=1000,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def restore_anywhere(bounds: Bounds, data: st.DataObject) -> None:
+    """Checkpoint (full, or full and deltas) anywhere, restore into a fresh processor, go on:
+    exactly the emissions of one uninterrupted run."""
+    records = data.draw(traffic(bounds.envelope_streams, bounds.vendor_streams))
+    expected = uninterrupted(records, bounds.settings)
+    live = new_processor(bounds.settings)
+    frames: list[bytes] = []
+    out: list[tuple[Any, ...]] = []
+    position = 0
+    for stop in [*cut_points(data.draw, len(records)), len(records)]:
+        out += [normalized(e) for e in live.feed(TOPIC, 0, records[position:stop])]
+        position = stop
+        full = not frames or data.draw(st.booleans(), label="full checkpoint")
+        checkpoint = live.checkpoint(TOPIC, 0, full=full)
+        frames = [checkpoint] if full else [*frames, checkpoint]
+        restored = new_processor(bounds.settings)
+        restored.restore(TOPIC, 0, frames)
+        assert restored.next_offset(TOPIC, 0) == live.next_offset(TOPIC, 0)
+        assert restored.assembler.open_calls == live.assembler.open_calls
+        assert restored.assembler.buffered_bytes == live.assembler.buffered_bytes
+        live = restored
+    out += [normalized(e) for e in live.flush()]
+    assert out == expected
+
+
+def crash_anywhere(bounds: Bounds, data: st.DataObject) -> None:
+    """The worker feeds past its last checkpoint, emits, and dies; its successor restores the
+    checkpoint and is fetched the records after it again: what it emits again is what was
+    emitted before, byte for byte but the timings, and the run as a whole is the one it would
+    have been."""
+    records = data.draw(traffic(bounds.envelope_streams, bounds.vendor_streams))
+    expected = uninterrupted(records, bounds.settings)
+    live = new_processor(bounds.settings)
+    frames: list[bytes] = []
+    out: list[tuple[Any, ...]] = []
+    position = 0
+    for cut in [*cut_points(data.draw, len(records)), len(records)]:
+        stop = max(cut, position)
+        out += [normalized(e) for e in live.feed(TOPIC, 0, records[position:stop])]
+        full = not frames or data.draw(st.booleans(), label="full checkpoint")
+        checkpoint = live.checkpoint(TOPIC, 0, full=full)
+        frames = [checkpoint] if full else [*frames, checkpoint]
+        # on past the checkpoint, in batches of any size, then the crash
+        beyond = data.draw(st.integers(0, len(records) - stop), label="fed before the crash")
+        lost: list[tuple[Any, ...]] = []
+        for batch in batches(records[stop : stop + beyond], data):
+            lost += [normalized(e) for e in live.feed(TOPIC, 0, batch)]
+        successor = new_processor(bounds.settings)
+        successor.restore(TOPIC, 0, frames)
+        again = [normalized(e) for e in successor.feed(TOPIC, 0, records[stop : stop + beyond])]
+        assert again == lost
+        # the successor may also be handed records it has seen (a fetch from an older offset)
+        assert successor.feed(TOPIC, 0, records[max(0, stop - 3) : stop + beyond]) == []
+        out += again
+        position = stop + beyond
+        live = successor
+    out += [normalized(e) for e in live.flush()]
+    assert out == expected
+
+
+@CRASH
+@given(data=st.data())
+def test_a_restored_partition_emits_exactly_what_one_uninterrupted_run_emits(
+    data: st.DataObject,
+) -> None:
+    restore_anywhere(ROOMY, data)
+
+
+@CRASH
+@given(data=st.data())
+def test_a_crash_after_a_checkpoint_replays_the_same_events_and_no_others(
+    data: st.DataObject,
+) -> None:
+    crash_anywhere(ROOMY, data)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=DECODER_BUG)
+@CRASH_AT_THE_BOUNDS
+@given(data=st.data())
+def test_a_restored_partition_at_every_bound_emits_what_one_run_emits(
+    data: st.DataObject,
+) -> None:
+    restore_anywhere(TIGHTLY, data)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=DECODER_BUG)
+@CRASH_AT_THE_BOUNDS
+@given(data=st.data())
+def test_a_crash_at_every_bound_replays_the_same_events_and_no_others(
+    data: st.DataObject,
+) -> None:
+    crash_anywhere(TIGHTLY, data)
+
+
+def batches(records: Sequence[FileRecord], data: st.DataObject) -> list[Sequence[FileRecord]]:
+    at = sorted(set(data.draw(st.lists(st.integers(0, len(records)), max_size=4))))
+    bounds = [0, *at, len(records)]
+    return [records[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+@settings(FIXED, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(records=traffic())
+def test_every_call_has_one_event_id_and_a_replay_gives_the_same_ones(
+    records: list[FileRecord],
+) -> None:
+    first = [*new_processor().feed(TOPIC, 0, records)]
+    p = new_processor()
+    second = [*p.feed(TOPIC, 0, records)]
+    ids = [e.call.event_id for e in first]
+    assert len(ids) == len(set(ids)), "two emissions name one call"
+    assert [e.call.event_id for e in second] == ids
+    for emission in first:  # the record names the call it came from
+        if emission.route is Route.IDEMPOTENCY:
+            named = read_idempotency_request(emission.value).event_id
+        else:
+            named = orjson.loads(emission.value)["event_id"]
+        assert named == emission.call.event_id
+    # what is still open is closed at the end, with ids of its own
+    rest = [e.call.event_id for e in p.flush()]
+    assert not set(rest) & set(ids)
+    assert len(rest) == len(set(rest))
+
+
+@settings(FIXED, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(records=traffic())
+def test_the_key_owner_decides_keyed_calls_the_same_after_a_replay(
+    records: list[FileRecord],
+) -> None:
+    """Keyed emissions of a run and of its replay, decided by one store: the replay is all
+    `replay` (or the duplicate/conflict it was), never a new verdict."""
+    store: KeyStore = build_key_store(SETTINGS)
+    first = [e for e in new_processor().feed(TOPIC, 0, records) if e.route is Route.IDEMPOTENCY]
+    decided = [resolve(store, e.value, 0, MAX_FEEDBACK) for e in first]
+    replay = [e for e in new_processor().feed(TOPIC, 0, records) if e.route is Route.IDEMPOTENCY]
+    again = [resolve(store, e.value, 0, MAX_FEEDBACK) for e in replay]
+    for before, after in zip(decided, again, strict=True):
+        if before.decision is Decision.FIRST:
+            assert after.decision is Decision.REPLAY
+        else:
+            assert after.decision is before.decision
+        assert after.outcome is before.outcome
+        assert orjson.loads(after.event)["event_id"] == orjson.loads(before.event)["event_id"]

@@ -8,15 +8,21 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.datafiles import data_path
+from worker.compose import violation_limits
+from worker.core.canonical import canonical
 from worker.core.tool_output import ToolOutputFinding, check_tool_result
 from worker.model import Code, IncompleteReason, Outcome
 from worker.schemas.contract import CompiledCheck
 from worker.schemas.registry import SchemaRegistry
+from worker.settings import LimitSettings
 
 MCP = data_path("streams", "mcp")
 PREFIX = "2026-07-28__"
+MAX_DEPTH = LimitSettings().max_depth
 
 
 def example(name: str) -> Any:
@@ -34,7 +40,9 @@ def output_check(tmp_path_factory: pytest.TempPathFactory) -> CompiledCheck:
     (root / "mcp").mkdir()
     tool = example("Tool_with-output-schema-for-structured-content")
     (root / "mcp" / "weather.tools.json").write_text(json.dumps({"tools": [tool]}))
-    contract = SchemaRegistry.load(root).resolve("weather.get_weather_data", None)
+    contract = SchemaRegistry.load(root, limits=violation_limits(LimitSettings())).resolve(
+        "weather.get_weather_data", None
+    )
     check = getattr(contract, "output_check", None)
     assert check is not None
     return check  # type: ignore[no-any-return]
@@ -44,21 +52,22 @@ def test_structured_content_that_matches_schema_and_text_is_accepted(
     output_check: CompiledCheck,
 ) -> None:
     message = response(example("CallToolResult_result-with-structured-content"))
-    assert check_tool_result(message, output_check) is None
+    assert check_tool_result(message, output_check, MAX_DEPTH) is None
 
 
 def test_unstructured_results_pass_when_the_tool_declares_no_output_schema() -> None:
     full = example("CallToolResultResponse_call-tool-result-response")
-    assert check_tool_result(full, None) is None
+    assert check_tool_result(full, None, MAX_DEPTH) is None
     array = response(example("CallToolResult_result-with-array-structured-content"))
-    assert check_tool_result(array, None) is None  # its text is prose, not serialized JSON
+    # its text is prose, not serialized JSON
+    assert check_tool_result(array, None, MAX_DEPTH) is None
 
 
 def test_a_tool_with_an_output_schema_must_return_structured_content(
     output_check: CompiledCheck,
 ) -> None:
     full = example("CallToolResultResponse_call-tool-result-response")
-    finding = check_tool_result(full, output_check)
+    finding = check_tool_result(full, output_check, MAX_DEPTH)
     assert finding is not None
     assert (finding.outcome, finding.code) == (Outcome.REJECTED, Code.OUTPUT_SCHEMA_VIOLATION)
     assert [(v.path, v.keyword) for v in finding.violations] == [
@@ -71,7 +80,7 @@ def test_schema_violations_point_into_the_result_and_echo_no_values(
 ) -> None:
     result = example("CallToolResult_result-with-structured-content")
     result["structuredContent"] = {"temperature": "scorching-secret", "conditions": "x"}
-    finding = check_tool_result(response(result), output_check)
+    finding = check_tool_result(response(result), output_check, MAX_DEPTH)
     assert finding is not None
     assert finding.code is Code.OUTPUT_SCHEMA_VIOLATION
     assert {v.path for v in finding.violations} <= {
@@ -90,7 +99,7 @@ def test_text_block_json_that_disagrees_with_structured_content_is_a_mismatch(
     result["content"][0]["text"] = (
         '{"temperature": 99, "conditions": "Partly cloudy", "humidity": 65}'
     )
-    finding = check_tool_result(response(result), output_check)
+    finding = check_tool_result(response(result), output_check, MAX_DEPTH)
     assert finding == ToolOutputFinding(
         Outcome.REJECTED, Code.OUTPUT_TEXT_MISMATCH, None, finding.violations if finding else ()
     )
@@ -113,13 +122,15 @@ def test_text_block_json_that_disagrees_with_structured_content_is_a_mismatch(
 def test_text_comparison_is_json_equality(text: str, same: bool) -> None:
     result = example("CallToolResult_result-with-structured-content")
     result["content"][0]["text"] = text
-    finding = check_tool_result(response(result), None)
+    finding = check_tool_result(response(result), None, MAX_DEPTH)
     assert (finding is None) is same
 
 
 def test_is_error_is_a_tool_error_not_a_parse_failure(output_check: CompiledCheck) -> None:
     message = response(example("CallToolResult_invalid-tool-input-error"))
-    finding = check_tool_result(message, output_check)  # no structuredContent needed then
+    finding = check_tool_result(
+        message, output_check, MAX_DEPTH
+    )  # no structuredContent needed then
     assert finding is not None
     assert (finding.outcome, finding.code) == (Outcome.REJECTED, Code.TOOL_ERROR)
     assert all("departure" not in v.message for v in finding.violations)
@@ -135,7 +146,7 @@ def test_is_error_is_a_tool_error_not_a_parse_failure(output_check: CompiledChec
 def test_input_required_is_its_own_incomplete_outcome(
     name: str, output_check: CompiledCheck
 ) -> None:
-    finding = check_tool_result(response(example(name)), output_check)
+    finding = check_tool_result(response(example(name)), output_check, MAX_DEPTH)
     assert finding == ToolOutputFinding(
         Outcome.INCOMPLETE, None, IncompleteReason.INPUT_REQUIRED, ()
     )
@@ -151,7 +162,7 @@ def test_input_required_is_its_own_incomplete_outcome(
 )
 def test_jsonrpc_errors_are_classified_by_code(name: str, code: str, leak: str) -> None:
     message = {"jsonrpc": "2.0", "id": 7, "error": example(name)}
-    finding = check_tool_result(message, None)
+    finding = check_tool_result(message, None, MAX_DEPTH)
     assert finding is not None
     assert (finding.outcome, finding.code) == (Outcome.REJECTED, Code.JSONRPC_ERROR)
     (violation,) = finding.violations
@@ -160,11 +171,11 @@ def test_jsonrpc_errors_are_classified_by_code(name: str, code: str, leak: str) 
 
 
 def test_an_application_error_code_and_a_missing_code() -> None:
-    finding = check_tool_result({"error": {"code": 42, "message": "m"}}, None)
+    finding = check_tool_result({"error": {"code": 42, "message": "m"}}, None, MAX_DEPTH)
     assert finding is not None
     assert finding.violations[0].keyword == "42"
     assert "application error" in finding.violations[0].message
-    finding = check_tool_result({"error": {"message": "m"}}, None)
+    finding = check_tool_result({"error": {"message": "m"}}, None, MAX_DEPTH)
     assert finding is not None
     assert finding.violations[0].keyword == "invalid"
 
@@ -180,10 +191,91 @@ def test_an_application_error_code_and_a_missing_code() -> None:
 def test_malformed_results_are_schema_violations(change: dict[str, Any], path: str) -> None:
     result = copy.deepcopy(example("CallToolResult_result-with-unstructured-text"))
     result.update(change)
-    finding = check_tool_result(response(result), None)
+    finding = check_tool_result(response(result), None, MAX_DEPTH)
     assert finding is not None
     assert finding.code is Code.OUTPUT_SCHEMA_VIOLATION
     assert finding.violations[0].path == path
-    finding = check_tool_result({"jsonrpc": "2.0", "id": 1, "result": []}, None)
+    finding = check_tool_result({"jsonrpc": "2.0", "id": 1, "result": []}, None, MAX_DEPTH)
     assert finding is not None
     assert finding.violations[0].path == "/result"
+
+
+# -- text blocks against structuredContent, generated ----------------------------------------
+
+FIXED = settings(derandomize=True, deadline=None, print_blob=True)
+JSON: st.SearchStrategy[Any] = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+def with_text(structured: Any, text: str) -> dict[str, Any]:
+    return response({"content": [{"type": "text", "text": text}], "structuredContent": structured})
+
+
+@FIXED
+@given(structured=st.dictionaries(st.text(max_size=4), JSON, max_size=4), indent=st.booleans())
+def test_a_text_block_that_serializes_structured_content_agrees(
+    structured: dict[str, Any], indent: bool
+) -> None:
+    # another writer: key order reversed, maybe indented, floats that are integers as 1.0
+    text = json.dumps(dict(reversed(list(structured.items()))), indent=2 if indent else None)
+    assert check_tool_result(with_text(structured, text), None, MAX_DEPTH) is None
+
+
+@FIXED
+@given(
+    structured=st.dictionaries(st.text(max_size=4), JSON, max_size=4),
+    other=st.dictionaries(st.text(max_size=4), JSON, max_size=4),
+)
+def test_a_text_block_of_other_json_is_a_mismatch(
+    structured: dict[str, Any], other: dict[str, Any]
+) -> None:
+    finding = check_tool_result(with_text(structured, json.dumps(other)), None, MAX_DEPTH)
+    # JSON equality (RFC 8785 forms): keys in any order, 1 is 1.0, but true is not 1
+    if canonical(other) == canonical(structured):
+        assert finding is None
+    else:
+        assert finding is not None
+        assert finding.code is Code.OUTPUT_TEXT_MISMATCH
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a lenient reader takes the last value of a repeated key: 99, not what the gate checked
+        '{"temperature": 22.5, "conditions": "Partly cloudy", "humidity": 65, "humidity": 99}',
+        # NaN reads as a number in lenient parsers; it is not the structured value
+        '{"temperature": NaN, "conditions": "Partly cloudy", "humidity": 65}',
+    ],
+)
+def test_a_text_block_that_is_json_but_not_strict_json_is_a_mismatch(text: str) -> None:
+    structured = {"temperature": 22.5, "conditions": "Partly cloudy", "humidity": 65}
+    finding = check_tool_result(with_text(structured, text), None, MAX_DEPTH)
+    assert finding is not None
+    assert finding.code is Code.OUTPUT_TEXT_MISMATCH
+    assert finding.violations[0].path == "/result/content/0/text"
+
+
+def test_a_text_block_nested_past_the_depth_limit_is_a_mismatch() -> None:
+    structured = {"a": 1}
+    deep = "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)
+    finding = check_tool_result(with_text(structured, deep), None, MAX_DEPTH)
+    assert finding is not None
+    assert finding.code is Code.OUTPUT_TEXT_MISMATCH
+    # within the limit it is compared like any other JSON
+    fits = "[" * 3 + "]" * 3
+    finding = check_tool_result(with_text([[[]]], fits), None, 3)
+    assert finding is None
+
+
+@pytest.mark.parametrize("text", ["{the result} is below", "[1] see above", "{", "  [draft]"])
+def test_prose_that_starts_like_json_is_not_compared(text: str) -> None:
+    assert check_tool_result(with_text({"a": 1}, text), None, MAX_DEPTH) is None

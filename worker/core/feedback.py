@@ -45,6 +45,8 @@ _INSTRUCTIONS: Mapping[Code, str] = {
     Code.IDEMPOTENCY_CONFLICT: "This idempotency key was already used for a different call; "
     "do not reuse it.",
     Code.IDEMPOTENCY_KEY_MISSING: "This tool has side effects: add an idempotency key.",
+    Code.IDEMPOTENCY_KEY_MISMATCH: "Send one idempotency key: the call's key and the key "
+    "argument must be the same.",
     Code.DUPLICATE: "This call was already accepted; do not send it again.",
     Code.REFUSAL: "The model refused; this is not a formatting problem to retry.",
     Code.MODEL_ERROR: "The model reported an error; this is not a formatting problem to retry.",

@@ -10,10 +10,15 @@ For a key `k` and a request `x` (tool, schema version, arguments in canonical fo
   first event; executors must not run it again.
 - `k` known with a different `x`: CONFLICT, rejected `idempotency_conflict`.
 
-A key is remembered for `retention_ms` of the partition's own time (request timestamps) and at
-most `max_keys` keys per partition, the oldest forgotten first; after that the key is new again.
+A key is remembered for `retention_ms` of the partition's own time and at most `max_keys` keys
+per partition, the oldest forgotten first; after that the key is new again. The partition's time
+at a request is the request's timestamp, but never earlier than the newest key remembered (a
+producer's clock may be behind; the offline check has no time at all).
+
 Every change is returned as a changelog entry (key, value or None to forget) for the caller to
-write, and `restore` rebuilds the store from those entries. Pure: time is passed in.
+write, and `restore` rebuilds the store from those entries. The keys are the store's only state
+(its time is read from them, not kept beside them), so a store rebuilt from its changelog, even
+a compacted one, decides every later request as the original would. Pure: time is passed in.
 """
 
 from __future__ import annotations
@@ -66,7 +71,6 @@ class KeyStore:
         self._max_keys = max_keys
         self._retention_ms = retention_ms
         self._keys: OrderedDict[str, KeyRecord] = OrderedDict()  # oldest first
-        self._clock = 0
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -75,12 +79,13 @@ class KeyStore:
         self, key: str, digest: bytes, event_id: str, at_ms: int | None
     ) -> tuple[Decision, KeyRecord, list[Change]]:
         """The decision on one request, the record that decided it, and the changes to write."""
-        if at_ms is not None:
-            self._clock = max(self._clock, at_ms)
-        changes = self._expire()
+        now = self._newest()
+        if at_ms is not None and at_ms > now:
+            now = at_ms
+        changes = self._expire(now)
         known = self._keys.get(key)
         if known is None:
-            record = KeyRecord(digest, event_id, self._clock)
+            record = KeyRecord(digest, event_id, now)
             self._keys[key] = record
             changes.append((key, record))
             while len(self._keys) > self._max_keys:
@@ -93,8 +98,12 @@ class KeyStore:
             return Decision.DUPLICATE, known, changes
         return Decision.CONFLICT, known, changes
 
-    def _expire(self) -> list[Change]:
-        deadline = self._clock - self._retention_ms
+    def _newest(self) -> int:
+        """The time of the newest key remembered (keys are in time order), 0 when none is."""
+        return next(reversed(self._keys.values())).at_ms if self._keys else 0
+
+    def _expire(self, now: int) -> list[Change]:
+        deadline = now - self._retention_ms
         changes: list[Change] = []
         while self._keys:
             key, record = next(iter(self._keys.items()))
@@ -109,9 +118,7 @@ class KeyStore:
         for key, value in entries:
             self._keys.pop(key, None)
             if value is not None:
-                record = KeyRecord.decode(value)
-                self._keys[key] = record
-                self._clock = max(self._clock, record.at_ms)
+                self._keys[key] = KeyRecord.decode(value)
         ordered = sorted(self._keys.items(), key=lambda item: item[1].at_ms)
         self._keys = OrderedDict(ordered)
 

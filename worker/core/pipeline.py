@@ -11,8 +11,10 @@ raises is `rule_error` or `adapter_error`, and any other exception while judging
 call's `internal_error` rejection, in the phase that was running (`Gate.judge`).
 
 Idempotency is decided in two steps. Here: the effective key (from the envelope, or from the
-argument the contract names; both present and different is `idempotency_key_mismatch`), a key
-for every side-effecting tool (`idempotency_key_missing`), and the request's canonical digest.
+argument the contract names; both present and different is `idempotency_key_mismatch`, in its
+phase, after the business rules), which every verdict carries from the moment the contract is
+known, a key for every side-effecting tool (`idempotency_key_missing`), and the request's
+canonical digest.
 A call that passed every phase and carries a key is accepted *pending* its key: the worker that
 owns the key decides duplicate or conflict (`worker.core.idempotency`).
 """
@@ -20,7 +22,7 @@ owns the key decides duplicate or conflict (`worker.core.idempotency`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
@@ -89,6 +91,17 @@ _CHANNEL_CODES: Mapping[str, Code] = {
 _PARSE_PHASES: Mapping[str, Phase] = {Code.TOO_DEEP: Phase.LIMITS}
 
 
+def _violations(found: Iterable[Any]) -> Iterator[Violation]:
+    """What a rule returned, each item checked: it goes into the event and the feedback as is,
+    so anything but a `Violation` of strings is the rule's bug (raised here: `rule_error`)."""
+    for item in found:
+        if type(item) is not Violation or not all(
+            type(text) is str for text in (item.path, item.keyword, item.message)
+        ):
+            raise TypeError(f"a rule returned {type(item).__name__}, not a Violation of strings")
+        yield item
+
+
 @dataclass(frozen=True, slots=True)
 class GateLimits:
     """The bounds the chain applies; all of them come from the settings."""
@@ -105,11 +118,14 @@ class Gate:
         self.registry = registry
         self._plugins = plugins
         self._limits = limits
+        # what the call being judged has reached: the phase running and its effective key
         self._phase = Phase.ASSEMBLY
+        self._key: str | None = None
 
     def judge(self, call: AssembledCall) -> Verdict:
         """The verdict on one call. Never raises: a bug judging it is its own rejection."""
         self._phase = Phase.ASSEMBLY
+        self._key = call.idempotency_key
         try:
             return self._judge(call)
         except Exception as exc:  # one call's fault never leaves that call
@@ -202,6 +218,22 @@ class Gate:
             return self._judge_tool_result(
                 call, message=value, contract=contract, phases=phases, started=now, repairs=repairs
             )
+        # the effective key, which every verdict from here on carries: the envelope's, or the
+        # argument the contract names (both there and different is a mismatch, decided in its
+        # phase; the envelope's key stands till then)
+        meta = contract.meta
+        key = call.idempotency_key
+        named = meta.idempotency_key_argument
+        mismatch = False
+        if named is not None:
+            argument_key = value.get(named)
+            if type(argument_key) is str:
+                if key is not None and key != argument_key:
+                    mismatch = True
+                else:
+                    key = argument_key
+        self._key = key
+
         violations = contract.check(value)
         started, now = now, perf_counter_ns()
         phases[Phase.SCHEMA_VALIDATION] = (now - started) // 1000
@@ -217,38 +249,14 @@ class Gate:
                 repairs=repairs,
             )
 
-        meta = contract.meta
-        key = call.idempotency_key
-        named = meta.idempotency_key_argument
-        if named is not None:
-            argument_key = value.get(named)
-            if type(argument_key) is str:
-                if key is not None and key != argument_key:
-                    self._phase = Phase.IDEMPOTENCY
-                    started, now = now, perf_counter_ns()
-                    phases[Phase.IDEMPOTENCY] = (now - started) // 1000
-                    message = f"the envelope's idempotency key differs from argument {named!r}"
-                    violation = Violation(f"/{named}", "idempotency_key", message)
-                    return self._rejected(
-                        call,
-                        Phase.IDEMPOTENCY,
-                        Code.IDEMPOTENCY_KEY_MISMATCH,
-                        (violation,),
-                        phases,
-                        contract=contract,
-                        arguments=value,
-                        repairs=repairs,
-                    )
-                key = argument_key
-
+        self._phase = Phase.BUSINESS_VALIDATION
         rules = self._plugins.rules_for(schema.id)
         if rules:
-            self._phase = Phase.BUSINESS_VALIDATION
             context = RuleContext(schema, key)
             found: list[Violation] = []
             for rule in rules:
                 try:
-                    found.extend(rule(value, context))
+                    found.extend(_violations(rule(value, context)))
                 except Exception as exc:  # a plugin's bug is this call's rule_error
                     started, now = now, perf_counter_ns()
                     phases[Phase.BUSINESS_VALIDATION] = (now - started) // 1000
@@ -279,6 +287,21 @@ class Gate:
                 )
 
         self._phase = Phase.IDEMPOTENCY
+        if mismatch:
+            started, now = now, perf_counter_ns()
+            phases[Phase.IDEMPOTENCY] = (now - started) // 1000
+            message = f"the envelope's idempotency key differs from argument {named!r}"
+            violation = Violation(f"/{named}", "idempotency_key", message)
+            return self._rejected(
+                call,
+                Phase.IDEMPOTENCY,
+                Code.IDEMPOTENCY_KEY_MISMATCH,
+                (violation,),
+                phases,
+                contract=contract,
+                arguments=value,
+                repairs=repairs,
+            )
         digest = None
         if key is None:
             if meta.needs_key:
@@ -422,6 +445,6 @@ class Gate:
             repairs=repairs,
             retryable=retryable,
             retry_feedback=feedback,
-            idempotency_key=call.idempotency_key,
+            idempotency_key=self._key,
             phases_us=phases,
         )

@@ -22,7 +22,13 @@ import orjson
 from worker._native import AssembledCall, Assembler
 from worker.adapters.decoder import Decoder
 from worker.core.pipeline import Gate
-from worker.events import Headers, encode, idempotency_request, record_headers, record_key
+from worker.events import (
+    Headers,
+    encode_written,
+    idempotency_request,
+    record_headers,
+    record_key,
+)
 from worker.model import Outcome, Verdict
 
 
@@ -80,9 +86,12 @@ class Processor:
         return [self.emit(call) for call in self.assembler.flush()]
 
     def emit(self, call: AssembledCall) -> Emission:
-        verdict = self.gate.judge(call)
         limits = self._limits
-        value = encode(call, verdict, limits.max_event_bytes, limits.max_feedback_bytes)
+        # where the event goes follows the event as written (an accepted call whose event cannot
+        # be written is an `event_too_large` rejection, never an accepted or keyed emission)
+        value, verdict = encode_written(
+            call, self.gate.judge(call), limits.max_event_bytes, limits.max_feedback_bytes
+        )
         schema = verdict.schema
         if verdict.idempotency_digest is not None and verdict.outcome is Outcome.ACCEPTED:
             request = idempotency_request(call, verdict, value)

@@ -8,8 +8,9 @@ In order, the first finding decides:
 3. `isError: true`: rejected `tool_error` (the tool ran and failed; not a parse failure);
 4. `structuredContent` against the tool's `outputSchema` (and a tool with an `outputSchema` that
    returns no `structuredContent`): rejected `output_schema_violation`;
-5. a text block holding serialized JSON that disagrees with `structuredContent`: rejected
-   `output_text_mismatch`.
+5. a text block holding serialized JSON that disagrees with `structuredContent`, or JSON that is
+   not strict (a key twice, NaN, nested past the limit: a lenient client would read something
+   the gate never checked): rejected `output_text_mismatch`.
 
 Violation messages are built here from keywords and codes only: a result can carry anything a
 tool returned, and none of it is echoed.
@@ -132,9 +133,11 @@ def _text_mismatch(content: list[Any], structured: Any, max_depth: int) -> ToolO
         if not isinstance(text, str) or text.lstrip()[:1] not in ("{", "["):
             continue  # prose, not serialized JSON: nothing to compare
         value = parse_json(text.encode("utf-8", "surrogatepass"), max_depth)
-        if isinstance(value, ParseError):
-            continue
-        if not _same_json(value, structured):
+        if isinstance(value, ParseError) and value.code == Code.INVALID_JSON:
+            continue  # not JSON at all: prose that starts with a bracket
+        # JSON that is not strict (a key twice, NaN, too deep) reads differently in a lenient
+        # reader than anything the gate checked: it cannot be shown to agree
+        if isinstance(value, ParseError) or not _same_json(value, structured):
             return _rejected(
                 Code.OUTPUT_TEXT_MISMATCH,
                 Violation(

@@ -1,0 +1,429 @@
+"""Outcome events as records: the size bound, keys and headers, the idempotency request, and the
+owner's rejections, which must be the very events the gate would have written for them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker._native import AssembledCall, encode_event
+from worker.core.feedback import build_feedback
+from worker.events import (
+    encode,
+    encode_written,
+    idempotency_rejection,
+    idempotency_request,
+    read_idempotency_request,
+    record_headers,
+    record_key,
+    substitute_rejection,
+)
+from worker.model import Code, IncompleteReason, Outcome, Phase, RepairKind, SchemaRef, Verdict
+from worker.model import Violation as V
+
+FIXED = settings(derandomize=True, deadline=None, print_blob=True)
+MAX_FEEDBACK = 4096
+UNBOUNDED = 1 << 40
+REF = SchemaRef("payments.create_payment", "1")
+
+ids = st.text(min_size=1, max_size=40)
+maybe = st.none() | st.text(max_size=40)
+
+
+@st.composite
+def calls(draw: st.DrawFn) -> AssembledCall:
+    """A call with every field the event may carry, set or not."""
+    return AssembledCall(
+        draw(ids),
+        draw(ids),
+        draw(maybe),
+        b"",
+        tool_version=draw(maybe),
+        idempotency_key=draw(maybe),
+        trace_id=draw(maybe),
+        run_id=draw(maybe),
+        step_id=draw(maybe),
+        traceparent=draw(maybe),
+        attempt=draw(st.none() | st.integers(0, 2**32 - 1)),
+        topic=draw(st.text(max_size=20)),
+        partition=draw(st.integers(0, 2**31 - 1)),
+        first_offset=draw(st.integers(0, 2**62)),
+        chunks=draw(st.integers(1, 5000)),
+        duplicate_chunks=draw(st.integers(0, 50)),
+        assembly_us=draw(st.integers(0, 10**6)),
+    )
+
+
+violations = st.lists(
+    st.builds(V, st.text(max_size=300), st.text(max_size=30), st.text(max_size=600)),
+    max_size=60,
+)
+phases = st.dictionaries(st.sampled_from([p.value for p in Phase]), st.integers(0, 10**6))
+schemas = st.none() | st.builds(SchemaRef, st.text(max_size=30), st.text(max_size=5))
+
+
+@st.composite
+def verdicts(draw: st.DrawFn) -> Verdict:
+    outcome = draw(st.sampled_from(list(Outcome)))
+    schema = draw(schemas)
+    key = draw(maybe)
+    repairs = tuple(draw(st.lists(st.just(RepairKind.MARKDOWN_FENCE), max_size=1)))
+    if outcome is Outcome.ACCEPTED:
+        size = draw(st.integers(0, 90_000))
+        return Verdict(
+            outcome,
+            schema=schema,
+            arguments_json=orjson.dumps({"blob": "x" * size}),
+            repairs=repairs,
+            requires_approval=draw(st.booleans()),
+            idempotency_key=key,
+            phases_us=draw(phases),
+        )
+    if outcome is Outcome.INCOMPLETE:
+        return Verdict(
+            outcome,
+            phase=Phase.ASSEMBLY,
+            reason=draw(st.sampled_from(list(IncompleteReason))),
+            retryable=draw(st.booleans()),
+            idempotency_key=key,
+            phases_us=draw(phases),
+        )
+    code = draw(st.sampled_from(list(Code)))
+    found = tuple(draw(violations))
+    retryable = draw(st.booleans())
+    exhausted = draw(st.booleans())
+    return Verdict(
+        outcome,
+        phase=draw(st.sampled_from(list(Phase))),
+        code=code,
+        schema=schema,
+        violations=found,
+        repairs=repairs,
+        retryable=retryable,
+        retry_feedback=build_feedback(
+            code,
+            schema,
+            found,
+            retryable=retryable,
+            budget_exhausted=exhausted,
+            max_bytes=MAX_FEEDBACK,
+        ),
+        idempotency_key=key,
+        phases_us=draw(phases),
+    )
+
+
+# --- the size policy --------------------------------------------------------------------------
+
+
+@FIXED
+@given(call=calls(), verdict=verdicts(), max_bytes=st.integers(8_000, 120_000))
+def test_an_event_never_exceeds_its_bound_and_is_cut_only_when_it_must(
+    call: AssembledCall, verdict: Verdict, max_bytes: int
+) -> None:
+    event, written = encode_written(call, verdict, max_bytes, MAX_FEEDBACK)
+    assert len(event) <= max_bytes
+    assert encode(call, verdict, max_bytes, MAX_FEEDBACK) == event
+    whole = encode_event(call, verdict, UNBOUNDED)
+    assert whole is not None
+    fields = orjson.loads(event)
+    assert (fields["event_id"], fields["call_id"]) == (call.event_id, call.call_id)
+    assert fields["idempotency_key"] == verdict.idempotency_key
+    assert encode_event(call, written, UNBOUNDED) == event  # the verdict it says it wrote
+    if len(whole) <= max_bytes:
+        assert event == whole  # untouched
+        assert written is verdict
+        return
+    schema = None if verdict.schema is None else vars_of(verdict.schema)
+    assert fields["schema"] == schema
+    # here a rejection without its violations always fits (ids and feedback are bounded
+    # well below the smallest bound drawn), and an incomplete event is small
+    assert verdict.outcome is not Outcome.INCOMPLETE
+    if verdict.outcome is Outcome.ACCEPTED:
+        assert (fields["outcome"], fields["phase"], fields["error_code"]) == (
+            "rejected",
+            "delivery",
+            "event_too_large",
+        )
+        assert [v["keyword"] for v in fields["violations"]] == ["event_too_large"]
+        assert str(max_bytes) in fields["violations"][0]["message"]
+        assert fields["retryable"] is False
+        assert "arguments" not in fields
+        assert written.outcome is Outcome.REJECTED
+        return
+    # a rejection that lost its violations, and says how many
+    assert fields["violations"] == []
+    assert (fields["outcome"], fields["phase"], fields["error_code"]) == (
+        "rejected",
+        verdict.phase,
+        verdict.code,
+    )
+    assert fields["retryable"] is verdict.retryable
+    assert fields["repairs"] == [{"kind": r} for r in verdict.repairs]
+    feedback = fields["retry_feedback"]
+    assert feedback["violations"] == []
+    assert feedback["violations_omitted"] == len(verdict.violations)
+    assert verdict.retry_feedback is not None
+    was_exhausted = verdict.retry_feedback.get("retry_budget_exhausted", False)
+    assert feedback.get("retry_budget_exhausted", False) is was_exhausted
+
+
+def vars_of(schema: SchemaRef) -> dict[str, str]:
+    return {"id": schema.id, "version": schema.version}
+
+
+def test_a_rejection_with_too_many_violations_drops_them_and_says_so() -> None:
+    call = AssembledCall("s", "c", "t", b"")
+    found = tuple(V(f"/p{i}", "type", "m" * 400) for i in range(200))
+    verdict = Verdict(
+        Outcome.REJECTED,
+        phase=Phase.SCHEMA_VALIDATION,
+        code=Code.SCHEMA_VIOLATION,
+        schema=REF,
+        violations=found,
+        retryable=True,
+        retry_feedback=build_feedback(
+            Code.SCHEMA_VIOLATION,
+            REF,
+            found,
+            retryable=True,
+            budget_exhausted=False,
+            max_bytes=MAX_FEEDBACK,
+        ),
+    )
+    event = orjson.loads(encode(call, verdict, 65_536, MAX_FEEDBACK))
+    assert (event["outcome"], event["error_code"], event["violations"]) == (
+        "rejected",
+        "schema_violation",
+        [],
+    )
+    assert event["retry_feedback"]["violations_omitted"] == 200
+    assert event["retryable"] is True
+
+
+def test_an_accepted_event_that_cannot_fit_becomes_event_too_large() -> None:
+    call = AssembledCall("s", "c", "create_payment", b"", idempotency_key="k-1")
+    verdict = Verdict(
+        Outcome.ACCEPTED,
+        schema=REF,
+        arguments_json=orjson.dumps({"blob": "x" * 70_000}),
+        requires_approval=True,
+        idempotency_key="k-1",
+        idempotency_digest=b"\x01" * 16,
+    )
+    event, written = encode_written(call, verdict, 65_536, MAX_FEEDBACK)
+    fields = orjson.loads(event)
+    assert (fields["outcome"], fields["phase"], fields["error_code"]) == (
+        "rejected",
+        "delivery",
+        "event_too_large",
+    )
+    assert "arguments" not in fields
+    assert "requires_approval" not in fields
+    assert fields["idempotency_key"] == "k-1"
+    assert (written.outcome, written.code, written.idempotency_digest) == (
+        Outcome.REJECTED,
+        Code.EVENT_TOO_LARGE,
+        None,
+    )
+
+
+def test_a_substitute_says_why_in_the_delivery_phase() -> None:
+    verdict = Verdict(Outcome.ACCEPTED, schema=REF, arguments_json=b"{}", idempotency_key="k")
+    substitute = substitute_rejection(verdict, Code.OUTPUT_REFUSED, "topic refused", MAX_FEEDBACK)
+    assert (substitute.outcome, substitute.phase, substitute.code) == (
+        Outcome.REJECTED,
+        Phase.DELIVERY,
+        Code.OUTPUT_REFUSED,
+    )
+    assert substitute.violations == (V("", "output_refused", "topic refused"),)
+    assert (substitute.schema, substitute.idempotency_key, substitute.retryable) == (
+        REF,
+        "k",
+        False,
+    )
+
+
+# --- key and headers --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("outcome", "tool", "schema", "expected"),
+    [
+        (
+            Outcome.ACCEPTED,
+            "create_payment",
+            REF,
+            [("outcome", b"accepted"), ("tool", b"create_payment"), ("schema-version", b"1")],
+        ),
+        (
+            Outcome.REJECTED,
+            None,
+            None,
+            [("outcome", b"rejected"), ("tool", b""), ("schema-version", b"")],
+        ),
+        (
+            Outcome.INCOMPLETE,
+            "天気",
+            SchemaRef("w.天気", "12"),
+            [("outcome", b"incomplete"), ("tool", "天気".encode()), ("schema-version", b"12")],
+        ),
+    ],
+)
+def test_headers_let_executors_filter_without_parsing(
+    outcome: Outcome, tool: str | None, schema: SchemaRef | None, expected: list[Any]
+) -> None:
+    assert record_headers(outcome, tool, schema) == expected
+
+
+def test_the_record_key_is_the_call_id() -> None:
+    assert record_key(AssembledCall("s", "call_ü", None, b"")) == "call_ü".encode()
+
+
+# --- the idempotency request ------------------------------------------------------------------
+
+
+@FIXED
+@given(
+    call=calls(),
+    key=st.text(max_size=40),
+    digest=st.binary(min_size=16, max_size=16),
+    schema=schemas,
+    event=st.binary(max_size=200),
+)
+def test_an_idempotency_request_reads_back_as_written(
+    call: AssembledCall, key: str, digest: bytes, schema: SchemaRef | None, event: bytes
+) -> None:
+    verdict = Verdict(
+        Outcome.ACCEPTED,
+        schema=schema,
+        arguments_json=b"{}",
+        idempotency_key=key,
+        idempotency_digest=digest,
+    )
+    found = read_idempotency_request(idempotency_request(call, verdict, event))
+    assert (found.key, found.digest, found.event_id, found.call_id, found.tool) == (
+        key,
+        digest,
+        call.event_id,
+        call.call_id,
+        call.tool,
+    )
+    assert found.schema == schema
+    assert found.event == event  # byte for byte, newlines and all
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"",
+        b"{}",
+        b"CGI1",
+        b"CGI1{}",
+        b"CGI1not json\n{}",
+        b"CGI1[]\n{}",
+        b"CGI1null\n{}",
+        b"CGI1{}\n{}",
+        b'CGI1{"key": 1, "digest": "00", "event_id": "e", "call_id": "c"}\n{}',
+        b'CGI1{"key": "k", "digest": "zz", "event_id": "e", "call_id": "c"}\n{}',
+        b'CGI1{"key": "k", "digest": "00", "event_id": "e", "call_id": "c", "tool": 3}\n{}',
+        b'CGI1{"key": "k", "digest": "00", "event_id": "e", "call_id": "c", "schema": [1]}\n{}',
+        b'CGI1{"key": "k", "digest": "00", "event_id": "e", "call_id": "c", "schema": "s"}\n{}',
+        b'CGI1{"key": "k", "digest": "00", "event_id": null, "call_id": "c"}\n{}',
+    ],
+)
+def test_anything_else_on_the_idempotency_topic_is_a_value_error(value: bytes) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 (any ValueError: the owner logs and skips it)
+        read_idempotency_request(value)
+
+
+@FIXED
+@given(
+    header=st.recursive(
+        st.none() | st.integers(-(2**63), 2**63 - 1) | st.text(), st.lists, max_leaves=5
+    )
+)
+def test_a_request_header_of_any_other_shape_is_a_value_error(header: Any) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011
+        read_idempotency_request(b"CGI1" + orjson.dumps(header) + b"\n{}")
+
+
+# --- the owner's rejections are the gate's own events -----------------------------------------
+
+
+@FIXED
+@given(
+    call=calls(),
+    schema=st.builds(SchemaRef, st.text(max_size=30), st.text(max_size=5)),
+    key=st.text(max_size=40),
+    repairs=st.lists(st.just(RepairKind.MARKDOWN_FENCE), max_size=1),
+    approval=st.booleans(),
+    phases_us=phases,
+    code=st.sampled_from([Code.DUPLICATE, Code.IDEMPOTENCY_CONFLICT]),
+    first=st.text(min_size=32, max_size=32, alphabet="0123456789abcdef"),
+)
+def test_the_owners_rejection_is_what_the_gate_would_write_for_it(
+    *,
+    call: AssembledCall,
+    schema: SchemaRef,
+    key: str,
+    repairs: list[RepairKind],
+    approval: bool,
+    phases_us: dict[str, int],
+    code: Code,
+    first: str,
+) -> None:
+    accepted = Verdict(
+        Outcome.ACCEPTED,
+        schema=schema,
+        arguments_json=b'{"amount_minor": 1, "note": "a\\nb"}',
+        repairs=tuple(repairs),
+        requires_approval=approval,
+        idempotency_key=key,
+        idempotency_digest=b"\x00" * 16,
+        phases_us=phases_us,
+    )
+    event = encode(call, accepted, UNBOUNDED, MAX_FEEDBACK)
+    derived, fields = idempotency_rejection(event, code, first, MAX_FEEDBACK)
+    (violation,) = fields["violations"]
+    assert (violation["path"], violation["keyword"]) == ("", "idempotency_key")
+    found = (V("", "idempotency_key", violation["message"]),)
+    direct = Verdict(
+        Outcome.REJECTED,
+        phase=Phase.IDEMPOTENCY,
+        code=code,
+        schema=schema,
+        violations=found,
+        repairs=tuple(repairs),
+        retryable=False,
+        retry_feedback=build_feedback(
+            code, schema, found, retryable=False, budget_exhausted=False, max_bytes=MAX_FEEDBACK
+        ),
+        idempotency_key=key,
+        duplicate_of=first,
+        phases_us=phases_us,
+    )
+    expected = encode_event(call, direct, UNBOUNDED)
+    assert expected is not None
+    # same keys, in the same order, with the same values: the format is defined once
+    assert list(orjson.loads(derived).items()) == list(orjson.loads(expected).items())
+    assert derived == expected
+    assert fields == orjson.loads(derived)
+
+
+def test_duplicate_and_conflict_say_different_things() -> None:
+    call = AssembledCall("s", "c", "create_payment", b"")
+    accepted = Verdict(Outcome.ACCEPTED, schema=REF, arguments_json=b"{}", idempotency_key="k")
+    event = encode(call, accepted, UNBOUNDED, MAX_FEEDBACK)
+    _, duplicate = idempotency_rejection(event, Code.DUPLICATE, "e" * 32, MAX_FEEDBACK)
+    _, conflict = idempotency_rejection(event, Code.IDEMPOTENCY_CONFLICT, "e" * 32, MAX_FEEDBACK)
+    assert duplicate["violations"] != conflict["violations"]
+    assert duplicate["retry_feedback"]["instruction"] != conflict["retry_feedback"]["instruction"]
+    for fields in (duplicate, conflict):
+        assert fields["duplicate_of"] == "e" * 32
+        assert fields["retryable"] is False
+        assert fields["retry_feedback"]["retryable"] is False
