@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -1285,3 +1286,25 @@ def test_the_gate_holds_no_state_between_calls() -> None:
         first.idempotency_key,
         first.arguments_json,
     )
+
+
+def test_a_contract_that_takes_no_key_ignores_one(tmp_path: Path) -> None:
+    """`x-callgate.idempotency: none`: a key in the envelope is neither checked nor carried."""
+    domain = tmp_path / "notes"
+    domain.mkdir()
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "x-callgate": {"idempotency": "none"},
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+        "additionalProperties": False,
+    }
+    (domain / "add_note.v1.schema.json").write_bytes(orjson.dumps(schema))
+    settings = Settings(schemas={"dir": tmp_path})
+    gate = build_gate(settings, build_registry(settings))
+    verdict = gate.judge(
+        AssembledCall("s", "c", "add_note", b'{"text": "x"}', idempotency_key="k1")
+    )
+    assert verdict.outcome is Outcome.ACCEPTED
+    assert (verdict.idempotency_key, verdict.idempotency_digest) == (None, None)

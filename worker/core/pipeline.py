@@ -45,7 +45,7 @@ from worker.model import (
     Violation,
 )
 from worker.plugins import Plugins, RuleContext
-from worker.schemas.contract import Contract, LookupFailure
+from worker.schemas.contract import Contract, IdempotencyPolicy, LookupFailure
 from worker.schemas.registry import SchemaRegistry
 
 log = logging.getLogger("callgate.gate")
@@ -225,7 +225,9 @@ class Gate:
         key = call.idempotency_key
         named = meta.idempotency_key_argument
         mismatch = False
-        if named is not None:
+        if meta.idempotency is IdempotencyPolicy.NONE:
+            key = None  # the contract takes no key: none is checked, none is carried
+        elif named is not None:
             argument_key = value.get(named)
             if type(argument_key) is str:
                 if key is not None and key != argument_key:
