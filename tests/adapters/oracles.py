@@ -1,119 +1,291 @@
 """The providers' own SDK accumulators driven offline as oracles, and our side of the comparison.
 
-`sdk_calls(fmt, events)` returns what the vendor's SDK makes of a stream: (id, name, argument text)
-per client tool call, and the SDK's snapshot for further checks. `assemble(...)` runs the same
-events through our decoder and the real reassembler.
+`sdk_calls(fmt, events, stream_id)` feeds a stream to the vendor's SDK the way its streaming
+client does (events built leniently with the SDK's own `construct_type`, the SDK's own filters and
+error checks), one event at a time, and returns what the SDK holds for every client tool call: its
+name and argument text, by the call id our adapters give it. When the SDK raises on an event the
+stream is unplaceable from that event on (`raised_at`), and the view is the SDK's before it.
+
+`gate(...)` runs records through the whole path the worker runs (`worker.compose`: decoder,
+native reassembler, gate), with contracts that accept any object for every tool named, so that
+the only reasons not to accept a call are the stream's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+import copy
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import orjson
-from anthropic.lib.streaming._messages import accumulate_event
+from anthropic._models import construct_type as anthropic_construct
+from anthropic.lib.streaming._messages import accumulate_event, build_events
+from anthropic.types import RawMessageStreamEvent
 from openai import omit
 from openai._models import construct_type
 from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.lib.streaming.chat._completions import _is_valid_chat_completion_chunk_weak
 from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
 
 from tests.datafiles import data_path
-from worker.adapters.decoder import Decoder
-from worker.assembly.reassembler import AssemblyLimits, Reassembler
-from worker.model import AssembledCall, Chunk
+from worker._native import AssembledCall, Assembler, Chunk
+from worker.adapters.decoder import ENVELOPE, Decoder
+from worker.compose import build_processor, build_registry
+from worker.core.processor import Emission, Processor
+from worker.settings import Settings, load_settings
 
-Triple = tuple[str, str, str]
 RECORDED = data_path("streams")
+CHAT, RESPONSES, ANTHROPIC, MCP = (
+    "openai.chat",
+    "openai.responses",
+    "anthropic.messages",
+    "mcp.result",
+)
+#: the folder of tests/data/streams and the prefix of tests/data/generated files, per format
+FOLDERS = {"openai_chat": CHAT, "openai_responses": RESPONSES, "anthropic": ANTHROPIC}
+
+Event = dict[str, Any]
+
+
+class Call(NamedTuple):
+    name: Any
+    arguments: Any
 
 
 @dataclass
 class SdkResult:
-    calls: list[Triple]
-    snapshot: Any
+    """What the SDK made of a stream: each client tool call by our call id, in its order."""
+
+    calls: dict[str, Call] = field(default_factory=dict)
+    raised_at: int | None = None
+    error: str | None = None
+    snapshot: Any = None
     refusal: str | None = None
 
+    def triples(self) -> list[tuple[str, Any, Any]]:
+        return [(call_id, call.name, call.arguments) for call_id, call in self.calls.items()]
 
-def sdk_chat(events: Iterable[Mapping[str, Any]]) -> SdkResult:
+
+# -- OpenAI Chat Completions ------------------------------------------------------------------
+
+
+def sdk_chat(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") -> SdkResult:
+    """`ChatCompletionStream`: a truthy `error` raises (as `Stream` does), chunks are built
+    leniently, chunks whose `object` is not a chunk's are skipped, the rest accumulated."""
     state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
-    for event in events:
-        list(state.handle_chunk(ChatCompletionChunk.model_validate(event)))
-    snapshot = state.current_completion_snapshot
-    calls = []
+    result = SdkResult()
+    for number, raw in enumerate(events):
+        try:
+            if raw.get("error"):
+                raise RuntimeError("the stream's error event (openai.APIError)")
+            chunk = construct_type(type_=ChatCompletionChunk, value=copy.deepcopy(dict(raw)))
+            if not _is_valid_chat_completion_chunk_weak(chunk):
+                continue
+            list(state.handle_chunk(chunk))
+            snapshot = state.current_completion_snapshot
+            calls, refusal = _chat_view(snapshot, stream_id)
+        except Exception as exc:
+            result.raised_at, result.error = number, f"{type(exc).__name__}: {exc}"
+            return result
+        result.calls, result.refusal, result.snapshot = calls, refusal, snapshot
+    return result
+
+
+def _chat_view(snapshot: Any, stream_id: str) -> tuple[dict[str, Call], str | None]:
+    calls: dict[str, Call] = {}
     refusal = None
-    for choice in snapshot.choices:
-        suffix = "" if choice.index == 0 else f":{choice.index}"
-        for call in choice.message.tool_calls or []:
-            calls.append((call.id + suffix, call.function.name, call.function.arguments))
-        refusal = refusal or choice.message.refusal
-    return SdkResult(calls, snapshot, refusal)
+    for position, choice in enumerate(snapshot.choices):
+        message = choice.message
+        for index, call in enumerate(getattr(message, "tool_calls", None) or []):
+            vendor_id = getattr(call, "id", None)
+            base = vendor_id if vendor_id is not None else f"{stream_id}:{position}:{index}"
+            call_id = base if position == 0 else f"{base}:{position}"
+            function = getattr(call, "function", None)
+            calls[str(call_id)] = Call(
+                getattr(function, "name", None), getattr(function, "arguments", None)
+            )
+        refusal = refusal or getattr(message, "refusal", None)
+    return calls, refusal
 
 
-def sdk_responses(events: Iterable[Mapping[str, Any]]) -> SdkResult:
+# -- OpenAI Responses -------------------------------------------------------------------------
+
+
+def sdk_responses(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") -> SdkResult:
+    """`ResponseStream`: events built leniently and handled by `ResponseStreamState`. The calls
+    are those of the final response (`response.completed`), else of the response an
+    `response.incomplete` / `response.failed` event hands the user, else the items so far."""
     state: ResponseStreamState[Any] = ResponseStreamState(input_tools=omit, text_format=omit)
-    arguments: dict[str, str] = {}
-    items: dict[str, tuple[str, str]] = {}
-    final = None
-    for raw in events:
-        event = construct_type(type_=ResponseStreamEvent, value=dict(raw))
-        for out in state.handle_event(event):  # type: ignore[arg-type]
-            if out.type == "response.output_item.added" and out.item.type == "function_call":
-                items[out.item.id] = (out.item.call_id, out.item.name)
-                arguments[out.item.id] = out.item.arguments
-            elif out.type == "response.function_call_arguments.delta":
-                arguments[out.item_id] = out.snapshot
-            elif out.type == "response.completed":
-                final = out.response
-    if final is not None:
-        calls = [
-            (item.call_id, item.name, item.arguments)
-            for item in final.output
-            if item.type == "function_call"
-        ]
-    else:
-        calls = [(*items[item_id], text) for item_id, text in arguments.items()]
-    return SdkResult(calls, final)
+    result = SdkResult()
+    final: Any = None
+    for number, raw in enumerate(events):
+        try:
+            if raw.get("error"):
+                raise RuntimeError("the stream's error event (openai.APIError)")
+            event = construct_type(type_=ResponseStreamEvent, value=copy.deepcopy(dict(raw)))
+            for out in state.handle_event(event):  # type: ignore[arg-type]
+                if out.type in ("response.completed", "response.incomplete", "response.failed"):
+                    final = out.response
+            items = final.output if final is not None else state._output_items.values()
+            calls = _responses_view(items)
+        except Exception as exc:
+            result.raised_at, result.error = number, f"{type(exc).__name__}: {exc}"
+            return result
+        result.calls, result.snapshot = calls, final
+    return result
 
 
-def sdk_anthropic(events: Iterable[Mapping[str, Any]]) -> SdkResult:
-    snapshot = None
+def _responses_view(items: Iterable[Any]) -> dict[str, Call]:
+    calls: dict[str, Call] = {}
+    for item in items or []:
+        if getattr(item, "type", None) == "function_call":
+            calls[str(item.call_id)] = Call(item.name, item.arguments)
+    return calls
+
+
+# -- Anthropic Messages -----------------------------------------------------------------------
+
+_PARTIAL_JSON = "Unable to parse tool parameter JSON from model"
+
+
+def sdk_anthropic(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") -> SdkResult:
+    """`MessageStream`: `ping` is skipped and `error` raises (as `Stream` does), events before
+    `message_start` are passed over, the rest accumulated and turned into the SDK's events.
+
+    The accumulator also parses each tool block's partial JSON and raises on text that cannot
+    begin a JSON value. That judges the model's text, which the gate does for each call (a call
+    whose text is not JSON is never accepted), not the stream's structure: the oracle records the
+    text as the accumulator would have, and goes on."""
+    snapshot: Any = None
     buffers: dict[int, bytes] = {}
-    for event in events:
-        if event["type"] == "error":
-            continue
-        snapshot = accumulate_event(
-            event=dict(event),  # type: ignore[arg-type]
-            current_snapshot=snapshot,
-            json_bufs=buffers,
-        )
-    assert snapshot is not None
-    calls = [
-        (block.id, block.name, buffers.get(index, b"").decode())
-        for index, block in enumerate(snapshot.content)
-        if block.type == "tool_use"
+    result = SdkResult()
+    for number, raw in enumerate(events):
+        try:
+            kind = raw.get("type")
+            if kind == "error":
+                raise RuntimeError("the stream's error event (anthropic.APIStatusError)")
+            if kind == "ping":
+                continue
+            event: Any = anthropic_construct(
+                type_=RawMessageStreamEvent, value=copy.deepcopy(dict(raw))
+            )
+            if snapshot is None and event.type != "message_start":
+                continue
+            try:
+                snapshot = accumulate_event(
+                    event=event, current_snapshot=snapshot, json_bufs=buffers
+                )
+            except ValueError as exc:
+                if not str(exc).startswith(_PARTIAL_JSON):
+                    raise
+                buffers[event.index] = buffers.get(event.index, b"") + bytes(
+                    event.delta.partial_json, "utf-8"
+                )
+            build_events(event=event, message_snapshot=snapshot)
+            calls = {
+                str(block.id): Call(block.name, buffers.get(index, b"").decode())
+                for index, block in enumerate(snapshot.content)
+                if getattr(block, "type", None) == "tool_use"
+            }
+        except Exception as exc:
+            result.raised_at, result.error = number, f"{type(exc).__name__}: {exc}"
+            return result
+        result.calls, result.snapshot = calls, snapshot
+    return result
+
+
+SDK = {CHAT: sdk_chat, RESPONSES: sdk_responses, ANTHROPIC: sdk_anthropic}
+
+
+def sdk_calls(fmt: str, events: Iterable[Mapping[str, Any]], stream_id: str = "s1") -> SdkResult:
+    """What the SDK of `fmt` makes of `events`. Its pydantic models warn when they serialize a
+    value of a type they do not expect (what mutated streams hand them on purpose): a warning is
+    not the SDK's answer, so warnings are not errors here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return SDK[fmt](events, stream_id)
+
+
+# -- our side ---------------------------------------------------------------------------------
+
+
+class Record(NamedTuple):
+    """A vendor record as the worker fetches it."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+def records(
+    fmt: str,
+    values: Iterable[bytes],
+    stream_id: str = "s1",
+    *,
+    topic: str = "in",
+    partition: int = 0,
+    start: int = 0,
+    headers: Mapping[str, str] | None = None,
+    step_ms: int = 10,
+) -> list[Record]:
+    """Vendor records of one stream (key = stream id, `content-format` = `fmt`), `step_ms` apart
+    (record time: the reassembler's clock)."""
+    extra = tuple((name, value.encode()) for name, value in (headers or {}).items())
+    head = () if fmt == ENVELOPE else (("content-format", fmt.encode()),)
+    key = None if fmt == ENVELOPE else stream_id.encode()
+    return [
+        Record(topic, partition, start + i, (start + i) * step_ms, key, value, head + extra)
+        for i, value in enumerate(values)
     ]
-    return SdkResult(calls, snapshot)
 
 
-SDK = {
-    "openai.chat": sdk_chat,
-    "openai.responses": sdk_responses,
-    "anthropic.messages": sdk_anthropic,
-}
+#: the reassembler's bounds in these tests (the settings' defaults)
+_DEFAULTS = Settings()
 
 
-def sdk_calls(fmt: str, events: Iterable[Mapping[str, Any]]) -> SdkResult:
-    return SDK[fmt](events)
+def assembler(**overrides: int) -> Assembler:
+    limits, assembly = _DEFAULTS.limits, _DEFAULTS.assembly
+    bounds = {
+        "max_call_bytes": limits.max_bytes,
+        "max_call_chunks": limits.max_chunks,
+        "max_open_calls_per_partition": limits.max_open_calls_per_partition,
+        "max_id_bytes": limits.max_id_bytes,
+        "max_detail_bytes": limits.max_message_bytes,
+        "idle_timeout_ms": round(assembly.idle_timeout_s * 1000),
+        "max_call_lifetime_ms": round(assembly.max_call_lifetime_s * 1000),
+        "recently_closed_per_partition": limits.recently_closed_per_partition,
+        **overrides,
+    }
+    return Assembler(**bounds)
 
 
-def chunks_of(fmt: str, values: Iterable[bytes], stream_id: str = "s1") -> list[Chunk]:
-    decoder = Decoder()
-    out: list[Chunk] = []
-    for value in values:
-        out += decoder.decode(value, fmt=fmt, key=stream_id.encode())
-    return out
+def decoder() -> Decoder:
+    return Decoder(max_streams_per_partition=_DEFAULTS.limits.max_open_calls_per_partition)
+
+
+def chunks_of(
+    fmt: str,
+    values: Iterable[bytes],
+    stream_id: str = "s1",
+    *,
+    headers: Mapping[str, str] | None = None,
+) -> list[Chunk]:
+    """The chunks the decoder makes of one stream's records."""
+    dec = decoder()
+    return [
+        chunk
+        for rec in records(fmt, values, stream_id, headers=headers)
+        for chunk in dec.decode(rec, fmt)
+    ]
 
 
 def assemble(
@@ -122,16 +294,43 @@ def assemble(
     stream_id: str = "s1",
     *,
     flush: bool = True,
+    headers: Mapping[str, str] | None = None,
 ) -> list[AssembledCall]:
-    decoder = Decoder()
-    reassembler = Reassembler(AssemblyLimits())
-    done: list[AssembledCall] = []
-    for offset, value in enumerate(values):
-        for chunk in decoder.decode(value, fmt=fmt, key=stream_id.encode()):
-            done += reassembler.feed(chunk, topic="t", partition=0, offset=offset, now=0.0)
-    if flush:
-        done += reassembler.flush()
-    return done
+    """Decoder and native reassembler on one stream: every call it closes."""
+    dec, asm = decoder(), assembler()
+    batch = records(fmt, values, stream_id, headers=headers)
+    done = list(asm.feed_records("in", 0, batch, dec.decode))
+    return done + list(asm.flush()) if flush else done
+
+
+def permissive_contracts(directory: Path, tools: Iterable[str]) -> Path:
+    """A contracts directory where each of `tools` takes any JSON object."""
+    domain = directory / "any"
+    domain.mkdir(parents=True, exist_ok=True)
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}
+    for tool in sorted(set(tools)):
+        (domain / f"{tool}.v1.schema.json").write_bytes(orjson.dumps(schema))
+    return directory
+
+
+class Gate:
+    """The worker's whole path (`worker.compose`) on one contracts directory, a fresh processor
+    (decoder and reassembler state) per run."""
+
+    def __init__(self, contracts: Path, **limits: Any) -> None:
+        self.settings = load_settings(schemas={"dir": contracts}, limits=limits)
+        self.registry = build_registry(self.settings)
+
+    def processor(self) -> Processor:
+        return build_processor(self.settings, self.registry)
+
+    def run(self, batches: Sequence[Sequence[Record]], *, flush: bool = True) -> list[Emission]:
+        processor = self.processor()
+        out: list[Emission] = []
+        for batch in batches:
+            if batch:
+                out += processor.feed(batch[0].topic, batch[0].partition, batch)
+        return out + processor.flush() if flush else out
 
 
 def encode(events: Iterable[Mapping[str, Any]]) -> list[bytes]:

@@ -94,7 +94,8 @@ def responses_stream(
 
     `parallel` interleaves the calls' argument deltas (each call keeps its own order); with
     `cut_after=k` the stream stops after k argument deltas in total and ends with
-    `response.incomplete` (`incomplete_reason`), leaving the calls that were mid-way open.
+    `response.incomplete` (`incomplete_reason`), leaving the calls that were mid-way open; its
+    output lists every item added, as the API reports a cut response.
     """
     events: list[Event] = [
         {"type": "response.created", "response": _response(response_id, "in_progress", [])},
@@ -158,7 +159,7 @@ def responses_stream(
                 "response": _response(
                     response_id,
                     "incomplete",
-                    [],
+                    _cut_output(events, items, calls),
                     incomplete_details={"reason": incomplete_reason},
                 ),
             }
@@ -167,6 +168,26 @@ def responses_stream(
         for number, event in enumerate(events):
             event["sequence_number"] = number
     return events
+
+
+def _cut_output(events: list[Event], items: list[str], calls: Sequence[Call]) -> list[Event]:
+    """The output of a response cut after `events`: every item added, finished ones whole,
+    the one being streamed with the text it had (status `incomplete`), as the API reports it."""
+    added: dict[int, str] = {}
+    done: set[int] = set()
+    for event in events:
+        if event["type"] == "response.output_item.added":
+            added[event["output_index"]] = ""
+        elif event["type"] == "response.function_call_arguments.delta":
+            added[event["output_index"]] += event["delta"]
+        elif event["type"] == "response.output_item.done":
+            done.add(event["output_index"])
+    return [
+        _item(items[index], calls[index], calls[index][2], "completed")
+        if index in done
+        else _item(items[index], calls[index], text, "incomplete")
+        for index, text in sorted(added.items())
+    ]
 
 
 # -- OpenAI Chat Completions ------------------------------------------------------------------

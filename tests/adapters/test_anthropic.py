@@ -1,4 +1,5 @@
-"""The Anthropic Messages adapter: tool blocks, max_tokens, server tools, refusal, errors."""
+"""The Anthropic Messages adapter: tool blocks, max_tokens, server tools, refusal, errors, and every
+event it cannot place breaking the calls it could belong to."""
 
 from __future__ import annotations
 
@@ -8,57 +9,63 @@ from typing import Any
 import pytest
 
 from tests.adapters import streamgen
-from tests.adapters.oracles import assemble, chunks_of, encode, sdk_calls
+from tests.adapters.oracles import ANTHROPIC, assemble, chunks_of, encode, sdk_calls
 from worker.adapters.anthropic import AnthropicAdapter
 from worker.errors import InputFormatError
 from worker.model import ChunkKind, FinishReason, IncompleteReason
 
-FMT = "anthropic.messages"
 TWO = [
     ("toolu_1", "get_weather", streamgen.WEATHER[2]),
     ("toolu_2", "run_shell", streamgen.SHELL[2]),
 ]
 
 
-def test_max_tokens_with_two_tool_blocks_keeps_the_closed_one_and_cuts_the_open_one() -> None:
-    events = streamgen.anthropic_stream(
-        "m1", TWO, random.Random(3), stop_reason="max_tokens", cut_last_after=3
-    )
-    chunks = chunks_of(FMT, encode(events))
-    assert [c.call_id for c in chunks if c.final] == ["toolu_1"]
-    assert chunks[-1].finish_reason is FinishReason.LENGTH
-    done = {c.call_id: c for c in assemble(FMT, encode(events), flush=False)}
-    assert done["toolu_1"].incomplete is None
-    assert done["toolu_1"].arguments.decode() == TWO[0][2]
-    assert done["toolu_2"].incomplete is IncompleteReason.MAX_TOKENS
+def stream(calls: list[tuple[str, str, str]] = TWO[:1], **options: Any) -> list[dict[str, Any]]:
+    """message_start, a text block (0), a tool_use block per call (1, 2, ...), the end."""
+    return streamgen.anthropic_stream("m1", calls, random.Random(1), **options)
+
+
+def outcomes(events: list[dict[str, Any]]) -> dict[str, str]:
+    return {
+        call.call_id: call.incomplete or call.assembly_error or "complete"
+        for call in assemble(ANTHROPIC, encode(events))
+    }
+
+
+def delta(index: int, kind: str = "input_json_delta", **fields: Any) -> dict[str, Any]:
+    return {"type": "content_block_delta", "index": index, "delta": {"type": kind, **fields}}
+
+
+def test_a_tool_block_streams_its_input_and_is_released_at_message_stop() -> None:
+    events = stream()
+    chunks = chunks_of(ANTHROPIC, encode(events))
+    pieces = [c for c in chunks if c.kind == ChunkKind.TOOL_CALL]
+    assert (pieces[0].tool, pieces[0].delta) == ("get_weather", "")  # the opening chunk
+    assert all(p.delta for p in pieces[1:-1])  # the first empty partial_json yields no chunk
+    assert "".join(p.delta for p in pieces) == TWO[0][2]
+    stop = next(i for i, e in enumerate(events) if e["type"] == "content_block_stop" and e["index"])
+    assert not any(c.final for c in chunks_of(ANTHROPIC, encode(events[: stop + 1])))
+    assert pieces[-1].final
+    assert (chunks[-1].kind, chunks[-1].finish_reason) == (ChunkKind.END, FinishReason.TOOL_CALLS)
+
+
+def test_max_tokens_with_two_tool_blocks_keeps_the_stopped_one_and_cuts_the_open_one() -> None:
+    events = stream(TWO, stop_reason="max_tokens", cut_last_after=3)
+    assert outcomes(events) == {"toolu_1": "complete", "toolu_2": IncompleteReason.MAX_TOKENS}
     # the SDK's partial parse of the cut block looks like usable arguments
-    sdk = sdk_calls(FMT, events)
+    sdk = sdk_calls(ANTHROPIC, events)
     cut = [b for b in sdk.snapshot.content if b.type == "tool_use"][-1]
     assert isinstance(cut.input, dict)
-    assert done["toolu_2"].arguments.decode() == sdk.calls[-1][2]
 
 
 def test_model_context_window_exceeded_is_a_length_stop() -> None:
-    events = streamgen.anthropic_stream(
-        "m2", TWO, random.Random(3), stop_reason="model_context_window_exceeded", cut_last_after=2
-    )
-    done = {c.call_id: c for c in assemble(FMT, encode(events), flush=False)}
-    assert done["toolu_2"].incomplete is IncompleteReason.MAX_TOKENS
+    events = stream(TWO, stop_reason="model_context_window_exceeded", cut_last_after=2)
+    assert outcomes(events)["toolu_2"] == IncompleteReason.MAX_TOKENS
 
 
 def test_server_tool_use_blocks_are_not_client_calls() -> None:
-    events = streamgen.anthropic_stream("m3", TWO[:1], random.Random(1), server_tool=True)
-    done = assemble(FMT, encode(events))
-    assert [c.call_id for c in done] == ["toolu_1"]
-    assert all(c.call_id.startswith("toolu_") for c in chunks_of(FMT, encode(events)) if c.call_id)
-
-
-def test_the_first_empty_partial_json_yields_no_chunk() -> None:
-    events = streamgen.anthropic_stream("m4", TWO[:1], random.Random(1))
-    pieces = [c.delta for c in chunks_of(FMT, encode(events)) if c.kind is ChunkKind.TOOL_CALL]
-    assert pieces[0] == ""  # the opening chunk, carrying the name
-    assert all(pieces[1:-1])
-    assert "".join(pieces) == TWO[0][2]
+    events = stream(server_tool=True)
+    assert outcomes(events) == {"toolu_1": "complete"}
 
 
 @pytest.mark.parametrize(
@@ -74,14 +81,18 @@ def test_the_first_empty_partial_json_yields_no_chunk() -> None:
     ],
 )
 def test_stop_reasons_are_normalized(reason: str, finish: FinishReason | None) -> None:
-    events = streamgen.anthropic_stream("m5", [], random.Random(1), stop_reason=reason)
-    assert chunks_of(FMT, encode(events))[-1].finish_reason is finish
+    assert chunks_of(ANTHROPIC, encode(stream([], stop_reason=reason)))[-1].finish_reason == finish
+
+
+@pytest.mark.parametrize("reason", ["refusal", "something_new"])
+def test_stopped_blocks_are_released_only_after_a_normal_or_length_stop(reason: str) -> None:
+    assert outcomes(stream(stop_reason=reason))["toolu_1"] == IncompleteReason.STREAM_ENDED
 
 
 def test_a_refusal_becomes_a_refusal_chunk_then_end() -> None:
-    events = streamgen.anthropic_stream("m6", [], random.Random(1), stop_reason="refusal")
+    events = stream([], stop_reason="refusal")
     events[-2]["delta"]["stop_details"] = {"type": "refusal", "explanation": "Not allowed."}
-    chunks = chunks_of(FMT, encode(events), stream_id="z")
+    chunks = chunks_of(ANTHROPIC, encode(events), stream_id="z")
     refusal, end = chunks[-2:]
     assert (refusal.kind, refusal.call_id, refusal.delta, refusal.final) == (
         ChunkKind.REFUSAL,
@@ -89,45 +100,199 @@ def test_a_refusal_becomes_a_refusal_chunk_then_end() -> None:
         "Not allowed.",
         True,
     )
-    assert end.finish_reason is FinishReason.REFUSAL
+    assert end.finish_reason == FinishReason.REFUSAL
 
 
-def test_an_error_event_ends_the_stream_and_open_calls_are_not_complete() -> None:
-    events = streamgen.anthropic_stream("m7", TWO[:1], random.Random(1))[:8]
-    events.append(
-        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded: 'x'"}}
-    )
-    chunks = chunks_of(FMT, encode(events))
-    error = next(c for c in chunks if c.kind is ChunkKind.ERROR)
+def test_an_error_event_ends_the_stream_and_releases_nothing() -> None:
+    events = stream(TWO)
+    second = next(i for i, e in enumerate(events) if e.get("index") == 2)
+    events = [
+        *events[:second],
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded: 'x'"}},
+    ]
+    chunks = chunks_of(ANTHROPIC, encode(events))
+    error = next(c for c in chunks if c.kind == ChunkKind.ERROR)
     assert (error.delta, error.final) == ("overloaded_error", True)
-    assert chunks[-1].finish_reason is FinishReason.ERROR
-    calls = {c.call_id: c for c in assemble(FMT, encode(events), flush=False)}
-    assert calls["toolu_1"].incomplete is IncompleteReason.STREAM_ENDED
+    assert chunks[-1].finish_reason == FinishReason.ERROR
+    assert outcomes(events)["toolu_1"] == IncompleteReason.STREAM_ENDED  # stopped, never released
 
 
-def _fed(events: list[dict[str, Any]]) -> None:
-    adapter = AnthropicAdapter("s", {})
-    for event in events:
-        adapter.feed(event)
+def _at(events: list[dict[str, Any]], kind: str, index: int | None = None) -> int:
+    return next(
+        i
+        for i, e in enumerate(events)
+        if e["type"] == kind and (index is None or e.get("index") == index)
+    )
+
+
+def _insert(kind: str, index: int | None, event: dict[str, Any], after: bool = False) -> Any:
+    def change(events: list[dict[str, Any]]) -> None:
+        events.insert(_at(events, kind, index) + after, event)
+
+    return change
+
+
+def _set(kind: str, index: int | None, path: tuple[str, ...], value: Any) -> Any:
+    def change(events: list[dict[str, Any]]) -> None:
+        target = events[_at(events, kind, index)]
+        for step in path[:-1]:
+            target = target[step]
+        if value is _DELETE:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+
+    return change
+
+
+_DELETE = object()
+BLOCK_START = "content_block_start"
+BLOCK_DELTA = "content_block_delta"
+#: (a change of the one-call stream, what its malformed record says): each breaks toolu_1
+BROKEN = {
+    "partial_json a number": (
+        _insert(BLOCK_DELTA, 1, delta(1, partial_json=100000), after=True),
+        "'delta.partial_json' must be a string",
+    ),
+    "a text_delta in the tool_use block": (
+        _insert(BLOCK_DELTA, 1, delta(1, "text_delta", text="}"), after=True),
+        "a tool_use block takes no text_delta",
+    ),
+    "an unknown delta type in the tool_use block": (
+        _insert(BLOCK_DELTA, 1, delta(1, "new_delta", text="}"), after=True),
+        "a tool_use block takes no new_delta",
+    ),
+    "a delta for a block never started": (
+        _insert(BLOCK_DELTA, 1, delta(7, partial_json="}"), after=True),
+        "block 7 is not the open block",
+    ),
+    "a delta for the stopped text block": (
+        _insert(BLOCK_DELTA, 1, delta(0, "text_delta", text="x"), after=True),
+        "block 0 is not the open block",
+    ),
+    "a delta after the tool block stopped": (
+        _insert("content_block_stop", 1, delta(1, partial_json=" "), after=True),
+        "block 1 is not the open block",
+    ),
+    "a second stop": (
+        _insert("content_block_stop", 1, {"type": "content_block_stop", "index": 1}, True),
+        "block 1 is not the open block",
+    ),
+    "a block started again": (
+        _insert("content_block_stop", 1, {"type": BLOCK_START, "index": 1, "content_block": {}}),
+        "starts while block 1 is open",
+    ),
+    "a block after the message_delta": (
+        _insert("message_delta", None, {"type": BLOCK_START, "index": 2}, after=True),
+        "starts after the message_delta",
+    ),
+    "a delta after the message_delta": (
+        _insert("message_delta", None, delta(1, partial_json=" "), after=True),
+        "block 1 is not the open block",
+    ),
+    "message_delta without usage": (
+        _set("message_delta", None, ("usage",), _DELETE),
+        "'usage' must be an object",
+    ),
+    "message_delta without a delta": (
+        _set("message_delta", None, ("delta",), "end_turn"),
+        "'delta' must be an object",
+    ),
+    "message_stop without message_delta": (
+        _set("message_delta", None, ("type",), "unknown_event"),
+        "without a message_delta",
+    ),
+}
+#: (a change of the stream's tool block start, what its malformed record says): the call never
+#: opens, and the stream's later records are dropped
+BROKEN_START = {
+    "a block out of order": (_set(BLOCK_START, 1, ("index",), 2), "the next block is 1, not 2"),
+    "a tool_use without a name": (
+        _set(BLOCK_START, 1, ("content_block", "name"), _DELETE),
+        "'name' must be a non-empty string",
+    ),
+    "a tool_use with its input given": (
+        _set(BLOCK_START, 1, ("content_block", "input"), {"amount": 1}),
+        "starts with an empty input",
+    ),
+    "a text block without its text": (
+        _set(BLOCK_START, 0, ("content_block", "text"), None),
+        "'text' must be a string",
+    ),
+    "a second message_start": (
+        _insert(BLOCK_START, 1, {"type": "message_start", "message": {"content": []}}),
+        "already started",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", BROKEN)
+def test_an_event_that_cannot_be_placed_breaks_the_tool_call(what: str) -> None:
+    change, message = BROKEN[what]
+    events = stream()
+    change(events)
+    calls = {c.call_id: c for c in assemble(ANTHROPIC, encode(events))}
+    (record,) = [c for c in calls.values() if c.assembly_error == "malformed_record"]
+    assert message in (record.assembly_detail or "")
+    assert calls["toolu_1"].incomplete == IncompleteReason.STREAM_CORRUPT
+
+
+@pytest.mark.parametrize("what", BROKEN_START)
+def test_a_start_that_cannot_be_placed_opens_no_call(what: str) -> None:
+    change, message = BROKEN_START[what]
+    events = stream()
+    change(events)
+    (record,) = assemble(ANTHROPIC, encode(events))
+    assert record.assembly_error == "malformed_record"
+    assert message in (record.assembly_detail or "")
+
+
+def test_a_bad_event_after_a_blocks_stop_still_breaks_it_as_it_is_held() -> None:
+    events = stream(TWO)
+    events.insert(_at(events, BLOCK_START, 2), delta(1, partial_json="}"))  # after block 1 stopped
+    assert outcomes(events) == {
+        f"record:in:0:{_at(events, BLOCK_START, 2) - 1}": "malformed_record",
+        "toolu_1": IncompleteReason.STREAM_CORRUPT,
+    }
 
 
 @pytest.mark.parametrize(
-    ("mutate", "message"),
+    "first",
     [
-        (lambda e: e.insert(7, {"type": "content_block_delta", "index": 9, "delta": {}}), "never"),
-        (lambda e: e.append({"type": "ping"}), "after the end of the stream"),
-        (
-            lambda e: e.insert(7, {"type": "content_block_stop", "index": 1}),
-            "after its stop|already stopped",
-        ),
-        (lambda e: e[5]["content_block"].pop("name"), "'name'"),
-        (lambda e: e[6]["delta"].update(partial_json=None), "partial_json"),
-        (lambda e: e.insert(6, dict(e[5])), "already started"),
+        {"type": BLOCK_START, "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "message_start", "message": {"content": [{"type": "text"}], "usage": {}}},
+        {"type": "message_start", "message": {"content": []}},
     ],
+    ids=["no message_start", "a message_start with content", "a message_start without usage"],
 )
-def test_malformed_events_raise(mutate: Any, message: str) -> None:
-    events = streamgen.anthropic_stream("m8", TWO[:1], random.Random(1))
-    assert events[5]["type"] == "content_block_start"
-    mutate(events)
-    with pytest.raises(InputFormatError, match=message):
-        _fed(events)
+def test_a_stream_must_start_with_an_empty_message_start(first: dict[str, Any]) -> None:
+    adapter = AnthropicAdapter("s", {}, None, max_calls=10)
+    with pytest.raises(InputFormatError, match=r"message_start|content|usage"):
+        adapter.feed(first)
+
+
+def test_the_adapter_refuses_events_after_its_end_and_names_no_call_then() -> None:
+    adapter = AnthropicAdapter("s", {}, None, max_calls=10)
+    for event in stream():
+        adapter.feed(event)
+    assert (adapter.finished, adapter.open_calls(), adapter.held) == (True, [], 0)
+    with pytest.raises(InputFormatError, match="after the end of the stream"):
+        adapter.feed({"type": "ping"})
+
+
+def test_open_calls_names_stopped_blocks_until_message_stop() -> None:
+    adapter = AnthropicAdapter("s", {}, None, max_calls=10)
+    events = stream(TWO)
+    for event in events[: _at(events, BLOCK_START, 2)]:
+        adapter.feed(event)
+    assert (adapter.open_calls(), adapter.held) == (["toolu_1"], 1)
+
+
+def test_a_stream_past_its_bound_of_calls_is_broken() -> None:
+    adapter = AnthropicAdapter("s", {}, None, max_calls=1)
+    events = stream(TWO)
+    for event in events[: _at(events, BLOCK_START, 2)]:
+        adapter.feed(event)
+    with pytest.raises(InputFormatError, match="more than 1 calls"):
+        adapter.feed(events[_at(events, BLOCK_START, 2)])
+    assert adapter.open_calls() == ["toolu_1"]

@@ -1,14 +1,33 @@
-"""The decoder: format dispatch, strict parsing of vendor events, per-scope state."""
+"""The decoder: format dispatch, strict parsing of vendor events, failing closed per stream, the
+per-partition bounds on streams and on the calls they hold."""
 
 from __future__ import annotations
 
+import logging
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
 import pytest
 
+from tests.adapters import streamgen
+from tests.adapters.oracles import ANTHROPIC, CHAT, MCP, Record, encode, records
+from worker._native import Chunk
+from worker.adapters import decoder as decoder_module
 from worker.adapters.decoder import Decoder, formats
-from worker.errors import InputFormatError
 from worker.model import ChunkKind
 
 RESULT = b'{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":false}}'
+
+
+def one(value: bytes, fmt: str = MCP, key: bytes | None = b"s", **headers: str) -> list[Chunk]:
+    (record,) = records(fmt, [value], headers={"tool": "t", **headers})
+    return Decoder(max_streams_per_partition=10).decode(record._replace(key=key), fmt)
+
+
+def kinds(chunks: list[Chunk]) -> list[tuple[str, str | None]]:
+    return [(c.kind, c.call_id) for c in chunks]
 
 
 def test_every_format_is_listed() -> None:
@@ -23,77 +42,177 @@ def test_every_format_is_listed() -> None:
 
 def test_a_vendor_event_with_a_duplicate_key_is_refused_not_merged() -> None:
     smuggled = b'{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":true,"isError":false}}'
-    with pytest.raises(InputFormatError, match=r"duplicate_key at /result/isError"):
-        Decoder().decode(smuggled, fmt="mcp.result", key=b"s", headers={"tool": "t"})
+    (chunk,) = one(smuggled)
+    assert (chunk.kind, chunk.error) == (ChunkKind.MALFORMED, "malformed_record")
+    assert "duplicate_key at /result/isError" in chunk.delta
 
 
 def test_a_vendor_event_with_a_huge_integer_is_refused() -> None:
-    with pytest.raises(InputFormatError, match="not strict JSON"):
-        Decoder().decode(
-            b'{"jsonrpc":"2.0","id":123456789012345678901234,"result":{}}',
-            fmt="mcp.result",
-            key=b"s",
-            headers={"tool": "t"},
-        )
+    (chunk,) = one(b'{"jsonrpc":"2.0","id":123456789012345678901234,"result":{}}')
+    assert "not strict JSON" in chunk.delta
+
+
+def test_an_event_that_is_not_an_object_is_refused() -> None:
+    (chunk,) = one(b"[1]")
+    assert "must be a JSON object" in chunk.delta
 
 
 def test_vendor_records_need_a_key_and_a_known_format() -> None:
-    with pytest.raises(InputFormatError, match="stream id as its key"):
-        Decoder().decode(RESULT, fmt="mcp.result", headers={"tool": "t"})
-    with pytest.raises(InputFormatError, match=r"unknown content-format 'x\.y'"):
-        Decoder().decode(RESULT, fmt="x.y", key=b"s")
+    (chunk,) = one(RESULT, key=None)
+    assert (chunk.kind, chunk.stream_id) == (ChunkKind.MALFORMED, "")
+    assert "stream id (UTF-8) as its key" in chunk.delta
+    (chunk,) = one(RESULT, fmt="x.y")
+    assert "unknown content-format 'x.y'" in chunk.delta
 
 
-def test_state_is_kept_per_scope_and_dropped_with_it() -> None:
-    decoder = Decoder()
-    start = (
-        b'{"type":"content_block_start","index":0,'
-        b'"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}'
+def _anthropic(stream_id: str, calls: int = 1, seed: int = 1) -> list[bytes]:
+    rng = random.Random(seed)
+    tools = [(f"toolu_{stream_id}_{i}", "t", streamgen.arguments(rng)) for i in range(calls)]
+    return encode(streamgen.anthropic_stream(f"m_{stream_id}", tools, rng))
+
+
+def _tool_starts(values: list[bytes]) -> list[int]:
+    return [i for i, v in enumerate(values) if b'"tool_use"' in v and b"block_start" in v]
+
+
+def test_a_bad_event_aborts_every_call_the_stream_holds_and_drops_its_later_records() -> None:
+    values = _anthropic("a", calls=2)
+    bad = _tool_starts(values)[1] + 1  # the second block is open, the first stopped and held
+    values[bad] = b'{"type":"content_block_delta","index":2,"delta":{"type":"text_delta"}}'
+    dec = Decoder(max_streams_per_partition=10)
+    out = [
+        chunk for record in records(ANTHROPIC, values) for chunk in dec.decode(record, ANTHROPIC)
+    ]
+    malformed = next(i for i, c in enumerate(out) if c.kind == ChunkKind.MALFORMED)
+    assert kinds(out[malformed + 1 :]) == [
+        (ChunkKind.ABORT, "toolu_a_0"),
+        (ChunkKind.ABORT, "toolu_a_1"),
+    ]
+    assert dec.dropped_records == len(values) - bad - 1
+
+
+class _Buggy:
+    """An adapter with a bug: it holds one call, then fails on its second event."""
+
+    def __init__(self, stream_id: str, headers: Mapping[str, str], state: Any, *, max_calls: int):
+        self.events = 0
+
+    def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
+        self.events += 1
+        if self.events == 2:
+            raise KeyError("bug")
+        return [Chunk("s", ChunkKind.TOOL_CALL, "c1", tool="t")]
+
+    def open_calls(self) -> list[str]:
+        return ["c1"]
+
+    held = 1
+    finished = False
+
+    def state(self) -> Any:
+        return None
+
+
+def test_an_adapter_bug_is_the_records_internal_error_and_is_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(decoder_module.ADAPTERS, CHAT, _Buggy)
+    dec = Decoder(max_streams_per_partition=10)
+    first, second = records(CHAT, [b"{}", b"{}"], "s")
+    dec.decode(first, CHAT)
+    with caplog.at_level(logging.ERROR, logger="callgate.decoder"):
+        out = dec.decode(second, CHAT)
+    assert kinds(out) == [(ChunkKind.MALFORMED, None), (ChunkKind.ABORT, "c1")]
+    assert (out[0].error, out[0].delta) == (
+        "internal_error",
+        "openai.chat: callgate failed to decode this record (KeyError)",
     )
-    for scope in ("p0", "p1"):
-        (chunk,) = decoder.decode(start, fmt="anthropic.messages", key=b"s", scope=scope)
-        assert (chunk.kind, chunk.call_id, chunk.tool) == (
-            ChunkKind.TOOL_CALL,
-            "toolu_1",
-            "get_weather",
-        )
-    assert decoder.open_streams == 2
-    decoder.drop_scope("p0")
-    assert decoder.open_streams == 1
+    assert "internal error decoding openai.chat record in[0]@1" in caplog.text
 
 
-MESSAGE_START = (
-    b'{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant",'
-    b'"model":"m","content":[],"stop_reason":null,"usage":{"input_tokens":1,"output_tokens":1}}}'
-)
-MESSAGE_STOP = b'{"type":"message_stop"}'
+def test_streams_are_kept_per_partition_and_dropped_with_it() -> None:
+    dec = Decoder(max_streams_per_partition=10)
+    start = _anthropic("a")[:2]
+    for partition in (0, 1):
+        for record in records(ANTHROPIC, start, "a", partition=partition):
+            dec.decode(record, ANTHROPIC)
+    assert len(dec.state("in", 0, full=True)["streams"]) == 1
+    dec.drop("in", 0)
+    assert dec.state("in", 0, full=True)["streams"] == []
+    assert len(dec.state("in", 1, full=True)["streams"]) == 1
 
 
-def test_an_open_vendor_stream_holds_the_safe_offset_until_it_finishes() -> None:
-    decoder = Decoder()
-    assert decoder.safe_offset("p0") is None
-    decoder.decode(MESSAGE_START, fmt="anthropic.messages", key=b"a", scope="p0", offset=3)
-    decoder.decode(MESSAGE_START, fmt="anthropic.messages", key=b"b", scope="p0", offset=5)
-    assert decoder.safe_offset("p0") == 3
-    decoder.decode(MESSAGE_STOP, fmt="anthropic.messages", key=b"a", scope="p0", offset=9)
-    assert decoder.safe_offset("p0") == 5
-    decoder.decode(MESSAGE_STOP, fmt="anthropic.messages", key=b"b", scope="p0", offset=10)
-    assert decoder.safe_offset("p0") is None
-    assert decoder.open_streams == 0
+def _feed(dec: Decoder, stream: str, values: list[bytes], offset: int) -> list[Chunk]:
+    out: list[Chunk] = []
+    for record in records(ANTHROPIC, values, stream, start=offset):
+        out += dec.decode(record, ANTHROPIC)
+    return out
 
 
-def test_idle_vendor_streams_expire_by_the_callers_clock() -> None:
-    decoder = Decoder(idle_timeout_s=10)
-    decoder.decode(MESSAGE_START, fmt="anthropic.messages", key=b"a", scope="p", offset=0, now=0)
-    decoder.decode(MESSAGE_START, fmt="anthropic.messages", key=b"b", scope="p", offset=1, now=5)
-    assert decoder.expire(9.0) == 0
-    assert decoder.expire(10.0) == 1
-    assert decoder.safe_offset("p") == 1
+def test_past_the_bound_of_streams_the_least_recently_active_one_is_aborted() -> None:
+    dec = Decoder(max_streams_per_partition=2)
+    start = _tool_starts(_anthropic("a"))[0]
+    head = {name: _anthropic(name)[: start + 1] for name in "abc"}  # the tool block open
+    _feed(dec, "a", head["a"], 0)
+    _feed(dec, "b", head["b"], 10)
+    _feed(dec, "a", _anthropic("a")[start + 1 : start + 2], 20)  # a is more recent than b
+    out = _feed(dec, "c", head["c"], 30)
+    assert (ChunkKind.ABORT, "toolu_b_0") in kinds(out)
+    state = dec.state("in", 0, full=True)
+    assert [s[1] for s in state["streams"]] == ["a", "c"]
+    assert state["corrupt"] == [[ANTHROPIC, "b"]]
 
 
-def test_streams_past_the_bound_are_forgotten_oldest_first() -> None:
-    decoder = Decoder(max_streams=2)
-    for offset, key in enumerate((b"a", b"b", b"c")):
-        decoder.decode(MESSAGE_START, fmt="anthropic.messages", key=key, scope="p", offset=offset)
-    assert decoder.open_streams == 2
-    assert decoder.safe_offset("p") == 1
+def test_past_the_bound_of_calls_held_the_least_recently_active_stream_is_aborted() -> None:
+    dec = Decoder(max_streams_per_partition=4)
+    a = _anthropic("a", calls=3)
+    b = _anthropic("b", calls=2)
+    third_start = _tool_starts(a)[2]
+    _feed(dec, "a", a[:third_start], 0)  # a holds 2 calls
+    out = _feed(dec, "b", b, 100)  # b's second call makes 4 ... and b's end releases them
+    assert not [c for c in out if c.kind == ChunkKind.ABORT]
+    out = _feed(dec, "a", a[third_start:], 200)  # a holds 3 again: fits
+    assert not [c for c in out if c.kind == ChunkKind.ABORT]
+    c = _anthropic("c", calls=3)
+    out = _feed(dec, "c", c[:-1], 300)  # a finished; c's 3 calls fit
+    assert not [c for c in out if c.kind == ChunkKind.ABORT]
+    d = _anthropic("d", calls=2)
+    out = _feed(dec, "d", d, 400)  # d's second call makes 5 held: c is aborted
+    assert [x for x in kinds(out) if x[0] == ChunkKind.ABORT] == [
+        (ChunkKind.ABORT, f"toolu_c_{i}") for i in range(3)
+    ]
+
+
+def test_a_record_of_a_corrupt_stream_is_dropped_before_it_is_parsed() -> None:
+    dec = Decoder(max_streams_per_partition=10)
+    bad, later = records(ANTHROPIC, [b'{"type":"content_block_stop","index":0}', b"not json"], "s")
+    assert [c.kind for c in dec.decode(bad, ANTHROPIC)] == [ChunkKind.MALFORMED]
+    assert dec.decode(later, ANTHROPIC) == []
+    assert dec.dropped_records == 1
+
+
+def test_a_finished_stream_is_forgotten_and_its_id_may_start_again() -> None:
+    dec = Decoder(max_streams_per_partition=10)
+    values = _anthropic("a")
+    out = _feed(dec, "a", values, 0)
+    assert out[-1].kind == ChunkKind.END
+    assert dec.state("in", 0, full=True)["streams"] == []
+    again = _feed(dec, "a", values, 100)
+    assert [c.kind for c in again] == [c.kind for c in out]
+
+
+def test_headers_of_the_streams_first_record_reach_its_adapter() -> None:
+    dec = Decoder(max_streams_per_partition=10)
+    record = Record("in", 0, 0, 1, b"s", RESULT, (("content-format", b"mcp.result"),))
+    with_tool = record._replace(headers=(*record.headers, ("tool", b"t"), ("traceparent", b"tp")))
+    (chunk,) = dec.decode(with_tool, MCP)
+    assert (chunk.tool, chunk.traceparent, orjson.loads(chunk.delta)["id"]) == ("t", "tp", 7)
+
+
+def test_a_bad_mcp_result_breaks_only_itself() -> None:
+    dec = Decoder(max_streams_per_partition=10)
+    bad, good = records(MCP, [b'{"jsonrpc":"1.0"}', RESULT], "s", headers={"tool": "t"})
+    assert [c.kind for c in dec.decode(bad, MCP)] == [ChunkKind.MALFORMED]
+    (chunk,) = dec.decode(good, MCP)
+    assert (chunk.kind, chunk.call_id) == (ChunkKind.MCP_RESULT, "7")
+    assert dec.dropped_records == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -12,14 +13,32 @@ from tests.adapters.oracles import RECORDED
 from tests.datafiles import SCHEMAS, data_path
 from worker.adapters.input import read_records
 from worker.check import run_check
+from worker.compose import build_key_store, build_processor
 from worker.errors import InputFormatError
-from worker.settings import load_settings
+from worker.settings import Settings, load_settings
 
 GENERATED = data_path("generated")
 
 
 def records(data: bytes, fmt: str | None = None) -> list[bytes]:
     return list(read_records(io.BytesIO(data), fmt))
+
+
+def check(
+    settings: Settings,
+    source: io.BytesIO | io.BufferedReader,
+    out: io.BytesIO,
+    **options: Any,
+) -> None:
+    """`callgate check` on one input, as the command runs it."""
+    run_check(
+        build_processor(settings),
+        build_key_store(settings),
+        source,
+        out,
+        max_feedback_bytes=settings.limits.max_feedback_bytes,
+        **options,
+    )
 
 
 def test_json_lines_yield_one_record_per_line_and_a_bad_line_alone() -> None:
@@ -73,7 +92,7 @@ def test_callgate_check_accepts_each_format_as_sse_and_as_json_lines(
     outputs = []
     for body in (as_recorded, as_lines):
         out = io.BytesIO()
-        run_check(settings, io.BytesIO(body), out, name=path.name, fmt=fmt, stream_id="s1")
+        check(settings, io.BytesIO(body), out, name=path.name, fmt=fmt, stream_id="s1")
         events = [orjson.loads(line) for line in out.getvalue().splitlines()]
         assert len(events) == calls
         assert all(event["error_code"] != "malformed_record" for event in events)
@@ -86,7 +105,7 @@ def test_an_mcp_result_file_without_the_tool_header_is_a_malformed_record() -> N
     out = io.BytesIO()
     settings = load_settings(schemas={"dir": SCHEMAS})
     with path.open("rb") as source:
-        run_check(settings, source, out, name=path.name, fmt="mcp.result", stream_id="s1")
+        check(settings, source, out, name=path.name, fmt="mcp.result", stream_id="s1")
     (event,) = [orjson.loads(line) for line in out.getvalue().splitlines()]
     assert event["error_code"] == "malformed_record"
     assert "'tool' header" in orjson.dumps(event).decode()
@@ -97,7 +116,7 @@ def test_an_mcp_result_file_is_judged_with_the_tool_header_given() -> None:
     out = io.BytesIO()
     settings = load_settings(schemas={"dir": SCHEMAS})
     with path.open("rb") as source:
-        run_check(
+        check(
             settings,
             source,
             out,

@@ -7,11 +7,11 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.adapters.oracles import decoder, records
 from tests.datafiles import SCHEMAS, data_path
-from worker.adapters.decoder import Decoder
+from worker._native import Chunk
 from worker.adapters.input import read_records
-from worker.core.processor import InboundRecord, Processor
-from worker.errors import InputFormatError
+from worker.compose import build_processor
 from worker.model import ChunkKind, Outcome
 from worker.settings import load_settings
 
@@ -24,17 +24,20 @@ def result(name: str) -> Any:
     return orjson.loads((MCP / f"2026-07-28__{name}.json").read_bytes())
 
 
+def decode(value: bytes, headers: dict[str, str]) -> list[Chunk]:
+    (record,) = records(FMT, [value], "m1", headers=headers)
+    return decoder().decode(record, FMT)
+
+
 def test_one_record_is_one_final_mcp_result_chunk_with_the_message_text() -> None:
     path = MCP / "2026-07-28__CallToolResultResponse_call-tool-result-response.json"
     with path.open("rb") as fp:
         (value,) = read_records(fp, FMT)  # the spec prints it over many lines
-    decoder = Decoder()
-    (chunk,) = decoder.decode(value, fmt=FMT, key=b"m1", headers={"tool": TOOL})
-    assert chunk.kind is ChunkKind.MCP_RESULT
+    (chunk,) = decode(value, {"tool": TOOL})
+    assert chunk.kind == ChunkKind.MCP_RESULT
     assert (chunk.call_id, chunk.tool, chunk.final) == ("call-tool-example", TOOL, True)
     assert orjson.loads(chunk.delta) == orjson.loads(path.read_bytes())
-    assert decoder.open_streams == 0
-    (chunk,) = decoder.decode(value, fmt=FMT, key=b"m1", headers={"tool": TOOL, "call-id": "c9"})
+    (chunk,) = decode(value, {"tool": TOOL, "call-id": "c9"})
     assert chunk.call_id == "c9"
 
 
@@ -49,11 +52,12 @@ def test_one_record_is_one_final_mcp_result_chunk_with_the_message_text() -> Non
         ({"jsonrpc": "2.0", "id": 1, "method": "x", "result": {}}, {"tool": "t"}, "request"),
     ],
 )
-def test_malformed_records_raise(
+def test_malformed_records_are_malformed_chunks(
     message: dict[str, Any], headers: dict[str, str], error: str
 ) -> None:
-    with pytest.raises(InputFormatError, match=error):
-        Decoder().decode(orjson.dumps(message), fmt=FMT, key=b"m", headers=headers)
+    (chunk,) = decode(orjson.dumps(message), headers)
+    assert (chunk.kind, chunk.error) == (ChunkKind.MALFORMED, "malformed_record")
+    assert error in chunk.delta
 
 
 @pytest.mark.parametrize(
@@ -77,11 +81,10 @@ def test_malformed_records_raise(
 def test_spec_examples_through_the_whole_chain(
     payload: tuple[str, str], outcome: Outcome, detail: str | None
 ) -> None:
-    processor = Processor.from_settings(load_settings(schemas={"dir": SCHEMAS}))
+    processor = build_processor(load_settings(schemas={"dir": SCHEMAS}))
     member, name = payload
     value = orjson.dumps({"jsonrpc": "2.0", "id": "r1", member: result(name)})
-    headers = {"content-format": FMT, "tool": TOOL}
-    (emission,) = processor.feed(InboundRecord("mcp", 0, 0, b"m1", value, headers), now=0.0)
+    (emission,) = processor.feed("mcp", 0, records(FMT, [value], "m1", headers={"tool": TOOL}))
     verdict = emission.verdict
     assert verdict.outcome is outcome
     assert (verdict.code or verdict.reason) == detail

@@ -1,4 +1,5 @@
-"""The Chat Completions adapter: chunks, finish reasons, n > 1, refusals, errors, bad input."""
+"""The Chat Completions adapter: chunks, finish reasons, n > 1, refusals, errors, and every event
+it cannot place breaking the calls it could belong to."""
 
 from __future__ import annotations
 
@@ -10,57 +11,71 @@ import orjson
 import pytest
 
 from tests.adapters import streamgen
-from tests.adapters.oracles import assemble, chunks_of, encode
-from worker.adapters.decoder import Decoder
+from tests.adapters.oracles import (
+    CHAT,
+    Gate,
+    assemble,
+    chunks_of,
+    encode,
+    permissive_contracts,
+    records,
+)
 from worker.adapters.openai_chat import OpenAIChatAdapter
-from worker.core.processor import InboundRecord, Processor
 from worker.errors import InputFormatError
 from worker.model import ChunkKind, FinishReason, IncompleteReason, Outcome
-from worker.settings import load_settings
-
-FMT = "openai.chat"
 
 
 def chunk(index: int = 0, finish: str | None = None, **delta: Any) -> dict[str, Any]:
     return {
         "id": "chatcmpl-1",
         "object": "chat.completion.chunk",
-        "choices": [{"index": index, "delta": delta, "finish_reason": finish}],
+        "created": 1727346178,
+        "model": "gpt-4o-2024-08-06",
+        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}],
     }
 
 
-def tool(index: int, arguments: str, call_id: str | None = None, name: str | None = None) -> Any:
+def tool(index: int, arguments: Any, call_id: str | None = None, name: str | None = None) -> Any:
     call: dict[str, Any] = {"index": index, "function": {"arguments": arguments}}
-    if call_id:
+    if call_id is not None:
         call["id"] = call_id
         call["type"] = "function"
-    if name:
+    if name is not None:
         call["function"]["name"] = name
     return [call]
 
 
-def shell_stream(finish: str) -> list[dict[str, Any]]:
+def shell_stream(finish: str = "tool_calls") -> list[dict[str, Any]]:
     return [
         chunk(role="assistant", content=None),
         chunk(tool_calls=tool(0, "", "call_1", "run_shell")),
         chunk(tool_calls=tool(0, '{"argv":')),
-        chunk(tool_calls=tool(0, '["ls","pwd"')),
+        chunk(tool_calls=tool(0, '["ls","pwd"]}')),
         chunk(finish=finish),
     ]
 
 
-def test_first_chunk_names_the_tool_then_deltas_then_final_on_tool_calls() -> None:
-    chunks = chunks_of(FMT, encode(shell_stream("tool_calls")))
-    calls = [c for c in chunks if c.kind is ChunkKind.TOOL_CALL]
+def outcomes(events: list[dict[str, Any]], stream_id: str = "s1") -> dict[str, str]:
+    """Each call (and each malformed record) the stream makes, to how it ended."""
+    return {
+        call.call_id: call.incomplete or call.assembly_error or "complete"
+        for call in assemble(CHAT, encode(events), stream_id)
+    }
+
+
+def test_first_chunk_names_the_tool_then_deltas_then_final_with_the_end() -> None:
+    chunks = chunks_of(CHAT, encode(shell_stream()))
+    calls = [c for c in chunks if c.kind == ChunkKind.TOOL_CALL]
     assert [(c.call_id, c.tool, c.delta, c.final) for c in calls] == [
         ("call_1", "run_shell", "", False),
         ("call_1", None, '{"argv":', False),
-        ("call_1", None, '["ls","pwd"', False),
+        ("call_1", None, '["ls","pwd"]}', False),
         ("call_1", None, "", True),
     ]
     assert all(c.seq is None for c in calls)
-    assert chunks[-1].kind is ChunkKind.END
-    assert chunks[-1].finish_reason is FinishReason.TOOL_CALLS
+    assert (chunks[-1].kind, chunks[-1].finish_reason) == (ChunkKind.END, FinishReason.TOOL_CALLS)
+    (call,) = assemble(CHAT, encode(shell_stream()))
+    assert (call.incomplete, call.arguments) == (None, b'{"argv":["ls","pwd"]}')
 
 
 @pytest.mark.parametrize(
@@ -70,49 +85,23 @@ def test_first_chunk_names_the_tool_then_deltas_then_final_on_tool_calls() -> No
 def test_a_cut_choice_leaves_its_calls_open_so_they_are_incomplete(
     finish: str, reason: IncompleteReason
 ) -> None:
-    chunks = chunks_of(FMT, encode(shell_stream(finish)))
-    assert not any(c.final for c in chunks)
-    (call,) = assemble(FMT, encode(shell_stream(finish)), flush=False)
-    assert call.incomplete is reason
-    assert call.arguments == b'{"argv":["ls","pwd"'
+    assert not any(c.final for c in chunks_of(CHAT, encode(shell_stream(finish))))
+    (call,) = assemble(CHAT, encode(shell_stream(finish)), flush=False)
+    assert call.incomplete == reason
 
 
-def test_tool_calls_reported_for_a_cut_call_is_never_accepted_by_the_chain(tmp_path: Path) -> None:
+def test_tool_calls_reported_for_a_cut_call_is_never_accepted_by_the_gate(tmp_path: Path) -> None:
     # Known in the field: finish_reason "tool_calls" for a call cut off by max_tokens.
-    schemas = tmp_path / "ops"
-    schemas.mkdir()
-    (schemas / "run_shell.v1.schema.json").write_bytes(
-        orjson.dumps(
-            {
-                "$schema": "https://json-schema.org/draft/2020-12/schema",
-                "type": "object",
-                "properties": {"argv": {"type": "array", "items": {"type": "string"}}},
-                "required": ["argv"],
-                "additionalProperties": False,
-            }
-        )
-    )
-    processor = Processor.from_settings(load_settings(schemas={"dir": tmp_path}))
-    emissions = []
-    for offset, value in enumerate(encode(shell_stream("tool_calls"))):
-        record = InboundRecord("in", 0, offset, b"s1", value, {"content-format": FMT})
-        emissions += processor.feed(record, now=0.0)
-    emissions += processor.flush()
-    (emission,) = emissions
-    assert emission.verdict.outcome is Outcome.REJECTED
-    assert emission.verdict.code == "invalid_json"
-    # and the same call, complete, is accepted: the chain is not rejecting everything
-    whole = [*shell_stream("tool_calls")]
-    whole.insert(4, chunk(tool_calls=tool(0, "]}")))
-    emissions = []
-    for offset, value in enumerate(encode(whole)):
-        record = InboundRecord("in", 1, offset, b"s2", value, {"content-format": FMT})
-        emissions += processor.feed(record, now=0.0)
-    (emission,) = emissions
-    assert emission.verdict.outcome is Outcome.ACCEPTED
+    gate = Gate(permissive_contracts(tmp_path, ["run_shell"]))
+    cut = shell_stream()
+    cut[3] = chunk(tool_calls=tool(0, '["ls","pwd"'))
+    (emission,) = gate.run([records(CHAT, encode(cut))])
+    assert (emission.verdict.outcome, emission.verdict.code) == (Outcome.REJECTED, "invalid_json")
+    (emission,) = gate.run([records(CHAT, encode(shell_stream()))])
+    assert emission.verdict.outcome is Outcome.ACCEPTED  # the gate does not reject everything
 
 
-def test_choices_get_their_own_ids_and_the_stream_ends_after_the_last_choice() -> None:
+def test_choices_get_their_own_ids_and_are_released_together_at_the_end() -> None:
     events = [
         chunk(0, role="assistant"),
         chunk(1, role="assistant"),
@@ -120,117 +109,228 @@ def test_choices_get_their_own_ids_and_the_stream_ends_after_the_last_choice() -
         chunk(1, tool_calls=tool(0, '{"a":', "call_same", "t")),
         chunk(0, finish="tool_calls"),
     ]
-    decoder = Decoder()
-    chunks = [c for e in encode(events) for c in decoder.decode(e, fmt=FMT, key=b"s1")]
-    assert all(c.kind is not ChunkKind.END for c in chunks)  # choice 1 is still going
-    assert {c.call_id for c in chunks} == {"call_same", "call_same:1"}
-    tail = decoder.decode(orjson.dumps(chunk(1, finish="length")), fmt=FMT, key=b"s1")
-    assert tail[-1].kind is ChunkKind.END
-    assert tail[-1].finish_reason is FinishReason.LENGTH
-    assert decoder.open_streams == 0
-
-    done = assemble(FMT, encode([*events, chunk(1, finish="length")]), flush=False)
-    by_id = {c.call_id: c for c in done}
-    assert by_id["call_same"].incomplete is None
-    assert by_id["call_same"].arguments == b'{"a":1}'
-    assert by_id["call_same:1"].incomplete is IncompleteReason.MAX_TOKENS
+    head = chunks_of(CHAT, encode(events))
+    assert {c.call_id for c in head} == {"call_same", "call_same:1"}
+    assert not any(c.final or c.kind == ChunkKind.END for c in head)  # choice 1 is still going
+    done = {c.call_id: c for c in assemble(CHAT, encode([*events, chunk(1, finish="length")]))}
+    assert (done["call_same"].incomplete, done["call_same"].arguments) == (None, b'{"a":1}')
+    assert done["call_same:1"].incomplete == IncompleteReason.MAX_TOKENS
 
 
-def test_refusal_becomes_a_refusal_channel_closed_at_stop() -> None:
+def test_a_refusal_is_the_refusal_channel_closed_at_stop() -> None:
     events = [
         chunk(role="assistant", refusal=""),
         chunk(refusal="I can't"),
         chunk(refusal=" help."),
         chunk(finish="stop"),
     ]
-    chunks = chunks_of(FMT, encode(events), stream_id="r9")
-    refusal = [c for c in chunks if c.kind is ChunkKind.REFUSAL]
+    chunks = chunks_of(CHAT, encode(events), stream_id="r9")
+    refusal = [c for c in chunks if c.kind == ChunkKind.REFUSAL]
     assert {c.call_id for c in refusal} == {"r9:refusal"}
     assert "".join(c.delta for c in refusal) == "I can't help."
     assert refusal[-1].final
-    assert chunks[-1].finish_reason is FinishReason.REFUSAL
+    assert chunks[-1].finish_reason == FinishReason.REFUSAL
 
 
-def test_text_is_not_a_call_and_the_trailing_usage_chunk_is_ignored() -> None:
+def test_text_is_not_a_call_and_a_usage_chunk_after_the_end_is_a_new_empty_stream() -> None:
     events = [chunk(role="assistant", content=""), chunk(content="Hello"), chunk(finish="stop")]
-    usage = {"id": "chatcmpl-1", "choices": [], "usage": {"total_tokens": 3}}
-    decoder = Decoder()
-    chunks = [c for e in encode([*events, usage]) for c in decoder.decode(e, fmt=FMT, key=b"s")]
+    usage = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": {}}
+    chunks = chunks_of(CHAT, encode([*events, usage]))
     assert [(c.kind, c.finish_reason) for c in chunks] == [(ChunkKind.END, FinishReason.STOP)]
-    assert decoder.open_streams == 0
 
 
-def test_usage_chunk_ends_a_stream_whose_choice_never_finished() -> None:
-    events = [chunk(tool_calls=tool(0, "{", "c1", "t")), {"id": "x", "choices": [], "usage": {}}]
-    (call,) = assemble(FMT, encode(events), flush=False)
-    assert call.incomplete is IncompleteReason.STREAM_ENDED
+def test_the_usage_chunk_ends_a_stream_whose_choice_never_finished() -> None:
+    usage = {"object": "chat.completion.chunk", "choices": [], "usage": {"total_tokens": 3}}
+    events = [chunk(tool_calls=tool(0, "{", "c1", "t")), usage]
+    (call,) = assemble(CHAT, encode(events), flush=False)
+    assert call.incomplete == IncompleteReason.STREAM_ENDED
 
 
-def test_a_stream_error_is_an_error_chunk_without_the_vendor_message() -> None:
-    event = {"error": {"message": "secret prompt text leaked here", "type": "server_error"}}
-    chunks = chunks_of(FMT, encode([chunk(tool_calls=tool(0, "{", "c1", "t")), event]))
-    error = next(c for c in chunks if c.kind is ChunkKind.ERROR)
-    assert (error.call_id, error.delta, error.final) == ("s1:error", "server_error", True)
-    assert chunks[-1].finish_reason is FinishReason.ERROR
+def test_a_stream_error_ends_it_without_the_vendor_message_and_releases_nothing() -> None:
+    error = {"error": {"message": "secret prompt text leaked here", "type": "server_error"}}
+    events = [
+        chunk(0, tool_calls=tool(0, "{}", "c0", "t")),
+        chunk(1, tool_calls=tool(0, "{}", "c1", "t")),
+        chunk(0, finish="tool_calls"),  # choice 0 is complete, held until the end
+        error,
+    ]
+    chunks = chunks_of(CHAT, encode(events))
+    error_chunk = next(c for c in chunks if c.kind == ChunkKind.ERROR)
+    assert (error_chunk.call_id, error_chunk.delta, error_chunk.final) == (
+        "s1:error",
+        "server_error",
+        True,
+    )
+    assert chunks[-1].finish_reason == FinishReason.ERROR
     assert all("secret" not in c.delta for c in chunks)
+    assert outcomes(events)["c0"] == IncompleteReason.STREAM_ENDED
 
 
 def test_missing_vendor_ids_get_a_deterministic_one() -> None:
     events = [chunk(tool_calls=tool(0, "{}", None, "t")), chunk(finish="tool_calls")]
-    (call,) = assemble(FMT, encode(events), stream_id="st")
+    (call,) = assemble(CHAT, encode(events), stream_id="st")
     assert call.call_id == "st:0:0"
 
 
-@pytest.mark.parametrize(
-    ("events", "message"),
-    [
-        ([{"choices": {}}], "'choices' must be an array"),
-        ([{"choices": [{"delta": {}}]}], "'index' must be an integer"),
-        ([chunk(tool_calls=tool(0, "{"))], "needs its name"),
-        ([chunk(tool_calls={"index": 0})], "tool_calls must be an array"),
-        (
-            [chunk(tool_calls=tool(0, "", "a", "t")), chunk(tool_calls=tool(0, "", "b"))],
-            "id changed",
-        ),
-        (
-            [chunk(tool_calls=tool(0, "", "a", "t")), chunk(tool_calls=tool(1, "", "a", "t"))],
-            "repeats another call's id",
-        ),
-        (
-            [
-                chunk(tool_calls=tool(0, "{", "a", "t")),
-                chunk(finish="length"),
-                chunk(tool_calls=tool(0, "}")),
-            ],
-            "needs its name",  # the stream ended: a late delta is a call without a start
-        ),
-        ([chunk(function_call={"name": "f", "arguments": ""})], "legacy"),
-        ([chunk(tool_calls=[{"index": 0, "function": {"name": "t", "arguments": 5}}])], "string"),
-    ],
-)
-def test_malformed_events_raise_a_specific_input_format_error(
-    events: list[dict[str, Any]], message: str
-) -> None:
-    decoder = Decoder()
-    *before, last = encode(events)
-    for event in before:
-        decoder.decode(event, fmt=FMT, key=b"s1")
-    with pytest.raises(InputFormatError, match=message):
-        decoder.decode(last, fmt=FMT, key=b"s1")
+def test_an_empty_object_annotation_chunk_carrying_nothing_is_skipped() -> None:
+    # Azure's content-filter annotations: object "", no delta; the SDK skips them too
+    annotation = {"object": "", "id": "", "choices": [{"index": 0, "content_filter_results": {}}]}
+    events = [*shell_stream()[:4], annotation, shell_stream()[4]]
+    assert outcomes(events) == {"call_1": "complete"}
+
+
+def test_the_payment_with_a_piece_given_as_an_object_is_never_accepted(tmp_path: Path) -> None:
+    events = [
+        chunk(tool_calls=tool(0, '{"amount_minor": 1', "call_pay", "create_payment")),
+        chunk(tool_calls=tool(0, {"0": "0"})),
+        chunk(tool_calls=tool(0, '00000, "currency": "EUR"}')),
+        chunk(finish="tool_calls"),
+    ]
+    assert outcomes(events) == {"record:in:0:1": "malformed_record", "call_pay": "stream_corrupt"}
+    gate = Gate(permissive_contracts(tmp_path, ["create_payment"]))
+    verdicts = [e.verdict.outcome for e in gate.run([records(CHAT, encode(events))])]
+    assert Outcome.ACCEPTED not in verdicts
+
+
+OPENED = [
+    chunk(role="assistant", content=None),
+    chunk(tool_calls=tool(0, "", "call_a", "transfer")),
+    chunk(tool_calls=tool(0, '{"to":')),
+]
+#: (the event after OPENED, what its malformed record says): each breaks call_a, still streaming
+BROKEN = {
+    "arguments an object": (chunk(tool_calls=tool(0, {"x": 1})), "'arguments' must be a string"),
+    "arguments a number": (chunk(tool_calls=tool(0, 7)), "'arguments' must be a string"),
+    "the call's id changes": (chunk(tool_calls=tool(0, '"b"}', "call_b")), "id changed"),
+    "the call's id repeats": (chunk(tool_calls=tool(0, '"b"}', "call_a")), "id changed"),
+    "the call's name changes": (chunk(tool_calls=tool(0, "", None, "drain")), "name changed"),
+    "a new call skips an index": (chunk(tool_calls=tool(2, "", "c", "t")), "out of order"),
+    "a call without function": (chunk(tool_calls=[{"index": 0}]), "'function' must be an object"),
+    "a type other than function": (
+        chunk(tool_calls=[{"index": 0, "type": "x", "function": {}}]),
+        "'type' must be 'function'",
+    ),
+    "tool_calls not an array": (chunk(tool_calls={"index": 0}), "tool_calls must be an array"),
+    "a tool call not an object": (chunk(tool_calls=["x"]), "tool_calls must be an object"),
+    "a negative index": (chunk(tool_calls=tool(-1, "x")), "'index' must be an integer >= 0"),
+    "a new call without a name": (chunk(tool_calls=tool(1, "{}", "c")), "needs its name"),
+    "a new call with an empty id": (chunk(tool_calls=tool(1, "{}", "", "t")), "must not be empty"),
+    "a new call reusing an id": (chunk(tool_calls=tool(1, "{}", "call_a", "t")), "repeats"),
+    "a choice out of order": (chunk(2, content="x"), "a new choice must have the next index"),
+    "delta not an object": (
+        {**chunk(), "choices": [{"index": 0, "delta": None}]},
+        "'delta' must be an object",
+    ),
+    "choices not an array": ({**chunk(), "choices": {"0": {}}}, "'choices' must be an array"),
+    "a choice not an object": ({**chunk(), "choices": ["x"]}, "'choices' must be an object"),
+    "content not a string": (chunk(content=["x"]), "'content' must be a string"),
+    "refusal not a string": (chunk(refusal={"x": 1}), "'refusal' must be a string"),
+    "the legacy function_call": (chunk(function_call={"name": "f"}), "legacy"),
+    "finish_reason not a string": (chunk(finish=1), "'finish_reason' must be a string"),  # type: ignore[arg-type]
+    "logprobs not an object": (
+        {**chunk(), "choices": [{"index": 0, "delta": {}, "logprobs": 1}]},
+        "'logprobs' must be an object",
+    ),
+    "usage not an object": ({**chunk(), "usage": 5}, "'usage' must be an object"),
+    "moderation not an object": ({**chunk(), "moderation": "x"}, "'moderation' must be an object"),
+    "another object": ({**chunk(), "object": "chat.completion"}, "'object' must be"),
+    "no object": ({"choices": [{"index": 0, "delta": {}}]}, "'object' must be"),
+    "an empty object carrying a delta": ({**chunk(content="x"), "object": ""}, "'object' must be"),
+}
+
+
+@pytest.mark.parametrize("what", BROKEN)
+def test_an_event_that_cannot_be_placed_breaks_the_streaming_call(what: str) -> None:
+    event, message = BROKEN[what]
+    events = [*OPENED, event, chunk(tool_calls=tool(0, '"b"}')), chunk(finish="tool_calls")]
+    calls = {c.call_id: c for c in assemble(CHAT, encode(events))}
+    assert {k: c.incomplete or c.assembly_error for k, c in calls.items()} == {
+        "record:in:0:3": "malformed_record",
+        "call_a": "stream_corrupt",
+    }
+    assert message in (calls["record:in:0:3"].assembly_detail or "")
+
+
+def test_a_piece_for_an_earlier_call_after_a_later_one_started_breaks_both() -> None:
+    events = [
+        chunk(tool_calls=tool(0, '{"a":', "call_0", "t")),
+        chunk(tool_calls=tool(1, '{"b":1}', "call_1", "t")),
+        chunk(tool_calls=tool(0, "1}")),
+        chunk(finish="tool_calls"),
+    ]
+    assert outcomes(events) == {
+        "record:in:0:2": "malformed_record",
+        "call_0": "stream_corrupt",
+        "call_1": "stream_corrupt",
+    }
+
+
+def test_a_delta_after_its_choice_finished_breaks_the_calls_held_for_the_end() -> None:
+    events = [
+        chunk(0, tool_calls=tool(0, '{"a":1}', "c0", "t")),
+        chunk(1, tool_calls=tool(0, '{"b":1}', "c1", "t")),
+        chunk(0, finish="tool_calls"),
+        chunk(0, tool_calls=tool(0, "}")),  # the SDK would append it to c0's arguments
+        chunk(1, finish="tool_calls"),
+    ]
+    assert outcomes(events) == {
+        "record:in:0:3": "malformed_record",
+        "c0": "stream_corrupt",
+        "c1:1": "stream_corrupt",
+    }
+
+
+def test_an_empty_delta_after_the_finish_changes_nothing_and_is_taken() -> None:
+    events = [
+        chunk(0, tool_calls=tool(0, "{}", "c0", "t")),
+        chunk(1, tool_calls=tool(0, "{}", "c1", "t")),
+        chunk(0, finish="tool_calls"),
+        chunk(0, content="", tool_calls=[]),
+        chunk(1, finish="tool_calls"),
+    ]
+    assert outcomes(events) == {"c0": "complete", "c1:1": "complete"}
 
 
 def test_the_adapter_refuses_events_after_its_end() -> None:
-    adapter = OpenAIChatAdapter("s1", {})
+    adapter = OpenAIChatAdapter("s1", {}, None, max_calls=10)
     adapter.feed(chunk(finish="stop"))
     assert adapter.finished
     with pytest.raises(InputFormatError, match="after the end of the stream"):
         adapter.feed(chunk(content="x"))
 
 
+def test_a_stream_past_its_bound_of_calls_is_broken() -> None:
+    adapter = OpenAIChatAdapter("s1", {}, None, max_calls=2)
+    adapter.feed(chunk(tool_calls=tool(0, "{}", "c0", "t")))
+    adapter.feed(chunk(tool_calls=tool(1, "{}", "c1", "t")))
+    with pytest.raises(InputFormatError, match="more than 2 calls"):
+        adapter.feed(chunk(tool_calls=tool(2, "{}", "c2", "t")))
+    assert (adapter.open_calls(), adapter.held) == (["c0", "c1"], 2)
+
+
+def test_open_calls_names_every_call_and_refusal_until_the_end() -> None:
+    adapter = OpenAIChatAdapter("s1", {}, None, max_calls=10)
+    adapter.feed(chunk(0, tool_calls=tool(0, "{}", "c0", "t")))
+    adapter.feed(chunk(1, refusal="no"))
+    adapter.feed(chunk(0, finish="tool_calls"))
+    assert (adapter.open_calls(), adapter.held) == (["c0", "s1:refusal:1"], 2)
+    adapter.feed(chunk(1, finish="stop"))
+    assert (adapter.finished, adapter.open_calls(), adapter.held) == (True, [], 0)
+
+
 def test_n_choices_from_the_generator_keep_every_call() -> None:
     rng = random.Random(7)
     calls = [("c1", "a", '{"x":1}'), ("c2", "b", '{"y":[1,2]}')]
     events = streamgen.chat_stream("cc", [calls, calls, calls[:1]], rng)
-    done = assemble(FMT, encode(events))
+    done = assemble(CHAT, encode(events))
     assert sorted(c.call_id for c in done) == ["c1", "c1:1", "c1:2", "c2", "c2:1"]
     assert all(c.incomplete is None for c in done)
+    assert orjson.loads(done[0].arguments) in ({"x": 1}, {"y": [1, 2]})
+
+
+def test_a_stream_of_more_choices_than_its_bound_is_broken() -> None:
+    adapter = OpenAIChatAdapter("s1", {}, None, max_calls=2)
+    adapter.feed(chunk(0, content="a"))
+    adapter.feed(chunk(1, content="b"))
+    with pytest.raises(InputFormatError, match="more than 2 choices"):
+        adapter.feed(chunk(2, content="c"))

@@ -1,4 +1,6 @@
-"""The Responses API adapter: parallel calls, incomplete mid-call, sequence numbers, bad input."""
+"""The Responses API adapter: parallel calls, every final form of a call's text checked, incomplete
+mid-call, sequence numbers, and every event it cannot place breaking the calls it could belong
+to."""
 
 from __future__ import annotations
 
@@ -9,28 +11,50 @@ import orjson
 import pytest
 
 from tests.adapters import streamgen
-from tests.adapters.oracles import RECORDED, assemble, chunks_of, encode, sdk_calls
+from tests.adapters.oracles import RECORDED, RESPONSES, assemble, chunks_of, encode, sdk_calls
 from worker.adapters.openai_responses import OpenAIResponsesAdapter
 from worker.errors import InputFormatError
 from worker.model import ChunkKind, FinishReason, IncompleteReason
 
-FMT = "openai.responses"
 CALLS = [streamgen.WEATHER, streamgen.STOCK, streamgen.SHELL]
+DELTA = "response.function_call_arguments.delta"
+ARGS_DONE = "response.function_call_arguments.done"
+ITEM_DONE = "response.output_item.done"
+ADDED = "response.output_item.added"
+COMPLETED = "response.completed"
 
 
-def test_parallel_calls_interleave_and_map_item_ids_to_call_ids() -> None:
-    events = streamgen.responses_stream("r1", CALLS, random.Random(11), numbered=False)
-    kinds = [e["type"] for e in events if e["type"].endswith(".delta")]
-    owners = [e["item_id"] for e in events if e["type"].endswith(".delta")]
-    assert len(kinds) > 6
+def stream(calls: list[Any] | None = None, **options: Any) -> list[dict[str, Any]]:
+    options.setdefault("numbered", False)
+    return streamgen.responses_stream(
+        "r1", calls or [streamgen.WEATHER], random.Random(1), **options
+    )
+
+
+def outcomes(events: list[dict[str, Any]], *, flush: bool = True) -> dict[str, str]:
+    return {
+        call.call_id: call.incomplete or call.assembly_error or "complete"
+        for call in assemble(RESPONSES, encode(events), flush=flush)
+    }
+
+
+def at(events: list[dict[str, Any]], kind: str) -> int:
+    return next(i for i, e in enumerate(events) if e["type"] == kind)
+
+
+def test_parallel_calls_interleave_and_are_released_at_the_completed_response() -> None:
+    events = stream(CALLS, numbered=False)
+    owners = [e["item_id"] for e in events if e["type"] == DELTA]
+    assert len(owners) > 6
     assert owners != sorted(owners)  # really interleaved
-    chunks = chunks_of(FMT, encode(events))
-    assert {c.call_id for c in chunks if c.kind is ChunkKind.TOOL_CALL} == {c[0] for c in CALLS}
-    firsts = [c for c in chunks if c.tool is not None]
-    assert sorted((c.call_id, c.tool) for c in firsts) == sorted((c[0], c[1]) for c in CALLS)
-    assert sum(c.final for c in chunks) == 3  # arguments.done closes, output_item.done is a no-op
-    assert chunks[-1].finish_reason is FinishReason.TOOL_CALLS
-    done = assemble(FMT, encode(events), flush=False)
+    chunks = chunks_of(RESPONSES, encode(events))
+    firsts = sorted((c.call_id, c.tool) for c in chunks if c.tool is not None)
+    assert firsts == sorted((c[0], c[1]) for c in CALLS)
+    finals = [c for c in chunks if c.final]
+    assert {c.call_id: c.expected for c in finals} == {c[0]: c[2] for c in CALLS}
+    assert not any(c.final for c in chunks_of(RESPONSES, encode(events[:-1])))
+    assert chunks[-1].finish_reason == FinishReason.TOOL_CALLS
+    done = assemble(RESPONSES, encode(events), flush=False)
     assert sorted((c.call_id, c.tool, c.arguments.decode()) for c in done) == sorted(CALLS)
 
 
@@ -41,7 +65,7 @@ def test_parallel_calls_interleave_and_map_item_ids_to_call_ids() -> None:
         ("content_filter", IncompleteReason.CONTENT_FILTER),
     ],
 )
-def test_incomplete_mid_call_leaves_the_open_call_incomplete(
+def test_incomplete_mid_call_releases_the_finished_call_and_leaves_the_other_open(
     reason: str, expected: IncompleteReason
 ) -> None:
     weather_deltas = len(streamgen.split_text(streamgen.WEATHER[2], random.Random(5)))
@@ -53,13 +77,9 @@ def test_incomplete_mid_call_leaves_the_open_call_incomplete(
         cut_after=weather_deltas + 2,  # the first call is finished, the second mid-way
         incomplete_reason=reason,
     )
-    done = {c.call_id: c for c in assemble(FMT, encode(events), flush=False)}
-    assert done["call_weather_1"].incomplete is None
-    assert done["call_weather_1"].arguments.decode() == streamgen.WEATHER[2]
-    assert done["call_shell_3"].incomplete is expected
-    # the SDK hands back the partial text as a plain string
-    sdk = {c[0]: c[2] for c in sdk_calls(FMT, events).calls}
-    assert sdk["call_shell_3"] == done["call_shell_3"].arguments.decode()
+    assert outcomes(events, flush=False) == {"call_weather_1": "complete", "call_shell_3": expected}
+    # the SDK hands back the cut call's partial text as a plain string
+    assert sdk_calls(RESPONSES, events).calls["call_shell_3"].arguments.startswith('{"argv')
 
 
 def test_the_recorded_incomplete_response_payload_ends_a_stream_as_max_tokens() -> None:
@@ -68,30 +88,34 @@ def test_the_recorded_incomplete_response_payload_ends_a_stream_as_max_tokens() 
             RECORDED / "openai_responses" / "dotnet_nonstream_incomplete_max_output_tokens.json"
         ).read_bytes()
     )
-    events = streamgen.responses_stream("x", [streamgen.SHELL], random.Random(1), cut_after=2)
-    events[-1]["response"] = payload
-    (call,) = assemble(FMT, encode(events), flush=False)
-    assert call.incomplete is IncompleteReason.MAX_TOKENS
+    events = stream([streamgen.SHELL], cut_after=2)
+    events[-1]["response"] = {**payload, "id": "r1", "output": []}
+    assert outcomes(events, flush=False) == {"call_shell_3": IncompleteReason.MAX_TOKENS}
 
 
-def test_sequence_numbers_drop_replayed_events_and_turn_a_lost_one_into_a_gap() -> None:
-    events = streamgen.responses_stream("r3", [streamgen.WEATHER], random.Random(2))
-    replayed = events[:5] + events[3:]  # events 3 and 4 twice
-    (call,) = assemble(FMT, encode(replayed), flush=False)
-    assert call.incomplete is None
-    assert call.arguments.decode() == streamgen.WEATHER[2]
+def test_a_lost_event_turns_the_streaming_calls_into_a_sequence_gap() -> None:
+    events = stream(numbered=True)
+    lost = at(events, DELTA) + 1
+    assert events[lost]["type"] == DELTA
+    assert outcomes([*events[:lost], *events[lost + 1 :]]) == {
+        "call_weather_1": IncompleteReason.SEQUENCE_GAP
+    }
 
-    lost = events[:4] + events[5:]  # one delta never arrives
-    assert events[4]["type"] == "response.function_call_arguments.delta"
-    (call,) = assemble(FMT, encode(lost), flush=False)
-    assert call.incomplete is IncompleteReason.SEQUENCE_GAP
+
+def test_a_replayed_event_breaks_the_stream() -> None:
+    events = stream(numbered=True)
+    first = at(events, DELTA)
+    replayed = [*events[: first + 1], events[first], *events[first + 1 :]]
+    assert outcomes(replayed) == {
+        f"record:in:0:{first + 1}": "malformed_record",
+        "call_weather_1": IncompleteReason.STREAM_CORRUPT,
+    }
 
 
 def test_a_stream_without_sequence_numbers_numbers_nothing() -> None:
-    events = streamgen.responses_stream("r4", [streamgen.WEATHER], random.Random(2), numbered=False)
-    assert all(c.seq is None for c in chunks_of(FMT, encode(events)))
-    numbered = streamgen.responses_stream("r4", [streamgen.WEATHER], random.Random(2))
-    seqs = [c.seq for c in chunks_of(FMT, encode(numbered)) if c.kind is ChunkKind.TOOL_CALL]
+    assert all(c.seq is None for c in chunks_of(RESPONSES, encode(stream())))
+    numbered = chunks_of(RESPONSES, encode(stream(numbered=True)))
+    seqs = [c.seq for c in numbered if c.kind == ChunkKind.TOOL_CALL]
     assert seqs == list(range(len(seqs)))
 
 
@@ -105,10 +129,11 @@ def test_only_a_finished_item_is_a_whole_call() -> None:
         "status": "completed",
     }
     events = [
-        {"type": "response.output_item.done", "output_index": 0, "item": item},
-        {"type": "response.completed", "response": {"id": "r", "output": [item]}},
+        {"type": "response.created", "response": {"id": "r", "output": []}},
+        {"type": ITEM_DONE, "output_index": 0, "item": item},
+        {"type": COMPLETED, "response": {"id": "r", "output": [item]}},
     ]
-    (call,) = assemble(FMT, encode(events), flush=False)
+    (call,) = assemble(RESPONSES, encode(events), flush=False)
     assert (call.call_id, call.tool, call.arguments, call.incomplete) == (
         "call_1",
         "t",
@@ -119,24 +144,16 @@ def test_only_a_finished_item_is_a_whole_call() -> None:
 
 def test_refusal_events_become_the_refusal_channel() -> None:
     events = [
-        {"type": "response.refusal.delta", "item_id": "m", "output_index": 0, "delta": "No,"},
-        {"type": "response.refusal.delta", "item_id": "m", "output_index": 0, "delta": " sorry."},
-        {
-            "type": "response.refusal.done",
-            "item_id": "m",
-            "output_index": 0,
-            "refusal": "No, sorry.",
-        },
-        {"type": "response.completed", "response": {"id": "r", "output": []}},
+        {"type": "response.created", "response": {"id": "r", "output": []}},
+        {"type": "response.refusal.delta", "delta": "No,"},
+        {"type": "response.refusal.delta", "delta": " sorry."},
+        {"type": "response.refusal.done", "refusal": "No, sorry."},
+        {"type": COMPLETED, "response": {"id": "r", "output": []}},
     ]
-    chunks = chunks_of(FMT, encode(events), stream_id="q")
-    assert chunks[-1].finish_reason is FinishReason.REFUSAL
-    (call,) = assemble(FMT, encode(events), stream_id="q", flush=False)
-    assert (call.call_id, call.channel, call.arguments) == (
-        "q:refusal",
-        ChunkKind.REFUSAL,
-        b"No, sorry.",
-    )
+    chunks = chunks_of(RESPONSES, encode(events), stream_id="q")
+    assert chunks[-1].finish_reason == FinishReason.REFUSAL
+    (call,) = assemble(RESPONSES, encode(events), stream_id="q", flush=False)
+    assert (call.call_id, call.channel, call.arguments) == ("q:refusal", "refusal", b"No, sorry.")
 
 
 @pytest.mark.parametrize(
@@ -150,60 +167,173 @@ def test_refusal_events_become_the_refusal_channel() -> None:
         (
             {
                 "type": "response.failed",
-                "response": {"id": "r", "error": {"code": "server_error", "message": "boom"}},
+                "response": {"id": "r1", "error": {"code": "server_error"}},
             },
             "server_error",
         ),
-        ({"type": "response.failed", "response": {"id": "r", "error": None}}, "response_failed"),
+        ({"type": "response.failed", "response": {"id": "r1", "error": None}}, "response_failed"),
+        ({"type": "response.in_progress", "error": {"code": "server_error"}}, "server_error"),
     ],
 )
 def test_vendor_errors_are_error_chunks_with_a_short_code(event: dict[str, Any], code: str) -> None:
-    opened = streamgen.responses_stream("r5", [streamgen.WEATHER], random.Random(1), numbered=False)
-    events = [*opened[:4], event]
-    chunks = chunks_of(FMT, encode(events))
-    error = next(c for c in chunks if c.kind is ChunkKind.ERROR)
+    events = stream()
+    events = [*events[: at(events, ARGS_DONE) + 1], event]  # the call finished, not released
+    chunks = chunks_of(RESPONSES, encode(events))
+    error = next(c for c in chunks if c.kind == ChunkKind.ERROR)
     assert (error.call_id, error.delta, error.final) == ("s1:error", code, True)
-    assert chunks[-1].finish_reason is FinishReason.ERROR
-    done = assemble(FMT, encode(events), flush=False)
-    assert {c.call_id: c.incomplete for c in done}["call_weather_1"] is (
-        IncompleteReason.STREAM_ENDED
-    )
+    assert chunks[-1].finish_reason == FinishReason.ERROR
+    assert outcomes(events, flush=False)["call_weather_1"] == IncompleteReason.STREAM_ENDED
 
 
-def _fed(events: list[dict[str, Any]]) -> OpenAIResponsesAdapter:
-    adapter = OpenAIResponsesAdapter("s1", {})
-    for event in events:
-        adapter.feed(event)
-    return adapter
+def _change(kind: str, *path: str | int, value: Any = None, delete: bool = False) -> Any:
+    def change(events: list[dict[str, Any]]) -> None:
+        target: Any = events[at(events, kind)]
+        for step in path[:-1]:
+            target = target[step]
+        if delete:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+
+    return change
+
+
+def _insert(kind: str, event: dict[str, Any]) -> Any:
+    def change(events: list[dict[str, Any]]) -> None:
+        events.insert(at(events, kind), event)
+
+    return change
+
+
+#: (a change of the one-call stream, what the malformed record says): each breaks the call
+BROKEN = {
+    "a delta naming another item": (
+        _change(DELTA, "item_id", value="fc_other"),
+        "is not output_index 0's",
+    ),
+    "a delta at an index with no item": (
+        _change(DELTA, "output_index", value=5),
+        "no item was added at output_index 5",
+    ),
+    "a delta without output_index": (_change(DELTA, "output_index", delete=True), "output_index"),
+    "a delta not a string": (_change(DELTA, "delta", value={"x": 1}), "'delta' must be a string"),
+    "a .done that differs from the item's": (
+        _change(ITEM_DONE, "item", "arguments", value='{"city":"Elsewhere"}'),
+        "differs from its earlier one",
+    ),
+    "a .done with another name": (_change(ARGS_DONE, "name", value="drain"), "'name' differs"),
+    "an item done with another call_id": (
+        _change(ITEM_DONE, "item", "call_id", value="call_x"),
+        "call_id changed",
+    ),
+    "an item done ending incomplete after its .done": (
+        _change(ITEM_DONE, "item", "status", value="incomplete"),
+        "a finished call's item ends",
+    ),
+    "a completed text that differs": (
+        _change(COMPLETED, "response", "output", 0, "arguments", value="{}"),
+        "differs from the call's .done",
+    ),
+    "a completed response lacking the call": (
+        _change(COMPLETED, "response", "output", value=[]),
+        "lacks call",
+    ),
+    "a completed response naming a call never streamed": (
+        _change(COMPLETED, "response", "output", 0, "call_id", value="call_x"),
+        "a call never streamed",
+    ),
+    "a completed response of another id": (
+        _change(COMPLETED, "response", "id", value="r9"),
+        "another response's id",
+    ),
+    "a delta after the .done": (
+        _insert(ITEM_DONE, {"type": DELTA, "item_id": "fc_r1_0", "output_index": 0, "delta": "}"}),
+        "after the call's item finished",
+    ),
+    "a text delta at the call's index": (
+        _insert(ARGS_DONE, {"type": "response.output_text.delta", "output_index": 0, "delta": "x"}),
+        "is a function call",
+    ),
+    "an item added again at the call's index": (
+        _insert(ARGS_DONE, {"type": ADDED, "output_index": 0, "item": {"type": "message"}}),
+        "already added at output_index 0",
+    ),
+    "a lifecycle event with output items": (
+        _insert(
+            ARGS_DONE, {"type": "response.in_progress", "response": {"id": "r1", "output": [{}]}}
+        ),
+        "output items before the end",
+    ),
+    "an event with a sequence number in a stream without": (
+        _change(ARGS_DONE, "sequence_number", value=99),
+        "on some events of a stream only",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", BROKEN)
+def test_an_event_that_cannot_be_placed_breaks_the_call(what: str) -> None:
+    change, message = BROKEN[what]
+    events = stream()
+    change(events)
+    calls = {c.call_id: c for c in assemble(RESPONSES, encode(events))}
+    (record,) = [c for c in calls.values() if c.assembly_error == "malformed_record"]
+    assert message in (record.assembly_detail or "")
+    assert calls["call_weather_1"].incomplete == IncompleteReason.STREAM_CORRUPT
+
+
+def test_done_arguments_that_contradict_the_deltas_make_the_call_stream_corrupt() -> None:
+    events = stream()
+    for kind in (ARGS_DONE, ITEM_DONE):
+        done = events[at(events, kind)]
+        (done if kind == ARGS_DONE else done["item"])["arguments"] = '{"city":"Elsewhere"}'
+    events[-1]["response"]["output"][0]["arguments"] = '{"city":"Elsewhere"}'
+    assert outcomes(events) == {"call_weather_1": IncompleteReason.STREAM_CORRUPT}
 
 
 @pytest.mark.parametrize(
-    ("index", "change", "message"),
+    "first",
     [
-        (3, {"item_id": "nope"}, "not an open function call"),
-        (3, {"delta": 7}, "'delta' must be a string"),
-        (2, {"item": {"type": "function_call", "id": "x", "name": "t"}}, "'call_id'"),
-        (None, {"type": 5}, "'type' must be a non-empty string"),
+        {"type": "response.in_progress", "response": {"id": "r1", "output": []}},
+        {"type": ADDED, "output_index": 0, "item": {"type": "message"}},
     ],
+    ids=["in_progress", "output_item.added"],
 )
-def test_malformed_events_raise(index: int | None, change: dict[str, Any], message: str) -> None:
-    events = streamgen.responses_stream("r6", [streamgen.WEATHER], random.Random(1), numbered=False)
-    target = events[index if index is not None else 0]
-    target.update(change)
-    with pytest.raises(InputFormatError, match=message):
-        _fed(events)
+def test_a_stream_must_start_with_response_created(first: dict[str, Any]) -> None:
+    with pytest.raises(InputFormatError, match=r"must start with response\.created"):
+        OpenAIResponsesAdapter("s1", {}, None, max_calls=10).feed(first)
 
 
-def test_done_arguments_that_contradict_the_deltas_are_refused() -> None:
-    events = streamgen.responses_stream("r7", [streamgen.WEATHER], random.Random(1), numbered=False)
-    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
-    done["arguments"] = '{"city":"Elsewhere"}'
-    with pytest.raises(InputFormatError, match="differ from the streamed deltas"):
-        _fed(events)
+def test_an_added_function_call_needs_its_arguments_string() -> None:
+    events = stream()
+    del events[at(events, ADDED)]["item"]["arguments"]  # the SDK would fail on the first delta
+    (record,) = assemble(RESPONSES, encode(events))
+    assert "'arguments' must be a string" in (record.assembly_detail or "")
 
 
-def test_a_delta_after_the_close_is_refused() -> None:
-    events = streamgen.responses_stream("r8", [streamgen.WEATHER], random.Random(1), numbered=False)
-    delta = next(e for e in events if e["type"] == "response.function_call_arguments.delta")
-    with pytest.raises(InputFormatError, match="after the call was closed"):
-        _fed([*events[:-1], delta])
+def test_open_calls_names_finished_calls_until_the_final_response() -> None:
+    adapter = OpenAIResponsesAdapter("s1", {}, None, max_calls=10)
+    events = stream()
+    for event in events[:-1]:
+        adapter.feed(event)
+    assert (adapter.open_calls(), adapter.held) == (["call_weather_1"], 1)
+    adapter.feed(events[-1])
+    assert (adapter.finished, adapter.open_calls(), adapter.held) == (True, [], 0)
+
+
+def test_a_stream_past_its_bound_of_calls_is_broken() -> None:
+    adapter = OpenAIResponsesAdapter("s1", {}, None, max_calls=1)
+    events = stream([streamgen.WEATHER, streamgen.SHELL], parallel=False)
+    second = [i for i, e in enumerate(events) if e["type"] == ADDED][1]
+    for event in events[:second]:
+        adapter.feed(event)
+    with pytest.raises(InputFormatError, match="more than 1 calls"):
+        adapter.feed(events[second])
+
+
+def test_a_stream_of_more_other_items_than_its_bound_is_broken() -> None:
+    adapter = OpenAIResponsesAdapter("s1", {}, None, max_calls=1)
+    adapter.feed({"type": "response.created", "response": {"id": "r", "output": []}})
+    adapter.feed({"type": ADDED, "output_index": 0, "item": {"type": "message"}})
+    with pytest.raises(InputFormatError, match="more than 1 other items"):
+        adapter.feed({"type": ADDED, "output_index": 1, "item": {"type": "reasoning"}})

@@ -14,17 +14,13 @@ import orjson
 import pytest
 
 from tests.adapters import streamgen
-from tests.adapters.oracles import RECORDED, assemble, sdk_calls
+from tests.adapters.oracles import FOLDERS, RECORDED, assemble, sdk_calls
 from tests.datafiles import data_files, data_path
 from worker.adapters.input import read_records
 from worker.model import ChunkKind, IncompleteReason
 
 GENERATED = data_path("generated")
-FORMATS = {
-    "openai_chat": "openai.chat",
-    "openai_responses": "openai.responses",
-    "anthropic": "anthropic.messages",
-}
+FORMATS = FOLDERS
 #: streams whose last call was cut by the token limit, by file name
 TRUNCATED = {
     "incomplete_partial_json_response.sse",
@@ -59,10 +55,16 @@ def test_calls_equal_the_sdk_accumulation(fmt: str, path: Path) -> None:
     with path.open("rb") as fp:
         values = list(read_records(fp, fmt))
     sdk = sdk_calls(fmt, [orjson.loads(v) for v in values])
-    ours = [call for call in assemble(fmt, values) if call.channel is ChunkKind.TOOL_CALL]
-    assert sorted((c.call_id, c.tool, c.arguments.decode()) for c in ours) == sorted(sdk.calls)
+    assert sdk.raised_at is None, sdk.error
+    ours = [call for call in assemble(fmt, values) if call.channel == ChunkKind.TOOL_CALL]
+    assert sorted((c.call_id, c.tool) for c in ours) == sorted(
+        (call_id, call.name) for call_id, call in sdk.calls.items()
+    )
+    for call in ours:
+        if call.incomplete is None:
+            assert call.arguments.decode() == sdk.calls[call.call_id].arguments
     if path.name in TRUNCATED:
-        assert ours[-1].incomplete is IncompleteReason.MAX_TOKENS
+        assert ours[-1].incomplete == IncompleteReason.MAX_TOKENS
         assert all(call.incomplete is None for call in ours[:-1])
     else:
         assert all(call.incomplete is None for call in ours)
@@ -76,7 +78,7 @@ def test_the_sdk_returns_a_plausible_object_where_we_say_max_tokens() -> None:
     partial = next(block for block in sdk.snapshot.content if block.type == "tool_use")
     assert partial.input["filename"] == "taxes.txt"  # looks usable...
     (call,) = assemble("anthropic.messages", values)
-    assert call.incomplete is IncompleteReason.MAX_TOKENS  # ...but is not
+    assert call.incomplete == IncompleteReason.MAX_TOKENS  # ...but is not
 
 
 def test_refusals_carry_the_vendor_text() -> None:
@@ -85,14 +87,14 @@ def test_refusals_carry_the_vendor_text() -> None:
         values = list(read_records(fp, "openai.chat"))
     sdk = sdk_calls("openai.chat", [orjson.loads(v) for v in values])
     (call,) = assemble("openai.chat", values)
-    assert call.channel is ChunkKind.REFUSAL
+    assert call.channel == ChunkKind.REFUSAL
     assert call.incomplete is None
     assert call.arguments.decode() == sdk.refusal
 
     path = RECORDED / "anthropic" / "refusal_response.sse"
     with path.open("rb") as fp:
         (call,) = assemble("anthropic.messages", read_records(fp, "anthropic.messages"))
-    assert call.channel is ChunkKind.REFUSAL
+    assert call.channel == ChunkKind.REFUSAL
     assert call.arguments == b"This request was refused due to policy."
 
 
@@ -119,7 +121,7 @@ def test_random_generated_streams_equal_the_sdk(seed: int) -> None:
         sdk = sdk_calls(fmt, [orjson.loads(v) for v in values])
         ours = assemble(fmt, values)
         assert sorted((c.call_id, c.tool, c.arguments.decode()) for c in ours) == sorted(
-            sdk.calls
+            sdk.triples()
         ), fmt
         assert all(call.incomplete is None for call in ours), fmt
 

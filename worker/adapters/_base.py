@@ -3,8 +3,22 @@
 A vendor adapter decodes one stream: it knows the stream id, the `traceparent` header its
 records carry, and whether the stream has ended. `VendorAdapter` holds those and builds the
 chunks that carry them; each format's subclass adds its own event handling (`feed`), names the
-calls it has open (`open_calls`, what an abort ends) and writes its state as a JSON value
-(`state`, read back by its constructor) for a partition's checkpoint.
+calls it holds (`open_calls`, what an abort ends; `held`, how many) and writes its state as a
+JSON value (`state`, read back by its constructor) for a partition's checkpoint.
+
+The rules every streaming adapter keeps:
+
+- An event the adapter cannot place (a field of the wrong type, a structure that contradicts the
+  stream so far, an event after the end) raises `InputFormatError`; the decoder then ends every
+  call in `open_calls()` as `stream_corrupt` and drops the stream's later records. Nothing is
+  skipped silently: a piece of argument text is either taken, or its event breaks the stream.
+- A call's final chunk is released only with the stream's END, once every final form the vendor
+  sends (its `.done` texts, the final response) has been checked against it. Until then the call
+  is held: a later event that contradicts it breaks it like one that is still streaming. This
+  costs no latency for a one-choice Chat Completion (its finish is its end); a Messages or
+  Responses call waits for the end of its message (what the SDKs' final message waits for).
+- A stream holds at most `max_calls` calls; one more is an event it cannot place (each call held
+  is a call the reassembler holds, so a stream never evicts its own calls).
 """
 
 from __future__ import annotations
@@ -13,20 +27,27 @@ from collections.abc import Mapping
 from typing import Any
 
 from worker._native import Chunk
+from worker.errors import InputFormatError
 from worker.model import ChunkKind, FinishReason
 
 
 class VendorAdapter:
     """Base of one vendor stream's incremental decoder."""
 
-    def __init__(self, stream_id: str, headers: Mapping[str, str]) -> None:
+    def __init__(self, stream_id: str, headers: Mapping[str, str], max_calls: int) -> None:
         self._stream = stream_id
         self._traceparent = headers.get("traceparent") or None
+        self._max_calls = max_calls
         self._finished = False
 
     @property
     def finished(self) -> bool:
         return self._finished
+
+    def _admit(self, held: int, where: str) -> None:
+        """Refuse a call past the stream's bound (`held` counts it)."""
+        if held > self._max_calls:
+            raise InputFormatError(f"{where}: the stream holds more than {self._max_calls} calls")
 
     def _chunk(
         self,
@@ -61,7 +82,8 @@ class VendorAdapter:
         )
 
     def _error(self, code: str) -> list[Chunk]:
-        """A vendor error ends the stream: its ERROR chunk (only `code`), then END (ERROR)."""
+        """A vendor error ends the stream: its ERROR chunk (only `code`), then END (ERROR).
+        Nothing held is released: every call still held ends incomplete."""
         error = self._chunk(ChunkKind.ERROR, f"{self._stream}:error", delta=code, final=True)
         return [error, self._end(FinishReason.ERROR)]
 

@@ -2,10 +2,28 @@
 
 A client tool call is a `tool_use` content block: `content_block_start` carries its id and name,
 `input_json_delta.partial_json` its argument text (the first is often `""`), `content_block_stop`
-closes it. On `max_tokens` the open block gets no stop, so it stays open and the END (LENGTH)
-makes it incomplete. `server_tool_use` blocks (tools the API runs itself) and text or thinking
-blocks are not client calls and yield nothing. `message_delta.stop_reason` is the finish signal;
-the END is emitted at `message_stop`, the stream's last event.
+ends it. `server_tool_use` blocks (tools the API runs itself) and text or thinking blocks are not
+client calls and yield nothing. `message_delta.stop_reason` is the finish signal; `message_stop`,
+the stream's last event, releases the calls whose blocks stopped (see `_base`: held until the
+END) when the message stopped normally or at the token limit, and ends the stream. A block still
+open then (`max_tokens` cuts a block without its stop) ends incomplete.
+
+`content_block_stop` carries no final text, so the structure is what is checked, against what the
+SDK's accumulator (`accumulate_event`) does with it: it appends each started block to a list and
+reads every later event's `index` as a position in that list. An event is refused when:
+
+- the stream does not start with `message_start` (whose `content` must be empty and `usage` an
+  object), or has a second one;
+- a block starts with an `index` other than the next position, while another is open, or after
+  the `message_delta`; a `tool_use` start without a non-empty `id` and `name`, with an id
+  another block has, or with a non-empty `input`; a text (thinking) block without its `text`
+  (`thinking`) string;
+- a delta or stop names a block that is not the open one (never started, stopped, another);
+- a delta's type does not belong to its block (a `text_delta` in a `tool_use` block, an
+  `input_json_delta` in a text block, ...), or its text field (`partial_json`, `text`,
+  `thinking`, `signature`) is not a string; a client call takes no delta but `input_json_delta`;
+- `message_delta` without an object `delta`, or a `usage` object with an integer
+  `output_tokens` (the SDK reads both); `message_stop` before any `message_delta`.
 """
 
 from __future__ import annotations
@@ -13,10 +31,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from worker._native import Chunk
 from worker.adapters import fields as f
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
-from worker.model import Chunk, ChunkKind, FinishReason
+from worker.model import ChunkKind, FinishReason
 
 FORMAT = "anthropic.messages"
 
@@ -29,112 +48,204 @@ _STOP = {
     "model_context_window_exceeded": FinishReason.LENGTH,
     "refusal": FinishReason.REFUSAL,
 }
-_OTHER = ""  # a block that is not a client tool call
-_CLOSED = None  # a client tool call's block after its stop
+#: stops after which the calls whose blocks stopped are released
+_RELEASE = frozenset({FinishReason.STOP, FinishReason.TOOL_CALLS, FinishReason.LENGTH})
+#: the text field of each delta type the SDK reads, and the block types that take it
+_DELTAS = {
+    "input_json_delta": "partial_json",
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "signature_delta": "signature",
+    "citations_delta": None,
+}
+_TAKES = {
+    "text": frozenset({"text_delta", "citations_delta"}),
+    "thinking": frozenset({"thinking_delta", "signature_delta"}),
+}
+#: the text a block starts with, which the SDK extends with each delta
+_STARTS = {"text": "text", "thinking": "thinking"}
+_TOOL = "tool_use"
+
+
+def _takes(block: str, delta: str) -> bool:
+    """Whether a block of type `block` takes a delta of the known type `delta`."""
+    if block.endswith(_TOOL):  # tool_use, server_tool_use, mcp_tool_use: the input only
+        return delta == "input_json_delta"
+    return delta in _TAKES.get(block, ())
 
 
 class AnthropicAdapter(VendorAdapter):
     """Incremental decoder of one Messages API stream (one `StreamAdapter`)."""
 
     def __init__(
-        self, stream_id: str, headers: Mapping[str, str], state: Mapping[str, Any] | None = None
+        self,
+        stream_id: str,
+        headers: Mapping[str, str],
+        state: Mapping[str, Any] | None,
+        *,
+        max_calls: int,
     ) -> None:
-        super().__init__(stream_id, headers)
-        self._blocks: dict[int, str | None] = {}  # index -> open call id, _OTHER or _CLOSED
+        super().__init__(stream_id, headers, max_calls)
+        self._started = False  # message_start seen
+        self._blocks = 0  # how many blocks started
+        self._last = ""  # the type of the last one
+        self._calls: dict[int, str] = {}  # the tool_use blocks' call ids, by index
+        self._open = False  # the last block is started and not stopped
+        self._delta_seen = False  # a message_delta came: no block events after it
         self._stop: FinishReason | None = None
         self._refusal: str | None = None
         if state is not None:
             self._restore_base(state)
-            self._blocks = {int(i): block for i, block in state["blocks"].items()}
+            self._started = state["started"]
+            self._blocks, self._last = state["blocks"]
+            self._calls = {int(i): call for i, call in state["calls"].items()}
+            self._open = state["open"]
+            self._delta_seen = state["delta_seen"]
             self._stop = FinishReason(state["stop"]) if state["stop"] is not None else None
             self._refusal = state["refusal"]
+        self._ids = set(self._calls.values())
 
     def state(self) -> dict[str, Any]:
         return {
             **self._base_state(),
-            "blocks": {str(i): block for i, block in self._blocks.items()},
+            "started": self._started,
+            "blocks": [self._blocks, self._last],
+            "calls": {str(i): call for i, call in self._calls.items()},
+            "open": self._open,
+            "delta_seen": self._delta_seen,
             "stop": self._stop,
             "refusal": self._refusal,
         }
 
+    @property
+    def held(self) -> int:
+        return 0 if self._finished else len(self._calls)
+
     def open_calls(self) -> list[str]:
-        """The tool_use blocks started and not stopped."""
-        return [block for block in self._blocks.values() if block]
+        """Every tool_use block of the message: none is released before the END."""
+        return [] if self._finished else list(self._calls.values())
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         if self._finished:
             raise InputFormatError("anthropic.messages: event after the end of the stream")
         kind = f.string(event, "type", "anthropic.messages event")
+        if kind == "ping":
+            return []
+        if kind == "error":
+            return self._error_event(event)
+        if kind == "message_start":
+            self._message_start(event, kind)
+            return []
+        if not self._started:
+            raise InputFormatError(f"{kind}: the stream must start with message_start")
         if kind == "content_block_start":
             return self._start(event, kind)
         if kind == "content_block_delta":
             return self._delta(event, kind)
         if kind == "content_block_stop":
-            return self._block_stop(event, kind)
+            self._current(event, kind)
+            self._open = False
+            return []
         if kind == "message_delta":
             self._message_delta(event, kind)
-        elif kind == "message_stop":
-            return self._message_stop()
-        elif kind == "error":
-            return self._error_event(event)
-        return []
+            return []
+        if kind == "message_stop":
+            return self._message_stop(kind)
+        return []  # an event type the SDK does not accumulate either
+
+    def _message_start(self, event: Mapping[str, Any], kind: str) -> None:
+        if self._started:
+            raise InputFormatError(f"{kind}: the message already started")
+        message = f.obj(event, "message", kind)
+        if message.get("content") != []:
+            raise InputFormatError(f"{kind}: field 'message.content' must be an empty array")
+        f.obj(message, "usage", f"{kind}.message")
+        self._started = True
 
     def _start(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
         index = f.integer(event, "index", kind)
-        if index in self._blocks:
-            raise InputFormatError(f"{kind}: block {index} was already started")
+        if self._delta_seen:
+            raise InputFormatError(f"{kind}: block {index} starts after the message_delta")
+        if self._open:
+            raise InputFormatError(
+                f"{kind}: block {index} starts while block {self._blocks - 1} is open"
+            )
+        if index != self._blocks:
+            raise InputFormatError(f"{kind}: the next block is {self._blocks}, not {index}")
         block = f.obj(event, "content_block", kind)
-        if block.get("type") != "tool_use":
-            self._blocks[index] = _OTHER
-            return []
         where = f"{kind}.content_block"
-        call_id = f.string(block, "id", where)
-        name = f.string(block, "name", where)
-        if call_id in self._blocks.values():
-            raise InputFormatError(f"{kind}: tool_use id repeats an open block's id")
-        self._blocks[index] = call_id
-        return [self._chunk(ChunkKind.TOOL_CALL, call_id, tool=name)]
+        block_type = f.string(block, "type", where)
+        out: list[Chunk] = []
+        if block_type == _TOOL:
+            call_id = f.string(block, "id", where)
+            name = f.string(block, "name", where)
+            if block.get("input", {}) != {}:
+                raise InputFormatError(f"{where}: a streamed tool_use starts with an empty input")
+            if call_id in self._ids:
+                raise InputFormatError(f"{kind}: tool_use id repeats another block's id")
+            self._admit(len(self._calls) + 1, kind)
+            self._calls[index] = call_id
+            self._ids.add(call_id)
+            out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, tool=name))
+        text = _STARTS.get(block_type)
+        if text is not None and not isinstance(block.get(text), str):
+            raise InputFormatError(f"{where}: field {text!r} must be a string")
+        self._blocks += 1
+        self._last = block_type
+        self._open = True
+        return out
 
-    def _block(self, event: Mapping[str, Any], kind: str) -> tuple[int, str | None]:
+    def _current(self, event: Mapping[str, Any], kind: str) -> int:
+        """The index of the open block, which `event` must name."""
         index = f.integer(event, "index", kind)
-        if index not in self._blocks:
-            raise InputFormatError(f"{kind}: block {index} was never started")
-        return index, self._blocks[index]
+        if self._delta_seen or not self._open or index != self._blocks - 1:
+            raise InputFormatError(f"{kind}: block {index} is not the open block")
+        return index
 
     def _delta(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
-        index, call_id = self._block(event, kind)
+        index = self._current(event, kind)
         delta = f.obj(event, "delta", kind)
-        if delta.get("type") != "input_json_delta" or call_id == _OTHER:
-            return []
-        if call_id is _CLOSED:
-            raise InputFormatError(f"{kind}: delta for block {index} after its stop")
-        partial = delta.get("partial_json")
-        if not isinstance(partial, str):
-            raise InputFormatError(f"{kind}: field 'delta.partial_json' must be a string")
-        return [self._chunk(ChunkKind.TOOL_CALL, call_id, delta=partial)] if partial else []
-
-    def _block_stop(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
-        index, call_id = self._block(event, kind)
-        if call_id == _OTHER:
-            return []
-        if call_id is _CLOSED:
-            raise InputFormatError(f"{kind}: block {index} was already stopped")
-        self._blocks[index] = _CLOSED
-        return [self._chunk(ChunkKind.TOOL_CALL, call_id, final=True)]
+        delta_type = f.string(delta, "type", f"{kind}.delta")
+        block_type = self._last
+        call_id = self._calls.get(index)
+        if delta_type not in _DELTAS:
+            if call_id is not None:
+                raise InputFormatError(f"{kind}: a tool_use block takes no {delta_type}")
+            return []  # a delta type this adapter does not know, for a block that is no call
+        if not _takes(block_type, delta_type):
+            raise InputFormatError(f"{kind}: a {block_type} block takes no {delta_type}")
+        field = _DELTAS[delta_type]
+        if field is not None:
+            text = delta.get(field)
+            if not isinstance(text, str):
+                raise InputFormatError(f"{kind}: field 'delta.{field}' must be a string")
+            if call_id is not None and text:
+                return [self._chunk(ChunkKind.TOOL_CALL, call_id, delta=text)]
+        return []
 
     def _message_delta(self, event: Mapping[str, Any], kind: str) -> None:
         delta = f.obj(event, "delta", kind)
+        usage = f.obj(event, "usage", kind)
+        f.integer(usage, "output_tokens", f"{kind}.usage")
         reason = f.opt_str(delta, "stop_reason", f"{kind}.delta")
-        if reason is None:
-            return
-        self._stop = _STOP.get(reason)
+        f.opt_str(delta, "stop_sequence", f"{kind}.delta")
+        details = f.opt_obj(delta, "stop_details", f"{kind}.delta")
+        self._delta_seen = True
+        self._stop = _STOP.get(reason) if reason is not None else None
+        self._refusal = None
         if self._stop is FinishReason.REFUSAL:
-            details = f.opt_obj(delta, "stop_details", f"{kind}.delta") or {}
-            explanation = details.get("explanation")
+            explanation = (details or {}).get("explanation")
             self._refusal = explanation if isinstance(explanation, str) else ""
 
-    def _message_stop(self) -> list[Chunk]:
-        out = []
+    def _message_stop(self, kind: str) -> list[Chunk]:
+        if not self._delta_seen:
+            raise InputFormatError(f"{kind}: the message stops without a message_delta")
+        out: list[Chunk] = []
+        if self._stop in _RELEASE:
+            cut = self._blocks - 1 if self._open else None
+            for index, call_id in self._calls.items():
+                if index != cut:
+                    out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, final=True))
         if self._refusal is not None:
             refusal_id = f"{self._stream}:refusal"
             out.append(self._chunk(ChunkKind.REFUSAL, refusal_id, delta=self._refusal, final=True))

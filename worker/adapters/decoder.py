@@ -7,16 +7,28 @@ partition's adapters go with it (`drop`), and a partition's adapters are written
 with its checkpoint (`state`, `restore`).
 
 Failing closed: when an adapter cannot place an event, the record is `malformed` and every
-call of that stream still open is aborted (`stream_corrupt`); the stream is finished, and its
+call the stream holds is aborted (`stream_corrupt`): those still streaming and those complete
+but held for the stream's END (see `worker.adapters._base`); the stream is finished, and its
 later records are dropped and counted. A bug in an adapter is the record's `internal_error`,
-with the same effect on the stream, and is logged once with the record's position.
+with the same effect on the stream, and is logged once with the record's position. A format
+whose every record is a whole call (`mcp.result`) has nothing else a bad record could belong
+to: the record alone is rejected, and the stream's next records are judged as usual.
+
+A partition keeps at most `max_streams_per_partition` streams, holding at most that many calls
+together (the reassembler's own bound): past either, the least recently active stream is
+aborted, so the reassembler never has to evict a call that a stream would close later.
+
+A partition's state (`state`, `restore`) is a full one or the changes since the last: the live
+streams' adapters in their order of activity, the streams that ended, and the corrupt ones in
+the order they were marked, so that a restored partition decides, evicts and forgets exactly as
+the original would have.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from worker._native import Chunk, ParseError, parse_json
@@ -37,7 +49,12 @@ class StreamAdapter(Protocol):
         ...
 
     def open_calls(self) -> list[str]:
-        """The ids of the calls this stream has open (what an abort must end)."""
+        """The ids of the calls this stream holds (what an abort must end)."""
+        ...
+
+    @property
+    def held(self) -> int:
+        """How many ids `open_calls()` would name (without building the list)."""
         ...
 
     def state(self) -> Any:
@@ -50,8 +67,15 @@ class StreamAdapter(Protocol):
         ...
 
 
-AdapterFactory = Callable[[str, Mapping[str, str], Any], StreamAdapter]
-#: format name -> factory(stream_id, headers, state or None) of one stream's adapter
+class AdapterFactory(Protocol):
+    """A format's adapter class: one stream's adapter, new (`state` None) or restored."""
+
+    def __call__(
+        self, stream_id: str, headers: Mapping[str, str], state: Any, *, max_calls: int
+    ) -> StreamAdapter: ...
+
+
+#: format name -> its adapter class
 ADAPTERS: dict[str, AdapterFactory] = {
     openai_chat.FORMAT: openai_chat.OpenAIChatAdapter,
     openai_responses.FORMAT: openai_responses.OpenAIResponsesAdapter,
@@ -59,11 +83,14 @@ ADAPTERS: dict[str, AdapterFactory] = {
     mcp.FORMAT: mcp.MCPResultAdapter,
 }
 
+#: Formats whose every record is a whole call: a bad record breaks that call only.
+WHOLE_RECORDS = frozenset({mcp.FORMAT})
+
 #: The record headers an adapter sees (and a checkpoint keeps).
 ADAPTER_HEADERS = ("traceparent", "tool", "tool-version", "call-id")
 
 _Slot = tuple[str, str]  # (format, stream id)
-_GONE, _CORRUPT = "gone", "corrupt"  # a stream's state in a checkpoint, when it has no adapter
+_GONE = "gone"  # a stream's state in a checkpoint, when it ended
 
 
 def formats() -> list[str]:
@@ -72,29 +99,58 @@ def formats() -> list[str]:
 
 
 class _Stream:
-    __slots__ = ("adapter", "headers")
+    __slots__ = ("adapter", "headers", "held")
 
     def __init__(self, adapter: StreamAdapter, headers: dict[str, str]) -> None:
         self.adapter = adapter
         self.headers = headers
+        self.held = adapter.held  # what the partition's count holds of this stream
 
 
 class _Partition:
-    __slots__ = ("changed", "corrupt", "streams")
+    __slots__ = ("changed", "corrupt", "corrupted", "held", "streams")
 
     def __init__(self) -> None:
+        # live streams, least recently active first
         self.streams: dict[_Slot, _Stream] = {}
         # streams that failed: their later records are dropped (the newest remembered)
         self.corrupt: OrderedDict[_Slot, None] = OrderedDict()
-        # streams changed since the last checkpoint state
-        self.changed: set[_Slot] = set()
+        # since the last checkpoint state: the streams changed, in the order they last changed,
+        # and every stream marked corrupt, in order (replayed, it forgets what the original did)
+        self.changed: dict[_Slot, None] = {}
+        self.corrupted: list[_Slot] = []
+        # the calls the live streams hold, together
+        self.held = 0
+
+    def drop_stream(self, slot: _Slot) -> _Stream | None:
+        stream = self.streams.pop(slot, None)
+        if stream is not None:
+            self.held -= stream.held
+        return stream
+
+    def touch(self, slot: _Slot) -> None:
+        self.changed.pop(slot, None)
+        self.changed[slot] = None
+
+    def mark_corrupt(self, slot: _Slot, bound: int) -> None:
+        self.corrupted.append(slot)
+        self.corrupt[slot] = None
+        if len(self.corrupt) > bound:
+            self.corrupt.popitem(last=False)
 
 
 class Decoder:
-    """Decodes vendor records, keeping each stream's adapter, per partition."""
+    """Decodes vendor records, keeping each stream's adapter, per partition.
+
+    `max_streams_per_partition` (the reassembler's bound on a partition's open calls) bounds
+    both the streams a partition keeps and the calls they hold together, each stream's own
+    included: past it the least recently active stream is aborted (`stream_corrupt`), before the
+    reassembler would have to evict a call a stream still holds and later closes. A stream that
+    alone would hold more is broken by the adapter itself.
+    """
 
     def __init__(self, max_streams_per_partition: int) -> None:
-        self._max_streams = max_streams_per_partition
+        self._max = max_streams_per_partition
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self.dropped_records = 0
 
@@ -135,24 +191,25 @@ class Decoder:
             )
         if type(event) is not dict:
             raise InputFormatError(f"{fmt} event must be a JSON object")
-        stream = part.streams.get(slot)
+        stream = part.streams.pop(slot, None)
         if stream is None:
             headers = _adapter_headers(record)
-            stream = _Stream(factory(stream_id, headers, None), headers)
-            part.streams[slot] = stream
-            if len(part.streams) > self._max_streams:
-                oldest = next(iter(part.streams))
-                return [*self._abort(part, oldest), *self._feed(part, slot, stream, event)]
-        return self._feed(part, slot, stream, event)
-
-    def _feed(
-        self, part: _Partition, slot: _Slot, stream: _Stream, event: dict[str, Any]
-    ) -> list[Chunk]:
-        part.changed.add(slot)
+            stream = _Stream(factory(stream_id, headers, None, max_calls=self._max), headers)
+        part.streams[slot] = stream  # the most recently active now
+        part.touch(slot)
         chunks = stream.adapter.feed(event)
+        held = stream.adapter.held
+        part.held += held - stream.held
+        stream.held = held
         if stream.adapter.finished:
-            del part.streams[slot]
-        return chunks
+            part.drop_stream(slot)
+        evicted: list[Chunk] = []
+        while len(part.streams) > self._max or part.held > self._max:
+            oldest = next(iter(part.streams))
+            if oldest == slot:
+                break  # cannot happen: the adapter bounds its own stream
+            evicted += self._abort(part, oldest)
+        return [*evicted, *chunks] if evicted else chunks
 
     def _fail(
         self, record: Any, fmt: str, stream_id: str | None, code: Code, detail: str
@@ -161,15 +218,17 @@ class Decoder:
         if stream_id is None:
             return [malformed]
         part = self._partition(record)
+        if fmt in WHOLE_RECORDS:  # the record was its only call: the stream goes on
+            part.drop_stream((fmt, stream_id))
+            part.touch((fmt, stream_id))
+            return [malformed]
         return [malformed, *self._abort(part, (fmt, stream_id))]
 
     def _abort(self, part: _Partition, slot: _Slot) -> list[Chunk]:
-        """End the stream: its open calls are aborted, its later records dropped."""
-        stream = part.streams.pop(slot, None)
-        part.corrupt[slot] = None
-        if len(part.corrupt) > self._max_streams:
-            part.corrupt.popitem(last=False)
-        part.changed.add(slot)
+        """End the stream: the calls it holds are aborted, its later records dropped."""
+        stream = part.drop_stream(slot)
+        part.mark_corrupt(slot, self._max)
+        part.touch(slot)
         if stream is None:
             return []
         return [Chunk(slot[1], ChunkKind.ABORT, call_id) for call_id in stream.adapter.open_calls()]
@@ -187,20 +246,24 @@ class Decoder:
         self._partitions.pop((topic, partition), None)
 
     def state(self, topic: str, partition: int, *, full: bool) -> dict[str, Any]:
-        """The partition's streams for a checkpoint: all of them (`full`), or those changed
-        since the last call (with `None` for a stream that finished)."""
+        """The partition's streams for a checkpoint: all of them (`full`), or what changed since
+        the last call. `streams` lists live streams (in the order that rebuilds their order of
+        activity) and, in a delta, `gone` for a stream that ended; `corrupt` the corrupt ones
+        (in a delta: each marked since, in order)."""
         part = self._partitions.get((topic, partition)) or _Partition()
-        slots = [*part.streams, *part.corrupt] if full else sorted(part.changed)
+        slots = list(part.streams) if full else list(part.changed)
         streams: list[list[Any]] = []
         for fmt, stream_id in slots:
             stream = part.streams.get((fmt, stream_id))
             if stream is not None:
                 streams.append([fmt, stream_id, [stream.headers, stream.adapter.state()]])
-            else:
-                corrupt = (fmt, stream_id) in part.corrupt
-                streams.append([fmt, stream_id, _CORRUPT if corrupt else _GONE])
+            elif (fmt, stream_id) not in part.corrupt:
+                streams.append([fmt, stream_id, _GONE])
+        corrupt = list(part.corrupt) if full else part.corrupted
+        state = {"streams": streams, "corrupt": [list(slot) for slot in corrupt], "full": full}
         part.changed.clear()
-        return {"streams": streams, "full": full}
+        part.corrupted = []
+        return state
 
     def restore(self, topic: str, partition: int, states: list[dict[str, Any]]) -> None:
         """Rebuild a partition's streams from its checkpoints' states, oldest first."""
@@ -208,18 +271,19 @@ class Decoder:
         for state in states:
             if state["full"]:
                 part = _Partition()
+            for fmt, stream_id in state["corrupt"]:
+                part.mark_corrupt((fmt, stream_id), self._max)
+                part.drop_stream((fmt, stream_id))
             for fmt, stream_id, body in state["streams"]:
                 slot = (fmt, stream_id)
-                part.streams.pop(slot, None)
-                if body == _CORRUPT:
-                    part.corrupt[slot] = None
-                    if len(part.corrupt) > self._max_streams:
-                        part.corrupt.popitem(last=False)
-                if not isinstance(body, list):
+                part.drop_stream(slot)
+                if body == _GONE:
                     continue
                 headers, adapter_state = body
-                adapter = ADAPTERS[fmt](stream_id, headers, adapter_state)
-                part.streams[slot] = _Stream(adapter, headers)
+                adapter = ADAPTERS[fmt](stream_id, headers, adapter_state, max_calls=self._max)
+                stream = part.streams[slot] = _Stream(adapter, headers)
+                part.held += stream.held
+        part.corrupted = []
         self._partitions[(topic, partition)] = part
 
 

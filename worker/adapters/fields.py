@@ -38,6 +38,14 @@ def string(event: Mapping[str, Any], name: str, where: str) -> str:
     return value
 
 
+def text(event: Mapping[str, Any], name: str, where: str) -> str:
+    """A string that may be empty (a piece of text, never a name)."""
+    value = event.get(name)
+    if not isinstance(value, str):
+        raise InputFormatError(f"{where}: field {name!r} must be a string")
+    return value
+
+
 def opt_str(event: Mapping[str, Any], name: str, where: str) -> str | None:
     value = event.get(name)
     if value is None or isinstance(value, str):

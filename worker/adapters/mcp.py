@@ -14,9 +14,10 @@ from typing import Any
 
 import orjson
 
+from worker._native import Chunk
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
-from worker.model import Chunk, ChunkKind
+from worker.model import ChunkKind
 
 FORMAT = "mcp.result"
 
@@ -25,15 +26,25 @@ class MCPResultAdapter(VendorAdapter):
     """One MCP result record; finished after its only event."""
 
     def __init__(
-        self, stream_id: str, headers: Mapping[str, str], state: Mapping[str, Any] | None = None
+        self,
+        stream_id: str,
+        headers: Mapping[str, str],
+        state: Mapping[str, Any] | None,
+        *,
+        max_calls: int,
     ) -> None:
-        super().__init__(stream_id, headers)
+        super().__init__(stream_id, headers, max_calls)
         self._headers = headers
         if state is not None:
             self._restore_base(state)
 
     def state(self) -> dict[str, Any]:
         return self._base_state()
+
+    @property
+    def held(self) -> int:
+        """None: a record is a whole result, closed in its own chunk."""
+        return 0
 
     def open_calls(self) -> list[str]:
         """None: a record is a whole result."""

@@ -2,10 +2,28 @@
 
 Tool calls arrive as `choices[].delta.tool_calls[]`, keyed by `index` within the choice; `id` and
 `function.name` come only on a call's first delta. Chat Completions has no per-call close event:
-the calls of a choice are closed only by that choice's `finish_reason` of `tool_calls` or `stop`;
+the calls of a choice are complete once that choice's `finish_reason` is `tool_calls` or `stop`;
 after `length` or `content_filter` they stay open, so the reassembler marks them incomplete.
 The stream ends (one END chunk) once every choice seen has its finish reason, or at the usage
-chunk (`choices: []`) that closes a stream; a usage chunk after the end is ignored.
+chunk (`choices: []`) that closes a stream. Every call is held until that END (see `_base`).
+
+The official SDK (`ChatCompletionStreamState`) is the reference for what a stream means, and it
+places pieces by position: a choice's `index` and a tool call's `index` are list positions, every
+string field is concatenated onto what came before, and a chunk whose `object` is not a chunk's is
+skipped. So an event is refused when the SDK would read it differently from us, or could not:
+
+- `object` other than `chat.completion.chunk` (an empty one, Azure's filter annotation, only when
+  it carries nothing), a truthy `error` ends the stream as a vendor error;
+- `choices` not an array of objects, a choice `index` that is not the next new one or a known
+  one, `delta` not an object, `logprobs` / `moderation` / `usage` not objects;
+- any text field (`content`, `refusal`, `role`, `finish_reason`, a call's `id`, `type`,
+  `function.name`, `function.arguments`) that is not a string or null; `function_call` (legacy);
+- a tool call entry that is not an object, without `function`, a `type` other than `function`,
+  an `index` that is neither the next new call nor the current one (calls stream one after the
+  other: a piece for an earlier call, or a later call out of order, is refused);
+- a first delta without a name, with an empty id, or with an id another call has; a later one that
+  names an id or a name (the SDK would append it to the call's own);
+- anything but an empty delta for a choice after its finish reason, a second finish reason.
 
 With n > 1 choices, the calls and the refusal of choice k > 0 get a `:k` suffix on their ids so
 that equal vendor ids in two choices cannot merge. Text content is not a call and yields nothing.
@@ -14,15 +32,16 @@ that equal vendor ids in two choices cannot merge. Text content is not a call an
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+from worker._native import Chunk
 from worker.adapters import fields as f
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
-from worker.model import Chunk, ChunkKind, FinishReason
+from worker.model import ChunkKind, FinishReason
 
 FORMAT = "openai.chat"
+OBJECT = "chat.completion.chunk"
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -33,6 +52,8 @@ _FINISH = {
 }
 #: finish reasons that say the choice's calls are structurally complete
 _CLOSES = frozenset({FinishReason.STOP, FinishReason.TOOL_CALLS})
+#: ... and the same once a refusal turned STOP into REFUSAL: what the END releases
+_RELEASES = _CLOSES | {FinishReason.REFUSAL}
 #: when choices end differently, the END carries the reason that matters most for open calls
 _PRIORITY = (
     FinishReason.CONTENT_FILTER,
@@ -42,69 +63,71 @@ _PRIORITY = (
     FinishReason.TOOL_CALLS,
     FinishReason.STOP,
 )
+#: delta values that change nothing in the SDK's snapshot (allowed after a choice finished)
+_EMPTY: tuple[Any, ...] = (None, "", [])
 
 
-@dataclass(slots=True)
-class _Call:
-    call_id: str
-    vendor_id: str | None
-    name: str
-
-
-@dataclass(slots=True)
 class _Choice:
-    calls: dict[int, _Call] = field(default_factory=dict)
-    call_ids: set[str] = field(default_factory=set)
-    refusal: bool = False
-    done: bool = False
-    finish: FinishReason | None = None
+    __slots__ = ("calls", "done", "finish", "refusal")
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "calls": {str(i): [c.call_id, c.vendor_id, c.name] for i, c in self.calls.items()},
-            "refusal": self.refusal,
-            "done": self.done,
-            "finish": self.finish,
-        }
+    def __init__(
+        self,
+        calls: list[str] | None = None,
+        refusal: bool = False,
+        done: bool = False,
+        finish: FinishReason | None = None,
+    ) -> None:
+        self.calls = calls if calls is not None else []  # call ids, by tool call index
+        self.refusal = refusal  # the refusal channel is open
+        self.done = done  # the choice has its finish reason
+        self.finish = finish  # that reason, normalized (None: unknown)
+
+    def state(self) -> list[Any]:
+        return [self.calls, self.refusal, self.done, self.finish]
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> _Choice:
-        calls = {int(i): _Call(*call) for i, call in state["calls"].items()}
-        finish = state["finish"]
-        return cls(
-            calls,
-            {call.call_id for call in calls.values()},
-            state["refusal"],
-            state["done"],
-            FinishReason(finish) if finish is not None else None,
-        )
+    def from_state(cls, state: list[Any]) -> _Choice:
+        calls, refusal, done, finish = state
+        return cls(list(calls), refusal, done, FinishReason(finish) if finish is not None else None)
 
 
 class OpenAIChatAdapter(VendorAdapter):
     """Incremental decoder of one Chat Completions stream (one `StreamAdapter`)."""
 
     def __init__(
-        self, stream_id: str, headers: Mapping[str, str], state: Mapping[str, Any] | None = None
+        self,
+        stream_id: str,
+        headers: Mapping[str, str],
+        state: Mapping[str, Any] | None,
+        *,
+        max_calls: int,
     ) -> None:
-        super().__init__(stream_id, headers)
-        self._choices: dict[int, _Choice] = {}
+        super().__init__(stream_id, headers, max_calls)
+        self._choices: list[_Choice] = []
+        self._ids: set[str] = set()  # every call id of the stream (they must not repeat)
+        self._held = 0
+        self._done = 0  # choices with their finish reason
         if state is not None:
             self._restore_base(state)
-            self._choices = {int(i): _Choice.from_state(c) for i, c in state["choices"].items()}
+            self._choices = [_Choice.from_state(c) for c in state["choices"]]
+            self._ids = {call for choice in self._choices for call in choice.calls}
+            self._held = sum(len(c.calls) + c.refusal for c in self._choices)
+            self._done = sum(c.done for c in self._choices)
 
     def state(self) -> dict[str, Any]:
-        return {
-            **self._base_state(),
-            "choices": {str(i): choice.state() for i, choice in self._choices.items()},
-        }
+        return {**self._base_state(), "choices": [choice.state() for choice in self._choices]}
+
+    @property
+    def held(self) -> int:
+        return 0 if self._finished else self._held
 
     def open_calls(self) -> list[str]:
-        """The calls (and refusals) of every choice not closed by its finish reason."""
+        """Every call and refusal of the stream: none is released before the END."""
+        if self._finished:
+            return []
         open_ids: list[str] = []
-        for index, choice in self._choices.items():
-            if choice.done and choice.finish in _CLOSES:
-                continue
-            open_ids.extend(call.call_id for call in choice.calls.values())
+        for index, choice in enumerate(self._choices):
+            open_ids.extend(choice.calls)
             if choice.refusal:
                 open_ids.append(self._refusal_id(index))
         return open_ids
@@ -112,100 +135,135 @@ class OpenAIChatAdapter(VendorAdapter):
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         if self._finished:
             raise InputFormatError("openai.chat: event after the end of the stream")
-        if "error" in event and "choices" not in event:
-            return self._error_event(event)
+        if event.get("error"):
+            return self._error_event(event["error"])
         choices = f.array(event, "choices", "chat.completion.chunk")
+        kind = event.get("object")
+        if kind != OBJECT:
+            if kind == "" and not any(_carries(choice) for choice in choices):
+                return []  # an annotation the SDK skips, and it carries nothing
+            raise InputFormatError(f"chat.completion.chunk: field 'object' must be {OBJECT!r}")
+        f.opt_obj(event, "usage", "chat.completion.chunk")
+        f.opt_obj(event, "moderation", "chat.completion.chunk")
+        f.opt_str(event, "system_fingerprint", "chat.completion.chunk")
         out: list[Chunk] = []
         if not choices:
             # The usage chunk is the stream's last one.
-            self._finished = True
-            if self._choices:
-                out.append(self._end(self._end_reason()))
-            return out
+            if not self._choices:
+                self._finished = True
+                return out
+            return self._close_stream(out)
         for raw in choices:
             if not isinstance(raw, dict):
                 raise InputFormatError("chat.completion.chunk: each of 'choices' must be an object")
             self._choice(raw, out)
-        if all(choice.done for choice in self._choices.values()):
-            out.append(self._end(self._end_reason()))
+        if self._done == len(self._choices):
+            return self._close_stream(out)
         return out
 
     def _choice(self, raw: Mapping[str, Any], out: list[Chunk]) -> None:
         index = f.integer(raw, "index", "choices[]")
         where = f"choices[{index}]"
-        choice = self._choices.get(index)
-        if choice is None:
-            choice = self._choices[index] = _Choice()
-        elif choice.done:
-            raise InputFormatError(f"{where}: delta after the choice's finish_reason")
-        delta = f.opt_obj(raw, "delta", where) or {}
+        if index == len(self._choices):
+            if index >= self._max_calls:
+                raise InputFormatError(f"{where}: more than {self._max_calls} choices")
+            self._choices.append(_Choice())
+        elif index > len(self._choices):
+            raise InputFormatError(
+                f"{where}: a new choice must have the next index ({len(self._choices)})"
+            )
+        choice = self._choices[index]
+        delta = f.obj(raw, "delta", where)
+        f.opt_obj(raw, "logprobs", where)
+        raw_finish = f.opt_str(raw, "finish_reason", where) or None  # the SDK ignores ""
+        for name in ("content", "role", "refusal"):
+            f.opt_str(delta, name, f"{where}.delta")
         if delta.get("function_call") is not None:
             raise InputFormatError(f"{where}: legacy delta.function_call is not supported")
         tool_calls = delta.get("tool_calls")
-        if tool_calls is not None:
-            if not isinstance(tool_calls, list):
-                raise InputFormatError(f"{where}: delta.tool_calls must be an array")
-            for call in tool_calls:
-                if not isinstance(call, dict):
-                    raise InputFormatError(f"{where}: each of delta.tool_calls must be an object")
-                self._tool_delta(index, choice, call, out)
-        refusal = f.opt_str(delta, "refusal", f"{where}.delta")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise InputFormatError(f"{where}: delta.tool_calls must be an array")
+        if choice.done:
+            if raw_finish is not None or any(value not in _EMPTY for value in delta.values()):
+                raise InputFormatError(f"{where}: delta after the choice's finish_reason")
+            return
+        for call in tool_calls or ():
+            if not isinstance(call, dict):
+                raise InputFormatError(f"{where}: each of delta.tool_calls must be an object")
+            self._tool_delta(index, choice, call, out)
+        refusal = delta.get("refusal")
         if refusal is not None and (refusal or not choice.refusal):
+            if not choice.refusal:
+                self._admit(self._held + 1, where)
+                self._held += 1
             choice.refusal = True
             out.append(self._chunk(ChunkKind.REFUSAL, self._refusal_id(index), delta=refusal))
-        raw_finish = f.opt_str(raw, "finish_reason", where)
         if raw_finish is not None:
-            self._finish(index, choice, raw_finish, out)
+            finish = _FINISH.get(raw_finish)
+            choice.done = True
+            self._done += 1
+            choice.finish = (
+                FinishReason.REFUSAL if finish is FinishReason.STOP and choice.refusal else finish
+            )
 
     def _tool_delta(
         self, choice_index: int, choice: _Choice, raw: Mapping[str, Any], out: list[Chunk]
     ) -> None:
         index = f.integer(raw, "index", f"choices[{choice_index}].delta.tool_calls[]")
         where = f"choices[{choice_index}].delta.tool_calls[{index}]"
-        vendor_id = f.opt_str(raw, "id", where) or None
-        function = f.opt_obj(raw, "function", where) or {}
-        name = f.opt_str(function, "name", f"{where}.function") or None
+        function = f.obj(raw, "function", where)
+        vendor_id = f.opt_str(raw, "id", where)
+        kind = f.opt_str(raw, "type", where)
+        if kind not in (None, "function"):
+            raise InputFormatError(f"{where}: field 'type' must be 'function'")
+        name = f.opt_str(function, "name", f"{where}.function")
         arguments = f.opt_str(function, "arguments", f"{where}.function") or ""
-        call = choice.calls.get(index)
-        if call is None:
-            if name is None:
+        if index == len(choice.calls):
+            if not name:
                 raise InputFormatError(f"{where}: the first delta of a tool call needs its name")
+            if vendor_id == "":
+                raise InputFormatError(f"{where}: field 'id' must not be empty")
             base = vendor_id or f"{self._stream}:{choice_index}:{index}"
             call_id = base if choice_index == 0 else f"{base}:{choice_index}"
-            if call_id in choice.call_ids:
+            if call_id in self._ids:
                 raise InputFormatError(f"{where}: tool call id repeats another call's id")
-            choice.calls[index] = _Call(call_id, vendor_id, name)
-            choice.call_ids.add(call_id)
+            self._admit(self._held + 1, where)
+            self._held += 1
+            choice.calls.append(call_id)
+            self._ids.add(call_id)
             out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, tool=name, delta=arguments))
             return
-        if vendor_id is not None and vendor_id != call.vendor_id:
+        if index != len(choice.calls) - 1:
+            raise InputFormatError(
+                f"{where}: out of order (the current tool call is {len(choice.calls) - 1})"
+            )
+        if vendor_id:
             raise InputFormatError(f"{where}: the tool call's id changed mid-stream")
-        if name is not None and name != call.name:
+        if name:
             raise InputFormatError(f"{where}: the tool call's name changed mid-stream")
         if arguments:
-            out.append(self._chunk(ChunkKind.TOOL_CALL, call.call_id, delta=arguments))
+            out.append(self._chunk(ChunkKind.TOOL_CALL, choice.calls[-1], delta=arguments))
 
-    def _finish(self, index: int, choice: _Choice, raw: str, out: list[Chunk]) -> None:
-        finish = _FINISH.get(raw)
-        choice.done = True
-        choice.finish = (
-            FinishReason.REFUSAL if finish is FinishReason.STOP and choice.refusal else finish
-        )
-        if finish in _CLOSES:
-            for call in choice.calls.values():
-                out.append(self._chunk(ChunkKind.TOOL_CALL, call.call_id, final=True))
-            if choice.refusal:
-                out.append(self._chunk(ChunkKind.REFUSAL, self._refusal_id(index), final=True))
+    def _close_stream(self, out: list[Chunk]) -> list[Chunk]:
+        """The END: the calls (and refusal) of every choice its finish reason closed are
+        released, the others stay open for the END to make incomplete."""
+        for index, choice in enumerate(self._choices):
+            if choice.done and choice.finish in _RELEASES:
+                for call_id in choice.calls:
+                    out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, final=True))
+                if choice.refusal:
+                    out.append(self._chunk(ChunkKind.REFUSAL, self._refusal_id(index), final=True))
+        out.append(self._end(self._end_reason()))
+        return out
 
-    def _error_event(self, event: Mapping[str, Any]) -> list[Chunk]:
-        error = event.get("error")
+    def _error_event(self, error: Any) -> list[Chunk]:
         code = "error"
         if isinstance(error, dict):
             code = f.short_code(error.get("code"), f.short_code(error.get("type"), "error"))
         return self._error(code)
 
     def _end_reason(self) -> FinishReason | None:
-        reasons = {choice.finish for choice in self._choices.values()}
+        reasons = {choice.finish for choice in self._choices}
         finish = next((reason for reason in _PRIORITY if reason in reasons), None)
         if None in reasons and finish in _CLOSES:
             finish = None  # a choice without a known finish reason: its calls ended with the stream
@@ -214,3 +272,10 @@ class OpenAIChatAdapter(VendorAdapter):
     def _refusal_id(self, choice_index: int) -> str:
         base = f"{self._stream}:refusal"
         return base if choice_index == 0 else f"{base}:{choice_index}"
+
+
+def _carries(choice: Any) -> bool:
+    """Whether a choice of a chunk the SDK skips carries anything it would have taken."""
+    if not isinstance(choice, dict):
+        return True
+    return bool(choice.get("delta")) or choice.get("finish_reason") is not None

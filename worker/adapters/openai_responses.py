@@ -1,30 +1,44 @@
 """OpenAI Responses API stream events to internal chunks.
 
 A function call opens with `response.output_item.added` (a `function_call` item with `call_id` and
-`name`); its argument deltas name only `item_id` / `output_index`, mapped back to the `call_id`
-here. `function_call_arguments.done` or `output_item.done` (status completed) closes it, after the
-full `arguments` they carry go to the reassembler as the call's expected text, which must equal
-the deltas it assembled (else the call is `stream_corrupt`). An item
-that is never closed (`response.incomplete` mid-call) stays open, so the reassembler marks it
-incomplete from the END's finish reason.
+`name`) at an `output_index`; its argument deltas name that `output_index` (the SDK's
+`ResponseStreamState` places them by it) and the item's `item_id`, which must agree. The vendor
+then sends the call's final text up to three times: `function_call_arguments.done`,
+`output_item.done`, and the final response (`response.completed`, or `response.incomplete`
+when the response was cut), whose `output` is what the SDK hands its user. Every one of them must
+equal the others (the adapter keeps a digest of the first); the call is released at the END with
+the final response's text as its expected text, which the reassembler compares with the deltas
+it assembled (a difference: `stream_corrupt`). A call whose item never finished (a
+`response.incomplete` mid-call, an `output_item.done` with status `incomplete`) stays open and
+the END makes it incomplete. A final response without `output` releases nothing.
 
-`sequence_number` is per stream, not per call, and older streams lack it. When a stream has it, a
-repeated or older number is a replayed event and is dropped, and a jump past the next number gives
-every open call a hole in its own chunk numbering (`seq`), so the reassembler reports a
-`sequence_gap` instead of joining text around a lost delta. Other event types (text, reasoning,
-built-in tools) yield nothing.
+`sequence_number` is per stream, not per call, and older streams lack it. When a stream has it,
+every event must. A repeated or older number is refused like any event out of place: the SDK
+would place the event a second time (append a delta again, or fail on an item added twice), so
+the stream is no longer the one the model sent. A jump past the next number gives every call
+still streaming a hole in its own chunk numbering (`seq`), so the reassembler reports a
+`sequence_gap` instead of joining text around a lost delta.
+
+An event is refused when it cannot be placed the way the SDK places it: a stream that does not
+start with `response.created`, a lifecycle event for another response id or with output items
+before the end, an item added at an `output_index` already taken, an event naming an
+`output_index` no item was added at (or a function call's, for an event that is not about its
+arguments), an `item_id`, `call_id` or `name` that differs from its item's, a text that is not
+a string, a delta after the call's `.done`, a final response that lacks a finished call, names
+one never streamed, or says the response completed while a call had not finished.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from worker._native import Chunk
 from worker.adapters import fields as f
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
-from worker.model import Chunk, ChunkKind, FinishReason
+from worker.model import ChunkKind, FinishReason
 
 FORMAT = "openai.responses"
 
@@ -33,53 +47,121 @@ _INCOMPLETE = {
     "max_tokens": FinishReason.LENGTH,
     "content_filter": FinishReason.CONTENT_FILTER,
 }
+_OPEN, _DONE, _CUT = "open", "done", "cut"  # a call streaming; finished (held); ended unfinished
+_FUNCTION_CALL = "function_call"
+#: events about a function call's arguments, the only ones that may name its output_index
+_CALL_EVENTS = frozenset(
+    {
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+    }
+)
+_LIFECYCLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 
 
-@dataclass(slots=True)
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
 class _Call:
-    call_id: str
-    name: str
-    open: bool = True
-    next_seq: int = 0
-    gapped: bool = False  # an event of this stream was lost while the call was open
+    __slots__ = ("call_id", "digest", "gapped", "item_id", "name", "next_seq", "status")
+
+    def __init__(
+        self,
+        item_id: str | None,
+        call_id: str,
+        name: str,
+        *,
+        status: str = _OPEN,
+        next_seq: int = 0,
+        gapped: bool = False,
+        digest: str | None = None,
+    ) -> None:
+        self.item_id = item_id
+        self.call_id = call_id
+        self.name = name
+        self.status = status
+        self.next_seq = next_seq
+        self.gapped = gapped  # an event of this stream was lost while the call was streaming
+        self.digest = digest  # of the call's final text, once it is done
+
+    @classmethod
+    def from_state(cls, state: list[Any]) -> _Call:
+        item_id, call_id, name, status, next_seq, gapped, digest = state
+        return cls(
+            item_id,
+            call_id,
+            name,
+            status=status,
+            next_seq=next_seq,
+            gapped=gapped,
+            digest=digest,
+        )
+
+    def state(self) -> list[Any]:
+        return [
+            self.item_id,
+            self.call_id,
+            self.name,
+            self.status,
+            self.next_seq,
+            self.gapped,
+            self.digest,
+        ]
 
 
 class OpenAIResponsesAdapter(VendorAdapter):
     """Incremental decoder of one Responses API stream (one `StreamAdapter`)."""
 
     def __init__(
-        self, stream_id: str, headers: Mapping[str, str], state: Mapping[str, Any] | None = None
+        self,
+        stream_id: str,
+        headers: Mapping[str, str],
+        state: Mapping[str, Any] | None,
+        *,
+        max_calls: int,
     ) -> None:
-        super().__init__(stream_id, headers)
-        self._calls: dict[str, _Call] = {}  # by item id
-        self._items: dict[int, str] = {}  # output_index -> item id
+        super().__init__(stream_id, headers, max_calls)
+        self._response_id: str | None = None  # set by response.created
+        self._calls: dict[int, _Call] = {}  # function calls by output_index
+        self._others: dict[int, str] = {}  # other items' types by output_index
         self._numbered: bool | None = None
         self._last_seq = -1
         self._refusal: bool | None = None  # None: none seen; True: open; False: closed
         if state is not None:
             self._restore_base(state)
-            self._calls = {item: _Call(*call) for item, call in state["calls"].items()}
-            self._items = {int(i): item for i, item in state["items"].items()}
+            self._response_id = state["response_id"]
+            self._calls = {int(i): _Call.from_state(c) for i, c in state["calls"].items()}
+            self._others = {int(i): kind for i, kind in state["others"].items()}
             self._numbered = state["numbered"]
             self._last_seq = state["last_seq"]
             self._refusal = state["refusal"]
+        self._ids = {call.call_id for call in self._calls.values()}
+        self._items = {c.item_id for c in self._calls.values() if c.item_id is not None}
 
     def state(self) -> dict[str, Any]:
         return {
             **self._base_state(),
-            "calls": {
-                item: [c.call_id, c.name, c.open, c.next_seq, c.gapped]
-                for item, c in self._calls.items()
-            },
-            "items": {str(i): item for i, item in self._items.items()},
+            "response_id": self._response_id,
+            "calls": {str(i): call.state() for i, call in self._calls.items()},
+            "others": {str(i): kind for i, kind in self._others.items()},
             "numbered": self._numbered,
             "last_seq": self._last_seq,
             "refusal": self._refusal,
         }
 
+    @property
+    def held(self) -> int:
+        return 0 if self._finished else len(self._calls) + bool(self._refusal)
+
     def open_calls(self) -> list[str]:
-        """The function calls not closed yet, and the refusal while it streams."""
-        open_ids = [call.call_id for call in self._calls.values() if call.open]
+        """Every function call (none is released before the END), and the refusal while it
+        streams."""
+        if self._finished:
+            return []
+        open_ids = [call.call_id for call in self._calls.values()]
         if self._refusal:
             open_ids.append(f"{self._stream}:refusal")
         return open_ids
@@ -88,69 +170,115 @@ class OpenAIResponsesAdapter(VendorAdapter):
         if self._finished:
             raise InputFormatError("openai.responses: event after the end of the stream")
         kind = f.string(event, "type", "openai.responses event")
-        if self._replayed(event, kind):
-            return []
+        if event.get("error"):  # the SDK's stream raises on any event with an error
+            return self._error_event(event, kind)
+        self._sequence(event, kind)
+        if self._response_id is None and kind not in ("response.created", "error"):
+            raise InputFormatError(f"{kind}: the stream must start with response.created")
+        if "output_index" in event and kind not in ("response.output_item.added",):
+            self._check_index(event, kind)
         handler = _HANDLERS.get(kind)
         return handler(self, event, kind) if handler is not None else []
 
-    def _replayed(self, event: Mapping[str, Any], kind: str) -> bool:
+    def _sequence(self, event: Mapping[str, Any], kind: str) -> None:
         seq = f.opt_int(event, "sequence_number", kind)
         if self._numbered is None:
             self._numbered = seq is not None
-        if not self._numbered or seq is None:
-            return False
+        if self._numbered != (seq is not None):
+            raise InputFormatError(f"{kind}: 'sequence_number' on some events of a stream only")
+        if seq is None:
+            return
         if seq <= self._last_seq:
-            return True
+            raise InputFormatError(
+                f"{kind}: sequence_number {seq} comes after {self._last_seq} (a replayed event)"
+            )
         if seq > self._last_seq + 1 and self._last_seq >= 0:
             for call in self._calls.values():
-                if call.open:
+                if call.status == _OPEN:
                     call.next_seq += 1  # the lost event may have been this call's
                     call.gapped = True
         self._last_seq = seq
-        return False
 
-    # -- function calls -------------------------------------------------------------------
+    def _check_index(self, event: Mapping[str, Any], kind: str) -> None:
+        index = f.integer(event, "output_index", kind)
+        if index in self._calls:
+            if kind not in _CALL_EVENTS:
+                raise InputFormatError(f"{kind}: output_index {index} is a function call")
+        elif index not in self._others and kind != "response.output_item.done":
+            raise InputFormatError(f"{kind}: no item was added at output_index {index}")
+
+    # -- the response's life ----------------------------------------------------------------
+
+    def _lifecycle(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
+        response = self._response(event, kind)
+        if response.get("output") not in (None, []):
+            raise InputFormatError(f"{kind}: output items before the end of the response")
+        return []
+
+    def _response(self, event: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+        response = f.obj(event, "response", kind)
+        response_id = f.string(response, "id", f"{kind}.response")
+        if self._response_id is None:
+            self._response_id = response_id
+        elif response_id != self._response_id:
+            raise InputFormatError(f"{kind}: another response's id")
+        return response
+
+    # -- function calls -----------------------------------------------------------------------
 
     def _added(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
+        index = f.integer(event, "output_index", kind)
         item = f.obj(event, "item", kind)
-        if item.get("type") != "function_call":
+        item_type = f.string(item, "type", f"{kind}.item")
+        call = self._register(index, item, item_type, kind)
+        if call is None:
             return []
-        item_id = self._register(event, item, kind)
-        call = self._calls[item_id]
-        arguments = f.opt_str(item, "arguments", f"{kind}.item") or ""
+        arguments = f.text(item, "arguments", f"{kind}.item")
         return [self._call_chunk(call, tool=call.name, delta=arguments)]
 
-    def _register(self, event: Mapping[str, Any], item: Mapping[str, Any], kind: str) -> str:
+    def _register(
+        self, index: int, item: Mapping[str, Any], item_type: str, kind: str
+    ) -> _Call | None:
+        if index in self._calls or index in self._others:
+            raise InputFormatError(f"{kind}: an item was already added at output_index {index}")
+        if item_type != _FUNCTION_CALL:
+            if len(self._others) >= self._max_calls:
+                raise InputFormatError(f"{kind}: more than {self._max_calls} other items")
+            self._others[index] = item_type
+            return None
         where = f"{kind}.item"
         call_id = f.string(item, "call_id", where)
         name = f.string(item, "name", where)
-        index = f.opt_int(event, "output_index", kind)
-        item_id = f.opt_str(item, "id", where) or f"{call_id}@{index}"
-        if item_id in self._calls:
+        item_id = f.opt_str(item, "id", where)
+        f.opt_str(item, "status", where)
+        if item_id == "":
+            raise InputFormatError(f"{where}: field 'id' must not be empty")
+        if item_id is not None and item_id in self._items:
             raise InputFormatError(f"{kind}: item {item_id!r} was already added")
-        if any(call.call_id == call_id for call in self._calls.values()):
+        if call_id in self._ids:
             raise InputFormatError(f"{kind}: call_id repeats another item's call_id")
-        self._calls[item_id] = _Call(call_id, name)
-        if index is not None:
-            self._items[index] = item_id
-        return item_id
+        self._admit(self.held + 1, kind)
+        call = self._calls[index] = _Call(item_id, call_id, name)
+        self._ids.add(call_id)
+        if item_id is not None:
+            self._items.add(item_id)
+        return call
 
-    def _find(self, event: Mapping[str, Any], kind: str) -> _Call:
-        item_id = f.opt_str(event, "item_id", kind)
-        if item_id is None:
-            index = f.opt_int(event, "output_index", kind)
-            item_id = self._items.get(index) if index is not None else None
-            if item_id is None:
-                raise InputFormatError(f"{kind}: names no known item (no item_id, output_index)")
-        call = self._calls.get(item_id)
+    def _target(self, event: Mapping[str, Any], kind: str) -> _Call:
+        """The function call an arguments event names, by output_index (and item_id)."""
+        index = f.integer(event, "output_index", kind)
+        call = self._calls.get(index)
         if call is None:
-            raise InputFormatError(f"{kind}: item {item_id!r} is not an open function call")
+            raise InputFormatError(f"{kind}: output_index {index} is not a function call")
+        item_id = f.opt_str(event, "item_id", kind)
+        if item_id is not None and item_id != call.item_id:
+            raise InputFormatError(f"{kind}: item_id {item_id!r} is not output_index {index}'s")
         return call
 
     def _delta(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
-        call = self._find(event, kind)
-        if not call.open:
-            raise InputFormatError(f"{kind}: arguments delta after the call was closed")
+        call = self._target(event, kind)
+        if call.status != _OPEN:
+            raise InputFormatError(f"{kind}: arguments delta after the call's item finished")
         delta = event.get("delta")
         if not isinstance(delta, str):
             raise InputFormatError(f"{kind}: field 'delta' must be a string")
@@ -159,46 +287,100 @@ class OpenAIResponsesAdapter(VendorAdapter):
         return [self._call_chunk(call, delta=delta)]
 
     def _arguments_done(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
-        call = self._find(event, kind)
+        call = self._target(event, kind)
         name = f.opt_str(event, "name", kind)
         if name is not None and name != call.name:
             raise InputFormatError(f"{kind}: 'name' differs from the item's name")
         arguments = event.get("arguments")
         if not isinstance(arguments, str):
             raise InputFormatError(f"{kind}: field 'arguments' must be a string")
-        return self._close(call, arguments, kind)
+        self._finish(call, arguments, kind)
+        return []
 
     def _item_done(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
+        index = f.integer(event, "output_index", kind)
         item = f.obj(event, "item", kind)
-        if item.get("type") != "function_call":
-            return []
-        status = f.opt_str(item, "status", f"{kind}.item")
-        arguments = f.opt_str(item, "arguments", f"{kind}.item") or ""
-        item_id = f.opt_str(item, "id", f"{kind}.item")
-        if item_id is None:
-            index = f.opt_int(event, "output_index", kind)
-            item_id = self._items.get(index) if index is not None else None
-        call = self._calls.get(item_id) if item_id is not None else None
-        if call is None:
+        item_type = f.string(item, "type", f"{kind}.item")
+        where = f"{kind}.item"
+        call = self._calls.get(index)
+        out: list[Chunk] = []
+        if call is None and index not in self._others:
             # Only the finished item was sent: the whole call in one chunk.
-            call = self._calls[self._register(event, item, kind)]
-            if status not in (None, "completed"):
-                return [self._call_chunk(call, tool=call.name, delta=arguments)]
-            call.open = False
-            return [self._call_chunk(call, tool=call.name, delta=arguments, final=True)]
-        if call.call_id != f.string(item, "call_id", f"{kind}.item"):
+            call = self._register(index, item, item_type, kind)
+            if call is None:
+                return []
+            opening = f.text(item, "arguments", where)
+            out.append(self._call_chunk(call, tool=call.name, delta=opening))
+        elif call is None:
+            if item_type != self._others[index]:
+                raise InputFormatError(f"{kind}: output_index {index} was a {self._others[index]}")
+            return []
+        elif item_type != _FUNCTION_CALL:
+            raise InputFormatError(f"{kind}: output_index {index} was a function call")
+        if f.opt_str(item, "id", where) != call.item_id:
+            raise InputFormatError(f"{kind}: the item's id changed")
+        if f.string(item, "call_id", where) != call.call_id:
             raise InputFormatError(f"{kind}: the item's call_id changed")
-        if not call.open or status not in (None, "completed"):
-            return []
-        return self._close(call, arguments, kind)
+        if f.string(item, "name", where) != call.name:
+            raise InputFormatError(f"{kind}: the item's name changed")
+        status = f.opt_str(item, "status", where)
+        if status in (None, "completed"):
+            arguments = item.get("arguments")
+            if not isinstance(arguments, str):
+                raise InputFormatError(f"{where}: field 'arguments' must be a string")
+            self._finish(call, arguments, kind)
+        elif call.status == _DONE:
+            raise InputFormatError(f"{kind}: a finished call's item ends {status!r}")
+        else:
+            f.opt_str(item, "arguments", where)
+            call.status = _CUT
+        return out
 
-    def _close(self, call: _Call, arguments: str, kind: str) -> list[Chunk]:
-        if not call.open:
-            return []
-        call.open = False
-        # after a lost event the texts differ by design: the seq hole already condemns the call
-        expected = None if call.gapped else arguments
-        return [self._call_chunk(call, final=True, expected=expected)]
+    def _finish(self, call: _Call, arguments: str, kind: str) -> None:
+        """A final form of the call's text: the first one finishes it, the others must agree."""
+        digest = _digest(arguments)
+        if call.status == _CUT:
+            raise InputFormatError(f"{kind}: the call's item already ended unfinished")
+        if call.status == _DONE and digest != call.digest:
+            raise InputFormatError(f"{kind}: the call's final text differs from its earlier one")
+        call.status, call.digest = _DONE, digest
+
+    def _release(self, response: Mapping[str, Any], kind: str, complete: bool) -> list[Chunk]:
+        """The final chunks of the finished calls, each checked against the final response."""
+        output = response.get("output")
+        if output is None:
+            return []  # nothing to check the calls against: none is released
+        if not isinstance(output, list):
+            raise InputFormatError(f"{kind}: field 'response.output' must be an array")
+        final: dict[str, Mapping[str, Any]] = {}
+        for item in output:
+            if not isinstance(item, dict):
+                raise InputFormatError(f"{kind}: each of 'response.output' must be an object")
+            if item.get("type") != _FUNCTION_CALL:
+                continue
+            call_id = f.string(item, "call_id", f"{kind}.response.output[]")
+            if call_id in final or call_id not in self._ids:
+                raise InputFormatError(f"{kind}: the final response names a call never streamed")
+            final[call_id] = item
+        out: list[Chunk] = []
+        for call in self._calls.values():
+            item = final.get(call.call_id)
+            if call.status != _DONE:
+                if complete:
+                    raise InputFormatError(f"{kind}: call {call.call_id!r} never finished")
+                continue
+            where = f"{kind}.response.output[{call.call_id}]"
+            if item is None:
+                raise InputFormatError(f"{kind}: the final response lacks call {call.call_id!r}")
+            if f.opt_str(item, "id", where) != call.item_id or item.get("name") != call.name:
+                raise InputFormatError(f"{where}: the item's id or name changed")
+            arguments = item.get("arguments")
+            if not isinstance(arguments, str) or _digest(arguments) != call.digest:
+                raise InputFormatError(f"{where}: the final text differs from the call's .done")
+            # after a lost event the texts differ by design: the seq hole already condemns it
+            expected = None if call.gapped else arguments
+            out.append(self._call_chunk(call, final=True, expected=expected))
+        return out
 
     # -- refusal, errors, end -------------------------------------------------------------
 
@@ -208,33 +390,47 @@ class OpenAIResponsesAdapter(VendorAdapter):
             raise InputFormatError(f"{kind}: field 'delta' must be a string")
         if self._refusal is False:
             raise InputFormatError(f"{kind}: refusal delta after the refusal was done")
+        if self._refusal is None:
+            self._admit(self.held + 1, kind)
         self._refusal = True
         return [self._chunk(ChunkKind.REFUSAL, f"{self._stream}:refusal", delta=delta)]
 
     def _refusal_done(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
         text = f.opt_str(event, "refusal", kind) or ""
+        if self._refusal is False:
+            raise InputFormatError(f"{kind}: the refusal was already done")
         first, self._refusal = self._refusal is None, False
         delta = text if first else ""
-        return [self._chunk(ChunkKind.REFUSAL, f"{self._stream}:refusal", delta=delta, final=True)]
+        expected = None if first else text
+        return [
+            self._chunk(
+                ChunkKind.REFUSAL,
+                f"{self._stream}:refusal",
+                delta=delta,
+                final=True,
+                expected=expected,
+            )
+        ]
 
     def _completed(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
-        f.obj(event, "response", kind)
+        out = self._release(self._response(event, kind), kind, complete=True)
         if self._refusal is not None:
             finish = FinishReason.REFUSAL
         elif self._calls:
             finish = FinishReason.TOOL_CALLS
         else:
             finish = FinishReason.STOP
-        return [self._end(finish)]
+        return [*out, self._end(finish)]
 
     def _incomplete(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
-        response = f.obj(event, "response", kind)
+        response = self._response(event, kind)
         details = f.opt_obj(response, "incomplete_details", f"{kind}.response") or {}
         reason = f.opt_str(details, "reason", f"{kind}.response.incomplete_details")
-        return [self._end(_INCOMPLETE.get(reason or ""))]
+        out = self._release(response, kind, complete=False)
+        return [*out, self._end(_INCOMPLETE.get(reason or ""))]
 
     def _failed(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
-        response = f.obj(event, "response", kind)
+        response = self._response(event, kind)
         error = f.opt_obj(response, "error", f"{kind}.response") or {}
         return self._error(f.short_code(error.get("code"), "response_failed"))
 
@@ -267,7 +463,9 @@ class OpenAIResponsesAdapter(VendorAdapter):
         )
 
 
-_HANDLERS = {
+_Handler = Callable[[OpenAIResponsesAdapter, Mapping[str, Any], str], list[Chunk]]
+_HANDLERS: dict[str, _Handler] = {
+    **dict.fromkeys(_LIFECYCLE, OpenAIResponsesAdapter._lifecycle),
     "response.output_item.added": OpenAIResponsesAdapter._added,
     "response.function_call_arguments.delta": OpenAIResponsesAdapter._delta,
     "response.function_call_arguments.done": OpenAIResponsesAdapter._arguments_done,
