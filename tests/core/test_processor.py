@@ -600,12 +600,6 @@ TIGHT = Settings(
     assembly={"idle_timeout_s": IDLE_MS / 1000, "max_call_lifetime_s": LIFETIME_MS / 1000},
     limits={"max_open_calls_per_partition": 2, "recently_closed_per_partition": 2},
 )
-DECODER_BUG = (
-    "worker/adapters/decoder.py: once a partition holds more vendor streams than its bound, a "
-    "partition restored from its checkpoints does not hold the original's streams (live and "
-    "corrupt) and decodes later records otherwise, e.g. a Responses delta rejected 'the stream "
-    "must start with response.created' where the original run took it"
-)
 ROOMY = Bounds(SETTINGS, 3, 2)
 TIGHTLY = Bounds(TIGHT, 4, 5)
 CRASH = settings(FIXED, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
@@ -695,7 +689,6 @@ def test_a_crash_after_a_checkpoint_replays_the_same_events_and_no_others(
     crash_anywhere(ROOMY, data)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=DECODER_BUG)
 @CRASH_AT_THE_BOUNDS
 @given(data=st.data())
 def test_a_restored_partition_at_every_bound_emits_what_one_run_emits(
@@ -704,7 +697,6 @@ def test_a_restored_partition_at_every_bound_emits_what_one_run_emits(
     restore_anywhere(TIGHTLY, data)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=DECODER_BUG)
 @CRASH_AT_THE_BOUNDS
 @given(data=st.data())
 def test_a_crash_at_every_bound_replays_the_same_events_and_no_others(
