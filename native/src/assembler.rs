@@ -8,10 +8,11 @@
 //! batched or of a wall clock, so a partition restored from a snapshot and fed the records after
 //! it closes exactly the calls, with exactly the verdict inputs, that it closed the first time:
 //!
-//! - Time is the partition's own: the largest record timestamp seen (`clock`). Before each record
-//!   every call idle for `idle_timeout_ms` of that time is closed `timeout`; a call whose next
-//!   piece arrives `max_call_lifetime_ms` after its first is closed `max_lifetime`. A stalled or
-//!   paused partition does not age.
+//! - Time is the partition's own: the largest record timestamp seen (`clock`). A stream is active
+//!   whenever a record of it arrives (any vendor event, even one that yields no piece). Before each
+//!   record, every stream idle for `idle_timeout_ms` of that time has its open calls closed
+//!   `timeout`; a call whose next piece arrives `max_call_lifetime_ms` after its first is closed
+//!   `max_lifetime`. A stalled or paused partition does not age.
 //! - `seq` numbers a call's pieces from 0. A repeat is a retransmission, dropped and counted, but
 //!   only when it equals the piece already taken (else the call is `stream_corrupt`); a jump is a
 //!   `sequence_gap`. Pieces without `seq` are taken in record order.
@@ -19,8 +20,10 @@
 //!   `expected`, it must equal the assembled text, else `stream_corrupt`), or incomplete: its
 //!   stream's end while open (`max_tokens`, `content_filter`, `stream_ended`), an `Abort` from
 //!   its adapter (`stream_corrupt`), a piece that contradicts the call (another channel, tool,
-//!   version or key: `stream_corrupt`), eviction (`evicted`: the least recently active call, when
-//!   the partition holds `max_open_calls`), the timers above.
+//!   version or key: `stream_corrupt`), eviction (`evicted`: the oldest call of the least recently
+//!   active stream, when the partition holds `max_open_calls`), the timers above.
+//! - A piece that cannot open a call (an adapter's continuation) for a call that is neither open
+//!   nor remembered belongs to a call already judged and forgotten: dropped, counted.
 //! - Past `max_call_bytes` or `max_call_chunks` the text is dropped and the call, when it ends,
 //!   is rejected `too_large` / `too_many_chunks`.
 //! - A closed call is remembered (`recently_closed` per partition, oldest forgotten first) with a
@@ -37,7 +40,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use hashlink::LinkedHashMap;
+use hashlink::{LinkedHashMap, LinkedHashSet};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -196,6 +199,8 @@ pub struct CallPiece {
     pub trace: Option<Box<Trace>>,
     /// The vendor's own final form of the whole text, checked against the assembled text.
     pub expected: Option<String>,
+    /// Whether this piece may open a call (an envelope; an adapter's first piece of a call).
+    pub opens: bool,
 }
 
 /// What a record brings to the reassembler.
@@ -265,7 +270,6 @@ pub(crate) struct OpenCall {
     pub first_offset: i64,
     pub last_offset: i64,
     pub first_seen: i64,
-    pub last_seen: i64,
     pub chunks: u32,
     pub next_seq: u32,
     pub duplicates: u32,
@@ -302,12 +306,23 @@ pub(crate) struct ClosedCall {
     pub hashes: Vec<u64>,
 }
 
+/// A stream with open calls.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Stream {
+    /// Its open calls' ids, in the order they opened.
+    pub calls: LinkedHashSet<Arc<str>>,
+    /// The partition's time when a record of the stream last arrived.
+    pub last_seen: i64,
+    /// The write epochs in which it last moved to the back (activity) and last changed.
+    pub moved: u64,
+    pub changed: u64,
+}
+
 #[derive(Default)]
 pub(crate) struct Partition {
-    /// Open calls, least recently active first.
-    pub calls: LinkedHashMap<CallKey, OpenCall>,
-    /// Open call ids per stream, in the order they opened.
-    pub streams: HashMap<Arc<str>, Vec<Arc<str>>>,
+    pub calls: HashMap<CallKey, OpenCall>,
+    /// Streams with open calls, least recently active first.
+    pub streams: LinkedHashMap<Arc<str>, Stream>,
     /// Recently closed calls, oldest first.
     pub closed: LinkedHashMap<CallKey, ClosedCall>,
     /// The partition's time: the largest record timestamp seen, in ms.
@@ -320,6 +335,8 @@ pub(crate) struct Partition {
     pub removed: Vec<CallKey>,
     /// Closed-call entries added since the last write, in order.
     pub newly_closed: Vec<CallKey>,
+    /// Streams gone (no call open) since the last write.
+    pub removed_streams: Vec<Arc<str>>,
     /// Whether changes are tracked for the next delta (from the first write on).
     pub tracking: bool,
 }
@@ -394,16 +411,31 @@ impl Assembler {
         }
         let deadline = part.clock - idle;
         let mut expired = Vec::new();
-        for (key, call) in part.calls.iter() {
-            if call.last_seen > deadline {
+        for (stream, state) in part.streams.iter() {
+            if state.last_seen > deadline {
                 break;
             }
-            expired.push(key.clone());
+            expired.extend(state.calls.iter().map(|call| CallKey {
+                stream_id: stream.clone(),
+                call_id: call.clone(),
+            }));
         }
         for key in expired {
             self.close(scope, &key, Ending::Incomplete(Incomplete::Timeout), out);
         }
         true
+    }
+
+    /// A record of this stream arrived: the stream is active (if it has open calls).
+    pub fn touch(&mut self, scope: &Scope, stream_id: &str) {
+        let Some(part) = self.partitions.get_mut(scope) else {
+            return;
+        };
+        let (clock, epoch) = (part.clock, part.epoch);
+        if let Some(stream) = part.streams.to_back(stream_id) {
+            stream.last_seen = clock;
+            stream.moved = epoch;
+        }
     }
 
     /// One piece of the record at `offset` (after `begin_record`).
@@ -414,6 +446,7 @@ impl Assembler {
                 self.end_stream(scope, offset, &stream_id, finish, out)
             }
             Piece::Abort { stream_id, call_id } => {
+                self.touch(scope, &stream_id);
                 let key = CallKey { stream_id, call_id };
                 if self.touch_last_offset(scope, &key, offset) {
                     self.close(
@@ -453,7 +486,16 @@ impl Assembler {
         scopes.sort();
         let mut closed = Vec::new();
         for scope in scopes {
-            let keys: Vec<CallKey> = self.partitions[&scope].calls.keys().cloned().collect();
+            let keys: Vec<CallKey> = self.partitions[&scope]
+                .streams
+                .iter()
+                .flat_map(|(stream, state)| {
+                    state.calls.iter().map(|call| CallKey {
+                        stream_id: stream.clone(),
+                        call_id: call.clone(),
+                    })
+                })
+                .collect();
             let mut out = Vec::new();
             for key in keys {
                 self.close(
@@ -487,10 +529,12 @@ impl Assembler {
         let Some(part) = self.partitions.get(scope) else {
             return Vec::new();
         };
-        let Some((stream, ids)) = part.streams.get_key_value(stream_id) else {
+        let Some((stream, state)) = part.streams.get_key_value(stream_id) else {
             return Vec::new();
         };
-        ids.iter()
+        state
+            .calls
+            .iter()
             .map(|id| CallKey {
                 stream_id: stream.clone(),
                 call_id: id.clone(),
@@ -533,6 +577,7 @@ impl Assembler {
             call_id: piece.call_id.clone(),
         };
         let lifetime = self.limits.max_call_lifetime_ms;
+        self.touch(scope, &key.stream_id);
         let part = self.partitions.get_mut(scope).expect("begin_record first");
         let now = part.clock;
         let opening = match part.calls.get_mut(&key) {
@@ -562,7 +607,12 @@ impl Assembler {
                     return;
                 }
                 Some(Late::Reuse) => Some(true),
-                None => Some(false),
+                None if piece.opens => Some(false),
+                None => {
+                    // the continuation of a call judged and forgotten
+                    self.counters.late_chunks += 1;
+                    return;
+                }
             },
         };
         if let Some(reused) = opening {
@@ -584,9 +634,14 @@ impl Assembler {
         out: &mut Vec<Closed>,
     ) {
         let oldest = {
-            let calls = &self.partitions[scope].calls;
-            if calls.len() >= self.limits.max_open_calls {
-                calls.front().map(|(key, _)| key.clone())
+            let part = &self.partitions[scope];
+            if part.calls.len() >= self.limits.max_open_calls {
+                part.streams.front().and_then(|(stream, state)| {
+                    state.calls.front().map(|call| CallKey {
+                        stream_id: stream.clone(),
+                        call_id: call.clone(),
+                    })
+                })
             } else {
                 None
             }
@@ -607,7 +662,6 @@ impl Assembler {
             first_offset: offset,
             last_offset: offset,
             first_seen: part.clock,
-            last_seen: part.clock,
             chunks: 0,
             // a reused id is judged as its own call whatever its numbering
             next_seq: if reused { piece.seq.unwrap_or(0) } else { 0 },
@@ -620,10 +674,18 @@ impl Assembler {
             busy_ns: 0,
         };
         part.calls.insert(key.clone(), call);
-        part.streams
-            .entry(key.stream_id.clone())
-            .or_default()
-            .push(key.call_id.clone());
+        let (clock, epoch) = (part.clock, part.epoch);
+        if !part.streams.contains_key(&key.stream_id) {
+            part.streams
+                .insert(key.stream_id.clone(), Stream::default());
+        }
+        let stream = part
+            .streams
+            .to_back(&key.stream_id)
+            .expect("just made sure of");
+        stream.calls.insert(key.call_id.clone());
+        stream.last_seen = clock;
+        stream.moved = epoch;
         self.open += 1;
     }
 
@@ -638,10 +700,8 @@ impl Assembler {
     ) -> Option<Ending> {
         let limits = &self.limits;
         let part = self.partitions.get_mut(scope).expect("begin_record first");
-        let now = part.clock;
         let epoch = part.epoch;
-        let call = part.calls.to_back(key).expect("opened above");
-        call.last_seen = now;
+        let call = part.calls.get_mut(key).expect("opened above");
         call.last_offset = offset;
         call.touched = epoch;
         if contradicts(call, &piece) {
@@ -721,10 +781,14 @@ impl Assembler {
         };
         self.open -= 1;
         self.buffered -= call.text.len();
-        if let Some(ids) = part.streams.get_mut(&key.stream_id) {
-            ids.retain(|id| *id != key.call_id);
-            if ids.is_empty() {
+        if let Some(stream) = part.streams.get_mut(&key.stream_id) {
+            stream.calls.remove(&key.call_id);
+            stream.changed = part.epoch;
+            if stream.calls.is_empty() {
                 part.streams.remove(&key.stream_id);
+                if part.tracking {
+                    part.removed_streams.push(key.stream_id.clone());
+                }
             }
         }
         let ending = match ending {

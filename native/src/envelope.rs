@@ -306,6 +306,7 @@ impl Fields<'_> {
             idempotency_key: idempotency_key.map(Into::into),
             trace,
             expected: None,
+            opens: true,
         }))
     }
 

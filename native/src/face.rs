@@ -199,6 +199,9 @@ impl Chunk {
                     idempotency_key: self.idempotency_key.as_deref().map(Into::into),
                     trace: (!trace.is_empty()).then(|| Box::new(trace)),
                     expected: self.expected.clone(),
+                    // an adapter names the tool on a tool call's first piece only: what
+                    // follows continues a call and never opens one
+                    opens: self.tool.is_some() || kind != "tool_call",
                 })
             }
         };
@@ -749,6 +752,10 @@ impl Assembler {
                     }
                 }
                 Some(format) => {
+                    // every event of a vendor stream keeps it active, pieces or not
+                    if let Some(stream) = key.and_then(|k| std::str::from_utf8(k).ok()) {
+                        self.core.touch(&scope, stream);
+                    }
                     let chunks = decode_vendor.call1((&record.object, format))?;
                     let max_id = self.max_id_bytes;
                     let mut fed = Vec::new();

@@ -74,6 +74,7 @@ fn script(data: &[u8]) -> Vec<Step> {
                 idempotency_key: None,
                 trace: None,
                 expected: (op & 0x80 != 0).then(|| "ab".to_owned()),
+                opens: op & 0x08 == 0 || op & 0x20 != 0,
             }),
             4 | 5 => Piece::End {
                 stream_id: stream,

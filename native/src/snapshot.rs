@@ -1,12 +1,13 @@
 //! The serialized form of one partition's reassembly state: a base, then deltas.
 //!
-//! A *base* holds the whole state: the open calls in activity order with their text, the
-//! recently closed calls, the partition's time and the offset after the last record fed. A
-//! *delta* holds what changed since the previous base or delta: the calls removed, the closed
-//! calls remembered, and every call touched, with only the text appended since (or, when a
-//! bound dropped the text, the cut). Applying a base and then its deltas in order rebuilds the
-//! state exactly, activity order included, so a restored partition decides what the original
-//! would have decided.
+//! A *base* holds the whole state: the open calls with their text, the streams in activity order
+//! (each with its calls in opening order), the recently closed calls, the partition's time and
+//! the offset after the last record fed. A *delta* holds what changed since the previous base or
+//! delta: the calls removed, the closed calls remembered, every call touched with only the text
+//! appended since (or, when a bound dropped the text, the cut), the streams gone, the streams
+//! changed in place and the streams that became active (in activity order). Applying a base and
+//! then its deltas in order rebuilds the state exactly, activity order included, so a restored
+//! partition decides what the original would have decided.
 //!
 //! Format: the 4 bytes `CGA1` (callgate assembler, version 1), then one postcard-encoded
 //! [`Frame`]. A new version gets a new tag; an unknown tag is refused, never guessed at.
@@ -16,8 +17,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use hashlink::LinkedHashSet;
+
 use crate::assembler::{
-    Assembler, CallKey, Channel, ClosedCall, OpenCall, Overflow, Partition, Scope, Trace,
+    Assembler, CallKey, Channel, ClosedCall, OpenCall, Overflow, Partition, Scope, Stream, Trace,
 };
 
 const TAG: &[u8; 4] = b"CGA1";
@@ -28,6 +31,7 @@ enum Frame {
         clock: i64,
         next_offset: i64,
         calls: Vec<(CallKey, CallState)>,
+        streams: Vec<StreamState>,
         closed: Vec<(CallKey, ClosedCall)>,
     },
     Delta {
@@ -36,7 +40,38 @@ enum Frame {
         removed: Vec<CallKey>,
         closed: Vec<(CallKey, ClosedCall)>,
         calls: Vec<(CallKey, CallState)>,
+        removed_streams: Vec<Arc<str>>,
+        changed_streams: Vec<StreamState>,
+        moved_streams: Vec<StreamState>,
     },
+}
+
+/// A stream as written: its id, when it was last active, its open calls in opening order.
+#[derive(Serialize, Deserialize)]
+struct StreamState {
+    id: Arc<str>,
+    last_seen: i64,
+    calls: Vec<Arc<str>>,
+}
+
+impl StreamState {
+    fn of(id: &Arc<str>, stream: &Stream) -> Self {
+        StreamState {
+            id: id.clone(),
+            last_seen: stream.last_seen,
+            calls: stream.calls.iter().cloned().collect(),
+        }
+    }
+
+    fn into_stream(self) -> (Arc<str>, Stream) {
+        let stream = Stream {
+            calls: self.calls.into_iter().collect::<LinkedHashSet<_>>(),
+            last_seen: self.last_seen,
+            moved: 0,
+            changed: 0,
+        };
+        (self.id, stream)
+    }
 }
 
 /// One open call as written: all of its fields, and its text from `text_from` on.
@@ -50,7 +85,6 @@ struct CallState {
     first_offset: i64,
     last_offset: i64,
     first_seen: i64,
-    last_seen: i64,
     chunks: u32,
     next_seq: u32,
     duplicates: u32,
@@ -75,7 +109,6 @@ impl CallState {
             first_offset: call.first_offset,
             last_offset: call.last_offset,
             first_seen: call.first_seen,
-            last_seen: call.last_seen,
             chunks: call.chunks,
             next_seq: call.next_seq,
             duplicates: call.duplicates,
@@ -116,7 +149,6 @@ impl CallState {
             first_offset: self.first_offset,
             last_offset: self.last_offset,
             first_seen: self.first_seen,
-            last_seen: self.last_seen,
             chunks: self.chunks,
             next_seq: self.next_seq,
             duplicates: self.duplicates,
@@ -149,6 +181,7 @@ fn mark_written(part: &mut Partition) {
     }
     part.removed.clear();
     part.newly_closed.clear();
+    part.removed_streams.clear();
     part.epoch += 1;
     part.tracking = true;
 }
@@ -162,6 +195,11 @@ pub fn write_base(assembler: &mut Assembler, scope: &Scope) -> Vec<u8> {
             .calls
             .iter()
             .map(|(key, call)| (key.clone(), CallState::of(call, 0, 0)))
+            .collect(),
+        streams: part
+            .streams
+            .iter()
+            .map(|(id, stream)| StreamState::of(id, stream))
             .collect(),
         closed: part
             .closed
@@ -200,12 +238,26 @@ pub fn write_delta(assembler: &mut Assembler, scope: &Scope) -> Vec<u8> {
         })
         .collect();
     closed.sort_by_key(|(index, _, _)| *index);
+    // streams that became active since the last write are at the back, in activity order;
+    // a stream only changed in place (a call of it closed) keeps its place
+    let mut changed_streams = Vec::new();
+    let mut moved_streams = Vec::new();
+    for (id, stream) in part.streams.iter() {
+        if stream.moved == epoch {
+            moved_streams.push(StreamState::of(id, stream));
+        } else if stream.changed == epoch {
+            changed_streams.push(StreamState::of(id, stream));
+        }
+    }
     let frame = Frame::Delta {
         clock: part.clock,
         next_offset: part.next_offset,
         removed: part.removed.clone(),
         closed: closed.into_iter().map(|(_, k, c)| (k, c)).collect(),
         calls,
+        removed_streams: part.removed_streams.clone(),
+        changed_streams,
+        moved_streams,
     };
     mark_written(part);
     encode(&frame)
@@ -218,6 +270,7 @@ pub fn restore(assembler: &mut Assembler, scope: &Scope, frames: &[Vec<u8>]) -> 
         clock,
         next_offset,
         calls,
+        streams,
         closed,
     } = decode(first)?
     else {
@@ -233,6 +286,10 @@ pub fn restore(assembler: &mut Assembler, scope: &Scope, frames: &[Vec<u8>]) -> 
         let call = state.apply(None)?;
         part.calls.insert(key, call);
     }
+    for state in streams {
+        let (id, stream) = state.into_stream();
+        part.streams.insert(id, stream);
+    }
     for (key, entry) in closed {
         remember(&mut part, key, entry, bound);
     }
@@ -243,6 +300,9 @@ pub fn restore(assembler: &mut Assembler, scope: &Scope, frames: &[Vec<u8>]) -> 
             removed,
             closed,
             calls,
+            removed_streams,
+            changed_streams,
+            moved_streams,
         } = decode(bytes)?
         else {
             return Err("a base snapshot after the first frame".to_owned());
@@ -258,10 +318,28 @@ pub fn restore(assembler: &mut Assembler, scope: &Scope, frames: &[Vec<u8>]) -> 
             let call = state.apply(previous)?;
             part.calls.insert(key, call);
         }
+        for id in removed_streams {
+            part.streams.remove(&id);
+        }
+        for state in changed_streams {
+            let (id, stream) = state.into_stream();
+            match part.streams.get_mut(&id) {
+                Some(place) => *place = stream,
+                None => return Err("a delta changes a stream the snapshot does not hold".into()),
+            }
+        }
+        for state in moved_streams {
+            let (id, stream) = state.into_stream();
+            part.streams.remove(&id);
+            part.streams.insert(id, stream);
+        }
         part.clock = clock;
         part.next_offset = next_offset;
     }
-    part.streams = streams_of(&part);
+    let streamed: usize = part.streams.values().map(|s| s.calls.len()).sum();
+    if streamed != part.calls.len() {
+        return Err("the snapshot's streams and calls disagree".to_owned());
+    }
     part.tracking = true;
     assembler.drop_partition(scope);
     assembler.adopt(scope.clone(), part);
@@ -274,24 +352,6 @@ fn remember(part: &mut Partition, key: CallKey, entry: ClosedCall, bound: usize)
     while part.closed.len() > bound {
         part.closed.pop_front();
     }
-}
-
-/// The open call ids of each stream, in the order the calls opened.
-fn streams_of(part: &Partition) -> HashMap<Arc<str>, Vec<Arc<str>>> {
-    let mut opened: Vec<(&CallKey, i64)> = part
-        .calls
-        .iter()
-        .map(|(k, c)| (k, c.first_offset))
-        .collect();
-    opened.sort_by_key(|(_, first)| *first);
-    let mut streams: HashMap<Arc<str>, Vec<Arc<str>>> = HashMap::new();
-    for (key, _) in opened {
-        streams
-            .entry(key.stream_id.clone())
-            .or_default()
-            .push(key.call_id.clone());
-    }
-    streams
 }
 
 #[cfg(test)]
@@ -323,6 +383,7 @@ mod tests {
             delta: delta.to_owned(),
             is_final: last,
             expected: None,
+            opens: true,
         })
     }
 

@@ -17,6 +17,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from worker._native import AssembledCall, Assembler, Chunk
 
 
@@ -186,17 +187,18 @@ def test_bounds_drop_the_text_and_reject_the_call_when_it_ends() -> None:
     assert a.buffered_bytes == 0
 
 
-def test_the_least_recently_active_call_is_evicted_and_its_tail_dropped() -> None:
-    a = assembler(max_open_calls_per_partition=2)
+def test_the_oldest_call_of_the_least_recently_active_stream_is_evicted() -> None:
+    a = assembler(max_open_calls_per_partition=3)
     out = feed(
         a,
         records(
             [
                 envelope("s", "a", 0, "{"),
-                envelope("s", "b", 0, "{"),
-                envelope("s", "a", 1, '"'),
-                envelope("s", "c", 0, "{"),  # evicts b, the least recently active
-                envelope("s", "b", 1, "}", final=True),  # b's tail: no second verdict
+                envelope("t", "b", 0, "{"),
+                envelope("t", "c", 0, "{"),
+                envelope("s", "a", 1, '"'),  # s is active again: t is the least recently active
+                envelope("u", "d", 0, "{"),  # evicts b, t's oldest call
+                envelope("t", "b", 1, "}", final=True),  # b's tail: no second verdict
             ]
         ),
     )
@@ -204,17 +206,47 @@ def test_the_least_recently_active_call_is_evicted_and_its_tail_dropped() -> Non
     assert a.late_chunks == 1
 
 
-def test_idle_time_is_the_partitions_own_record_time() -> None:
+def test_idle_time_is_the_partitions_own_record_time_per_stream() -> None:
     a = assembler()
-    # no records for a minute of wall time change nothing: only record timestamps age a call
+    # no records for a minute of wall time change nothing: only record timestamps age a stream
     first = feed(a, [Record(0, 1_000, b"k", envelope("s", "c", 0, "{"))])
-    later = feed(a, [Record(1, 5_999, b"k", envelope("s", "d", 0, "{"))])
+    later = feed(a, [Record(1, 5_999, b"k", envelope("t", "d", 0, "{"))])
     assert first == later == []
-    (expired,) = feed(a, [Record(2, 6_000, b"k", envelope("s", "e", 0, "{"))])
+    (expired,) = feed(a, [Record(2, 6_000, b"k", envelope("u", "e", 0, "{"))])
     assert (expired.call_id, outcome(expired)) == ("c", "timeout")
     # a timestamp that goes back does not turn the clock back
-    assert feed(a, [Record(3, 10, b"k", envelope("s", "e", 1, "}", final=True))])[0].call_id == "e"
+    assert feed(a, [Record(3, 10, b"k", envelope("u", "e", 1, "}", final=True))])[0].call_id == "e"
     assert a.clock("t", 0) == 6_000
+
+
+def test_a_stream_that_keeps_sending_keeps_its_quiet_calls_open() -> None:
+    """A call that gets no piece while its stream sends others (a vendor holds it till the
+    stream's end) is not idle: idleness is the stream's."""
+    a = assembler()
+    out = feed(a, [Record(0, 0, b"k", envelope("s", "held", 0, "{}", tool="t"))])
+    for i in range(1, 10):
+        other = envelope("s", f"other{i}", 0, "{}", tool="t", final=True)
+        out += feed(a, [Record(i, i * 4_000, b"k", other)])
+    assert [c.call_id for c in out if c.call_id == "held"] == []
+    (done,) = feed(a, [Record(10, 40_000, b"k", envelope("s", "held", 1, "", final=True))])
+    assert (done.call_id, outcome(done), done.arguments) == ("held", "complete", b"{}")
+
+
+def test_a_continuation_of_a_forgotten_call_opens_nothing() -> None:
+    """An adapter's piece that continues a call (no tool) never opens one: when the call was
+    judged and forgotten, the piece is late, not a second call."""
+    a = assembler(recently_closed_per_partition=1)
+    first = list(a.feed_chunks("t", 0, 0, 0, [Chunk("v", "tool_call", "x", tool="t", delta="{")]))
+    first += list(a.feed_chunks("t", 0, 1, 0, [Chunk("v", "abort", "x")]))
+    first += list(a.feed_chunks("t", 0, 2, 0, [Chunk("v", "tool_call", "y", tool="t", delta="{")]))
+    first += list(a.feed_chunks("t", 0, 3, 0, [Chunk("v", "abort", "y")]))  # x forgotten
+    late = list(a.feed_chunks("t", 0, 4, 0, [Chunk("v", "tool_call", "x", delta="}", final=True)]))
+    assert [(c.call_id, outcome(c)) for c in first] == [
+        ("x", "stream_corrupt"),
+        ("y", "stream_corrupt"),
+    ]
+    assert late == []
+    assert a.late_chunks == 1
 
 
 def test_a_call_older_than_its_lifetime_ends_at_its_next_piece() -> None:
