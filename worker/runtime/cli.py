@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from worker.errors import CallgateError, ConfigError, SchemaLoadError
-from worker.runtime.worker import serve
+from worker.runtime.serve import serve
 from worker.settings import Settings, load_settings
 
 ENV_PREFIX = "CALLGATE_"

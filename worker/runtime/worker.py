@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,19 +29,18 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
-from prometheus_client import CollectorRegistry
 
-from worker.compose import build_key_store, build_processor, build_registry, tool_labels
-from worker.core.idempotency import KeyStore, resolve
+from worker.core.idempotency import KeyStore
 from worker.core.processor import Emission, Processor, Route
 from worker.errors import BrokerError, CallgateError
 from worker.events import encode, record_headers, substitute_rejection
-from worker.health import HealthServer
 from worker.metrics import Metrics
 from worker.model import Code, Outcome, Phase
 from worker.runtime.checkpoints import ChangelogRecord, Writer, restore
 from worker.runtime.delivery import Ledger, Partition
+from worker.runtime.flow import FlowControl
 from worker.runtime.kafka import Kafka, Listener
+from worker.runtime.keys import KeyOwners
 from worker.runtime.outbox import Outbox, Record
 from worker.runtime.topics import TopicSpec, changelog_topic, keys_topic, requests_topic
 from worker.settings import Settings
@@ -95,24 +93,6 @@ class RoundResult:
     offsets: dict[Partition, int] = field(default_factory=dict)
 
 
-class FlowControl:
-    """Pause above `limit` unacknowledged records or while a topic fails; resume at half."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.paused = False
-
-    def update(self, pending: int, failing: bool) -> bool | None:
-        """True: pause now; False: resume now; None: keep as is."""
-        if not self.paused and (failing or pending > self.limit):
-            self.paused = True
-            return True
-        if self.paused and not failing and pending <= self.limit // 2:
-            self.paused = False
-            return False
-        return None
-
-
 class Worker:
     """The worker. `await start()`, `await run()` until `request_stop()`, then `await close()`."""
 
@@ -131,7 +111,6 @@ class Worker:
         self.metrics = metrics
         self.stats = Stats()
         self._kafka = kafka or Kafka(settings)
-        self._new_key_store = new_key_store
         self._clock = clock
         topics = settings.topics
         group = settings.kafka.group_id
@@ -151,7 +130,7 @@ class Worker:
         self._outbox: Outbox | None = None
         self.ledger = Ledger()
         self._writers: dict[Partition, Writer] = {}
-        self._stores: dict[int, KeyStore] = {}
+        self._owners = KeyOwners(self._requests, new_key_store, settings.limits.max_feedback_bytes)
         self._assignment: set[TopicPartition] = set()
         self._flow = FlowControl(settings.kafka.max_pending_produces)
         self._failing: dict[str, str] = {}
@@ -363,49 +342,31 @@ class Worker:
 
     def _decide_keys(self, round_id: int, partition: int, fetched: list[Any]) -> int:
         """The owner's decisions on idempotency requests: events, and key-store changes."""
-        store = self._stores.get(partition)
-        if store is None:
-            store = self._stores[partition] = self._new_key_store()
         where = (self._requests, partition)
-        max_feedback = self.settings.limits.max_feedback_bytes
         count = 0
-        for request in fetched:
-            try:
-                resolution = resolve(store, request.value, request.timestamp, max_feedback)
-            except (ValueError, KeyError, TypeError) as exc:
-                log.error(
-                    "%s[%d]@%d is not an idempotency request: %r",
-                    self._requests,
-                    partition,
-                    request.offset,
-                    exc,
-                )
-                continue
+        for decided in self._owners.decide(partition, fetched):
+            resolution = decided.resolution
+            headers = record_headers(resolution.outcome, resolution.tool, resolution.schema)
+            topic = self._topic_of[resolution.outcome]
+            event = resolution.event
             self._add(
                 Record(
                     round_id,
-                    self._topic_of[resolution.outcome],
+                    topic,
                     resolution.call_id.encode(),
-                    resolution.event,
-                    record_headers(resolution.outcome, resolution.tool, resolution.schema),
-                    origin=Origin(OUTPUT, where),
+                    event,
+                    headers,
+                    None,
+                    Origin(OUTPUT, where),
                 )
             )
-            count += 1
-            for key, record in resolution.changes:
-                value = record.encode() if record is not None else None
+            for key, value in decided.changes:
                 self._add(
                     Record(
-                        round_id,
-                        self._keys,
-                        key.encode(),
-                        value,
-                        [],
-                        origin=Origin(KEY_CHANGE, where),
-                        partition=partition,
+                        round_id, self._keys, key, value, [], partition, Origin(KEY_CHANGE, where)
                     )
                 )
-                count += 1
+            count += 1 + len(decided.changes)
             self.metrics.idempotency_decision(resolution.decision)
             self.metrics.decided(
                 resolution.outcome,
@@ -413,7 +374,7 @@ class Worker:
                 Phase.IDEMPOTENCY if resolution.code is not None else None,
                 resolution.code,
             )
-        self.metrics.set_idempotency_keys(sum(len(s) for s in self._stores.values()))
+        self.metrics.set_idempotency_keys(len(self._owners))
         return count
 
     def _add(self, record: Record) -> None:
@@ -706,13 +667,13 @@ class Worker:
         gone = {(tp.topic, tp.partition) for tp in revoked}
         for topic, partition in gone:
             if topic == self._requests:
-                self._stores.pop(partition, None)
+                self._owners.drop(partition)
             else:
                 self.processor.drop(topic, partition)
                 self._writers.pop((topic, partition), None)
             self.metrics.forget_partition(topic, partition)
         self.ledger.forget(gone)
-        self.metrics.set_idempotency_keys(sum(len(s) for s in self._stores.values()))
+        self.metrics.set_idempotency_keys(len(self._owners))
         if self._outbox is not None:
             self._outbox.discard(lambda record: record.origin.partition in gone)
         self._assignment -= set(revoked)
@@ -741,7 +702,7 @@ class Worker:
                 records = logs.get((state_of[tp], tp.partition), [])
                 offset = None
                 if tp.topic == self._requests:
-                    self._restore_keys(tp.partition, records)
+                    self._owners.restore(tp.partition, records)
                 else:
                     offset = self._restore_partition(tp, records)
                 if offset is None:
@@ -759,7 +720,7 @@ class Worker:
         self._assignment |= set(assigned)
         self._joined = True
         self.metrics.set_assigned_partitions(len(self._assignment))
-        self.metrics.set_idempotency_keys(sum(len(s) for s in self._stores.values()))
+        self.metrics.set_idempotency_keys(len(self._owners))
         if not self._flow.paused:
             consumer.resume(*assigned)
         log.info("assigned %d partitions", len(assigned))
@@ -784,13 +745,6 @@ class Worker:
         )
         return restored.offset
 
-    def _restore_keys(self, partition: int, records: list[Any]) -> None:
-        """A key owner's store from its changelog (it resumes at its committed offset)."""
-        store = self._new_key_store()
-        store.restore((r.key.decode(), r.value) for r in records if r.key is not None)
-        self._stores[partition] = store
-        log.info("%s[%d]: %d idempotency keys restored", self._keys, partition, len(store))
-
     # -- readiness -----------------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
@@ -805,50 +759,3 @@ class Worker:
             failing = "; ".join(f"{t}: {e}" for t, e in sorted(self._failing.items()))
             return False, f"writes failing ({failing}); fetching paused"
         return True, f"consuming {len(self._assignment)} partitions"
-
-
-async def run_until_stopped(worker: Worker, *, handle_signals: bool = True) -> None:
-    """Start, run until SIGTERM/SIGINT (or `request_stop()`), then drain and close."""
-    loop = asyncio.get_running_loop()
-    signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
-    for number in signals:
-        loop.add_signal_handler(number, worker.request_stop)
-    try:
-        await worker.start()
-        try:
-            await worker.run()
-        finally:
-            await worker.close()
-    finally:
-        for number in signals:
-            loop.remove_signal_handler(number)
-
-
-def serve(settings: Settings) -> int:
-    """`callgate run`: build everything from the settings, serve until stopped; the exit status.
-
-    Raises `ConfigError` or `SchemaLoadError` before anything connects when a setting or a
-    contract is wrong (the command line turns them into one message and status 2).
-    """
-    registry = build_registry(settings)
-    processor = build_processor(settings, registry)
-    keys = settings.idempotency
-    metrics = Metrics(
-        tool_labels(registry),
-        engine=settings.schemas.engine,
-        max_idempotency_keys=keys.max_keys * keys.partitions,
-    )
-    worker = Worker(settings, processor, lambda: build_key_store(settings), metrics)
-    # always served: the probes need /healthz and /readyz even with metrics off (empty /metrics)
-    exposed = metrics.registry if settings.metrics.enabled else CollectorRegistry()
-    health = HealthServer(exposed, worker.readiness)
-    port = health.start(settings.metrics.host, settings.metrics.port)
-    log.info("health and metrics on http://%s:%d/", settings.metrics.host, port)
-    try:
-        asyncio.run(run_until_stopped(worker))
-    except BrokerError as exc:
-        log.error("%s", exc)
-        return 1
-    finally:
-        health.stop()
-    return 0

@@ -1,0 +1,65 @@
+"""`callgate run` put together: the worker, its health server, its signals, its exit status."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from prometheus_client import CollectorRegistry
+
+from worker.compose import build_key_store, build_processor, build_registry, tool_labels
+from worker.errors import BrokerError
+from worker.health import HealthServer
+from worker.metrics import Metrics
+from worker.runtime.worker import Worker
+from worker.settings import Settings
+
+log = logging.getLogger("callgate.worker")
+
+
+async def run_until_stopped(worker: Worker, *, handle_signals: bool = True) -> None:
+    """Start, run until SIGTERM/SIGINT (or `request_stop()`), then drain and close."""
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
+    for number in signals:
+        loop.add_signal_handler(number, worker.request_stop)
+    try:
+        await worker.start()
+        try:
+            await worker.run()
+        finally:
+            await worker.close()
+    finally:
+        for number in signals:
+            loop.remove_signal_handler(number)
+
+
+def serve(settings: Settings) -> int:
+    """`callgate run`: build everything from the settings, serve until stopped; the exit status.
+
+    Raises `ConfigError` or `SchemaLoadError` before anything connects when a setting or a
+    contract is wrong (the command line turns them into one message and status 2).
+    """
+    registry = build_registry(settings)
+    processor = build_processor(settings, registry)
+    keys = settings.idempotency
+    metrics = Metrics(
+        tool_labels(registry),
+        engine=settings.schemas.engine,
+        max_idempotency_keys=keys.max_keys * keys.partitions,
+    )
+    worker = Worker(settings, processor, lambda: build_key_store(settings), metrics)
+    # always served: the probes need /healthz and /readyz even with metrics off (empty /metrics)
+    exposed = metrics.registry if settings.metrics.enabled else CollectorRegistry()
+    health = HealthServer(exposed, worker.readiness)
+    port = health.start(settings.metrics.host, settings.metrics.port)
+    log.info("health and metrics on http://%s:%d/", settings.metrics.host, port)
+    try:
+        asyncio.run(run_until_stopped(worker))
+    except BrokerError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        health.stop()
+    return 0
