@@ -1,9 +1,10 @@
 """`python -m benchmarks [name ...]`: run benchmarks, write benchmarks/results/<name>.json.
 
-Names: core, observability, scaling, e2e, instructions (the core ratios counted in CPU
-instructions under callgrind; needs valgrind), profile (a pyinstrument text profile of the core
-hot path, written beside the results); none means all but instructions and profile. `--quick`
-runs every benchmark at a tiny size (the smoke tests use it; its figures mean nothing).
+Names: core, memory, checkpoints, e2e, instructions (the core ratios counted in CPU instructions
+under callgrind; needs valgrind), scaling, observability, profile (text profiles of the core
+path, written beside the results), json_parse (the strict parser against orjson and json); none
+means core, memory, checkpoints and e2e. `--quick` runs a benchmark at a tiny size (the smoke
+tests use it; its figures mean nothing). `--broker` limits e2e to one broker.
 """
 
 from __future__ import annotations
@@ -14,54 +15,73 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import core, e2e, instructions, observability, profile, scaling
-from benchmarks.common import RESULTS, write_results
+from benchmarks import checkpoints, core, e2e, instructions, memory, observability, profile, scaling
+from benchmarks.common import RESULTS, native_build, write_results
 
 
-def _core(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
-    if quick:
-        return core.run(calls=40, repeats=repeats or 2)
-    return core.run(repeats=repeats or 5)
+def _core(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:
+        return core.run(records=2_000, repeats=args.repeats or 1)
+    return core.run(repeats=args.repeats or 5)
 
 
-def _observability(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
-    if quick:
-        return observability.run(calls=40, repeats=repeats or 2)
-    return observability.run(repeats=repeats or 7)
+def _memory(args: argparse.Namespace) -> dict[str, Any]:
+    return memory.run(counts=(100, 1_000) if args.quick else (1_000, 10_000, 100_000))
 
 
-def _scaling(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
-    if quick:
-        return scaling.run(quick=True, repeats=repeats or 1)
-    return scaling.run(repeats=repeats or 3)
+def _checkpoints(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:
+        return checkpoints.run(calls=600, repeats=args.repeats or 1)
+    return checkpoints.run(repeats=args.repeats or 7)
 
 
-def _e2e(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
-    if quick:
-        return e2e.run(quick=True, repeats=repeats or 1)
-    return e2e.run(repeats=repeats or 3)
+def _e2e(args: argparse.Namespace) -> dict[str, Any]:
+    brokers = e2e.BROKERS if args.broker is None else (args.broker,)
+    if args.quick:
+        return e2e.run(quick=True, repeats=args.repeats or 1, brokers=brokers)
+    return e2e.run(repeats=args.repeats or 3, brokers=brokers)
 
 
-def _instructions(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
-    if quick:
-        quick_contenders = ("seed", "callgate:jsonschema-rs")
-        return instructions.run(calls=10, rows=(("small", "valid"),), contenders=quick_contenders)
+def _instructions(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:
+        return instructions.run(
+            records=40, rows=(("small", 10, "valid"),), contenders=instructions.QUICK_CONTENDERS
+        )
     return instructions.run()
 
 
-def _profile(quick: bool, repeats: int | None, out: Path) -> dict[str, Any]:
-    return profile.run(calls=200 if quick else 20_000, out=out)
+def _scaling(args: argparse.Namespace) -> dict[str, Any]:
+    return scaling.run(quick=args.quick, repeats=args.repeats or (1 if args.quick else 3))
 
 
-BENCHMARKS: dict[str, Callable[[bool, int | None, Path], dict[str, Any]]] = {
+def _observability(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:
+        return observability.run(calls=40, repeats=args.repeats or 1)
+    return observability.run(repeats=args.repeats or 7)
+
+
+def _profile(args: argparse.Namespace) -> dict[str, Any]:
+    return profile.run(records=2_000 if args.quick else 200_000, out=args.out)
+
+
+def _json_parse(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks import json_parse  # noqa: PLC0415 (another engineer's benchmark, standalone)
+
+    return json_parse.run(repeats=args.repeats or (1 if args.quick else 9), quick=args.quick)
+
+
+BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "core": _core,
-    "observability": _observability,
-    "scaling": _scaling,
+    "memory": _memory,
+    "checkpoints": _checkpoints,
     "e2e": _e2e,
     "instructions": _instructions,
+    "scaling": _scaling,
+    "observability": _observability,
     "profile": _profile,
+    "json_parse": _json_parse,
 }
-DEFAULT = ("core", "observability", "scaling", "e2e")
+DEFAULT = ("core", "memory", "checkpoints", "e2e")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,17 +90,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per measurement")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    parser.add_argument("--broker", choices=e2e.BROKERS, default=None, help="e2e on this one")
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
     for name in args.names or DEFAULT:
         print(f"== {name}", file=sys.stderr, flush=True)
-        body = BENCHMARKS[name](args.quick, args.repeats, args.out)
+        before = native_build()
+        body = BENCHMARKS[name](args)
+        # the figures of a run are of one build only: a rebuild during it spoils them
+        after = native_build()
+        if after != before:
+            print(f"   the native build changed during {name}!", file=sys.stderr, flush=True)
+        body["native_build_changed_during_run"] = after != before
         path = write_results(name, body, args.out)
         print(f"   wrote {path}", file=sys.stderr, flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 
-from worker.core.processor import InboundRecord
+from benchmarks.workload import Record
 
 
 def load_validators(directory: Path) -> dict[str, jsonschema.Draft202012Validator]:
@@ -36,7 +36,7 @@ class SeedGate:
         self.validators = validators
         self.open: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def feed(self, record: InboundRecord) -> bytes | None:
+    def feed(self, record: Record) -> bytes | None:
         envelope = json.loads(record.value or b"")
         key = (envelope["stream_id"], envelope["call_id"])
         state = self.open.get(key)
@@ -77,9 +77,13 @@ class SeedGate:
             event.update(outcome="accepted", arguments=arguments)
         return json.dumps(event).encode()
 
-    def run(self, records: Iterable[InboundRecord]) -> int:
+    def run(self, records: Iterable[Record]) -> int:
         events = 0
         for record in records:
             if self.feed(record) is not None:
                 events += 1
         return events
+
+    def events(self, records: Iterable[Record]) -> list[dict[str, Any]]:
+        """The decoded events of `records` (for checks, untimed)."""
+        return [json.loads(event) for r in records if (event := self.feed(r)) is not None]

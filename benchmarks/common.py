@@ -8,9 +8,11 @@ repeats. Results go to `benchmarks/results/<name>.json` with the command that pr
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,15 +23,24 @@ from typing import Any
 
 import orjson
 
+from worker.settings import KafkaSettings
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCH_SCHEMAS = Path(__file__).resolve().parent / "schemas"
 SEED_SCHEMAS = ROOT / "schemas"
 ENGINES = ("fastjsonschema", "jsonschema-rs")
+#: records per fetched batch, as the worker fetches them (`CALLGATE_KAFKA__FETCH_MAX_RECORDS`)
+BATCH = KafkaSettings().fetch_max_records
 
 
 def median(values: list[float]) -> float:
     return float(statistics.median(values))
+
+
+#: A contender: called once per repeat, untimed, it returns the run to time (fresh state each
+#: repeat: a new processor, a new seed buffer map, so repeats never see each other's calls).
+Prepare = Callable[[], Callable[[], object]]
 
 
 def timed(run: Callable[[], object]) -> float:
@@ -38,17 +49,20 @@ def timed(run: Callable[[], object]) -> float:
     short-lived rather than a heap of 100,000 records."""
     gc.collect()
     gc.freeze()
-    started = time.perf_counter()
-    run()
-    return time.perf_counter() - started
+    try:
+        started = time.perf_counter()
+        run()
+        return time.perf_counter() - started
+    finally:
+        gc.unfreeze()
 
 
-def alternate(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Each run `repeats` times, interleaved (a, b, a, b, ...): seconds per run, by name."""
+def alternate(runs: dict[str, Prepare], repeats: int) -> dict[str, list[float]]:
+    """Each contender `repeats` times, interleaved (a, b, a, b, ...): seconds per run, by name."""
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        for name, run in runs.items():
-            seconds[name].append(timed(run))
+        for name, prepare in runs.items():
+            seconds[name].append(timed(prepare()))
     return seconds
 
 
@@ -72,8 +86,37 @@ def one_core() -> Iterator[int | None]:
         os.sched_setaffinity(0, before)
 
 
+def _git(*args: str) -> str:
+    try:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    except OSError:
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+def code_under_test() -> dict[str, Any]:
+    """The commit, the tracked files that differ from it outside the benchmarks (the code
+    measured is the commit's only when that list is empty), and the native build's digest."""
+    changed = [
+        line[3:]
+        for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()
+        if not line[3:].startswith(("benchmarks/", "tests/benchmarks/"))
+    ]
+    commit = _git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    return {"commit": commit, "changed": changed, "native": native_build()}
+
+
+def native_build() -> str:
+    """The first 16 hex digits of the SHA-256 of the `worker._native` extension imported."""
+    import worker._native  # noqa: PLC0415
+
+    path = Path(worker._native.__file__ or "")
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "unknown"
+
+
 def environment() -> dict[str, Any]:
     return {
+        "code": code_under_test(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),

@@ -22,20 +22,21 @@ import fastjsonschema
 import jsonschema_rs
 import orjson
 
-from benchmarks.harness import Run
-from worker.core.processor import InboundRecord
+from benchmarks.common import Prepare
+from benchmarks.workload import Record
 
 
-def envelope_parse_only(records: Sequence[InboundRecord]) -> Run:
+def envelope_parse_only(records: Sequence[Record]) -> Prepare:
     """`orjson.loads` per record, no more."""
+    values = [record.value or b"" for record in records]
 
     def run() -> int:
         loads = orjson.loads
-        for record in records:
-            loads(record.value or b"")
-        return len(records)
+        for value in values:
+            loads(value)
+        return len(values)
 
-    return run
+    return lambda: run
 
 
 def _is_valid(engine: str, schema: dict[str, Any]) -> Callable[[Any], bool]:
@@ -87,11 +88,11 @@ class BarePythonGate:
         return events
 
 
-def bare_python_gate(schema_file: Path, engine: str, records: Sequence[InboundRecord]) -> Run:
+def bare_python_gate(schema_file: Path, engine: str, records: Sequence[Record]) -> Prepare:
     gate = BarePythonGate(schema_file, engine)
     values = [record.value or b"" for record in records]
 
     def run() -> int:
         return len(gate.judge_all(values))
 
-    return run
+    return lambda: run

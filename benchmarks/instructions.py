@@ -3,11 +3,13 @@
 Seconds on this shared 2-core machine move by tens of percent between repeats; an instruction
 count does not (the same binary, input and `PYTHONHASHSEED` give the same count whatever else
 the machine is doing). So each contender of the core table (the seed, callgate on both engines,
-the floors) runs in a child process under callgrind, twice: with `calls` and with `2 * calls` of
-the same workload. The difference is the cost of `calls` calls, start-up and set-up (imports,
-schema compilation, building the workload) cancelled out. Ratios are seed instructions per call
-over the contender's. Instructions are not seconds (the interpreter and orjson's C code retire
-them at different rates), so this is a second opinion on the timed table, not a replacement.
+the native reassembler alone, the floors) runs in a child process under callgrind, twice: with
+`n` and with `2 n` calls of the same workload. Instrumentation is off at start (`--instr-
+atstart=no`) and the child turns it on (`callgrind_control -i on`) only around its run, after
+the imports, the schema compilation and the workload are built; the difference of the two
+counts is the cost of `n` calls, the toggling itself cancelled out. Ratios are seed instructions
+per call over the contender's. Instructions are not seconds (the interpreter and native code
+retire them at different rates), so this is a second opinion on the timed table.
 
 `python -m benchmarks instructions` needs valgrind (Debian's `valgrind` package).
 """
@@ -23,53 +25,71 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from benchmarks import workload
-from benchmarks.common import ENGINES, ROOT
+from benchmarks.common import ENGINES, ROOT, Prepare
 from benchmarks.core import SCHEMA_DIRS, TARGETS
 from benchmarks.floors import bare_python_gate, envelope_parse_only
-from benchmarks.harness import Run, callgate_run, processor_factory, seed_run
+from benchmarks.harness import Callgate, assembly_run, callgate_run, seed_run
 
 CONTENDERS = (
     "seed",
     *(f"callgate:{engine}" for engine in ENGINES),
+    "assembly_only",
     *(f"bare:{engine}" for engine in ENGINES),
     "envelope_parse_only",
 )
+QUICK_CONTENDERS = ("seed", "callgate:jsonschema-rs")
+ROWS = tuple((label, chunks, "mixed") for label in workload.SCHEMAS for chunks in (10, 100))
+#: records per row at the smaller of the two sizes (the calls follow from the chunks per call)
+RECORDS = 8_000
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-def child_run(contender: str, label: str, mix: str, calls: int, total: int) -> Run:
-    """The contender's run over the first `calls` of a `total`-call workload (same set-up)."""
+def child_run(contender: str, label: str, chunks: int, mix: str, calls: int) -> Prepare:
+    """The contender's run over the first `calls` calls of the workload."""
     schema = workload.SCHEMAS[label]
     directory = SCHEMA_DIRS[label]
-    records = workload.records(workload.calls(schema, total, workload.MIXES[mix]), 10)
-    records = records[: calls * 10]
+    records = workload.records(workload.calls(schema, calls, workload.MIXES[mix]), chunks)
     kind, _, engine = contender.partition(":")
     if kind == "seed":
         return seed_run(directory, records)
     if kind == "callgate":
-        return callgate_run(processor_factory(directory, engine), records)
+        return callgate_run(Callgate(directory, engine), records)
+    if kind == "assembly_only":
+        return assembly_run(Callgate(directory, ENGINES[-1]), records)
     if kind == "bare":
-        schema_file = schema.schema_file(directory)
-        return bare_python_gate(schema_file, engine, records)
+        return bare_python_gate(schema.schema_file(directory), engine, records)
     if kind == "envelope_parse_only":
         return envelope_parse_only(records)
     raise ValueError(f"unknown contender {contender!r}")
 
 
-def _count(contender: str, label: str, mix: str, calls: int, total: int) -> int:
-    """Instructions one child process executes, start to end, under callgrind."""
+def _toggle(state: str) -> None:
+    """Turn callgrind's instrumentation of this process on or off."""
+    done = subprocess.run(
+        ["callgrind_control", "-i", state, str(os.getpid())],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"callgrind_control -i {state} failed: {done.stderr or done.stdout}")
+
+
+def _count(contender: str, label: str, chunks: int, mix: str, calls: int) -> int:
+    """Instructions one child process executes while its instrumentation is on."""
     command = [
         "valgrind",
         "--tool=callgrind",
+        "--instr-atstart=no",
         "--callgrind-out-file=/dev/null",
         sys.executable,
         "-m",
         "benchmarks.instructions",
         contender,
         label,
+        str(chunks),
         mix,
         str(calls),
-        str(total),
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
@@ -81,56 +101,70 @@ def _count(contender: str, label: str, mix: str, calls: int, total: int) -> int:
 
 def run(
     *,
-    calls: int = 800,
-    rows: tuple[tuple[str, str], ...] | None = None,
+    records: int = RECORDS,
+    rows: tuple[tuple[str, int, str], ...] = ROWS,
     contenders: tuple[str, ...] = CONTENDERS,
     jobs: int = 2,
 ) -> dict[str, Any]:
-    if shutil.which("valgrind") is None:
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise RuntimeError("valgrind is not installed (Debian: apt-get install valgrind)")
     if "seed" not in contenders:
         raise ValueError("the seed is the baseline of every ratio: it must be a contender")
-    rows = rows or tuple((label, mix) for label in workload.SCHEMAS for mix in ("valid", "mixed"))
+    # whole groups of the workload's interleaved calls, so that both sizes close every call
+    lanes = 8
+    sizes = {
+        (label, chunks): max(lanes, records // chunks // lanes * lanes) for label, chunks, _ in rows
+    }
     jobs_list = [
-        (contender, label, mix, n)
-        for label, mix in rows
+        (contender, label, chunks, mix, n)
+        for label, chunks, mix in rows
         for contender in contenders
-        for n in (calls, 2 * calls)
+        for n in (sizes[(label, chunks)], 2 * sizes[(label, chunks)])
     ]
+
     # an instruction count does not depend on what else runs: the children share the cores
+    def count(job: tuple[str, str, int, str, int]) -> int:
+        contender, label, chunks, mix, n = job
+        return _count(contender, label, chunks, mix, n)
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        counted = pool.map(lambda job: _count(*job, total=2 * calls), jobs_list)
-        counts = dict(zip(jobs_list, counted, strict=True))
+        counts = dict(zip(jobs_list, pool.map(count, jobs_list), strict=True))
     out_rows: list[dict[str, Any]] = []
-    for label, mix in rows:
+    for label, chunks, mix in rows:
+        n = sizes[(label, chunks)]
         per_call = {
-            c: (counts[(c, label, mix, 2 * calls)] - counts[(c, label, mix, calls)]) / calls
+            c: (counts[(c, label, chunks, mix, 2 * n)] - counts[(c, label, chunks, mix, n)]) / n
             for c in contenders
         }
         seed = per_call["seed"]
         out_rows.append(
             {
                 "schema": label,
+                "chunks_per_call": chunks,
                 "mix": mix,
-                "instructions_per_call": {c: round(n) for c, n in per_call.items()},
+                "calls": n,
+                "instructions_per_call": {c: round(i) for c, i in per_call.items()},
                 "ratio_vs_seed": {
-                    c: round(seed / n, 2) for c, n in per_call.items() if c != "seed"
+                    c: round(seed / i, 2) for c, i in per_call.items() if c != "seed"
                 },
-                "targets": {
-                    f"callgate:{engine}": target
-                    for engine, target in TARGETS.items()
-                    if f"callgate:{engine}" in contenders
-                },
+                "target": TARGETS[(label, chunks)],
             }
         )
     return {
         "description": __doc__.split("\n\n")[0],
-        "calls": calls,
-        "statistic": "instructions per call = (count at 2 * calls - count at calls) / calls",
+        "statistic": "instructions per call = (count at 2 n calls - count at n calls) / n",
         "rows": out_rows,
     }
 
 
+def main(argv: list[str]) -> int:
+    contender, label, chunks, mix, calls = argv
+    go = child_run(contender, label, int(chunks), mix, int(calls))()
+    _toggle("on")
+    go()
+    _toggle("off")
+    return 0
+
+
 if __name__ == "__main__":
-    contender, label, mix, calls, total = sys.argv[1:6]
-    child_run(contender, label, mix, int(calls), int(total))()
+    raise SystemExit(main(sys.argv[1:]))

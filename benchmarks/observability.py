@@ -1,11 +1,12 @@
-"""Benchmark 4: the cost of observability, the same core run with metrics on and off.
+"""Benchmark: the cost of observability, the same core run with metrics on and off.
 
-"On" is what the runner does per outcome: `Metrics.observe(verdict, tool)` on a real
-`worker.metrics.Metrics` (its own Prometheus registry), plus `add_chunks` per record; "off" feeds
-the same records through the same Processor and observes nothing. One core, valid and mixed
-workloads, small and large schemas, jsonschema-rs. The figures are the slowdown ratio off/on and,
-steadier on a noisy machine, the metrics work alone (the same updates on verdicts judged
-beforehand) as a share of the core run, in the same run.
+"On" is what the worker does per fetched batch (`worker.runtime.worker.Worker._judge`):
+`Metrics.add_records`, `Metrics.observe(verdict, tool)` per outcome, and the open-call and
+buffered-byte gauges, on a real `worker.metrics.Metrics` (its own Prometheus registry); "off"
+feeds the same records through the same processor and observes nothing. One core, valid and
+mixed workloads, small and large schemas, jsonschema-rs. The figures are the throughput ratio
+on/off and, steadier on a noisy machine, the metrics work alone (the same updates on verdicts
+judged beforehand) as a share of the core run, in the same run.
 """
 
 from __future__ import annotations
@@ -14,76 +15,94 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks import workload
-from benchmarks.common import alternate, median, one_core, paired_ratio
+from benchmarks.common import BATCH, Prepare, alternate, median, one_core, paired_ratio
 from benchmarks.core import SCHEMA_DIRS
-from benchmarks.harness import Run, processor_factory
-from worker.core.processor import InboundRecord, Processor
+from benchmarks.harness import Callgate
+from benchmarks.workload import TOPIC, Record, batches
+from worker.compose import tool_labels
 from worker.metrics import Metrics
 
 ENGINE = "jsonschema-rs"
 
 
-def _with_metrics(make: Callable[[], Processor], records: Sequence[InboundRecord]) -> Run:
-    def run() -> int:
-        processor = make()
-        metrics = Metrics(processor.tool_names, engine=ENGINE)
-        observe, add_chunks = metrics.observe, metrics.add_chunks
-        emitted = 0
-        for record in records:
-            emissions = processor.feed(record, 0.0)
-            add_chunks()
-            for emission in emissions:
-                observe(emission.verdict, emission.call.tool)
-                emitted += 1
-        return emitted
-
-    return run
+def _metrics(callgate: Callgate) -> Metrics:
+    return Metrics(tool_labels(callgate.registry), engine=ENGINE)
 
 
-def _without(make: Callable[[], Processor], records: Sequence[InboundRecord]) -> Run:
-    def run() -> int:
-        processor = make()
-        emitted = 0
-        for record in records:
-            emitted += len(processor.feed(record, 0.0))
-        return emitted
+def _with_metrics(callgate: Callgate, records: Sequence[Record]) -> Prepare:
+    fetched = batches(records, BATCH)
 
-    return run
+    def prepare() -> Callable[[], int]:
+        processor, metrics = callgate.processor(), _metrics(callgate)
+        feed, observe, assembler = processor.feed, metrics.observe, processor.assembler
+
+        def run() -> int:
+            emitted = 0
+            for batch in fetched:
+                metrics.add_records(len(batch))
+                for emission in feed(TOPIC, 0, batch):
+                    observe(emission.verdict, emission.call.tool)
+                    emitted += 1
+                metrics.set_open_calls(assembler.open_calls)
+                metrics.set_buffered_bytes(assembler.buffered_bytes)
+            return emitted
+
+        return run
+
+    return prepare
 
 
-def _metrics_alone(make: Callable[[], Processor], records: Sequence[InboundRecord]) -> Run:
+def _without(callgate: Callgate, records: Sequence[Record]) -> Prepare:
+    fetched = batches(records, BATCH)
+
+    def prepare() -> Callable[[], int]:
+        feed = callgate.processor().feed
+        return lambda: sum(len(feed(TOPIC, 0, batch)) for batch in fetched)
+
+    return prepare
+
+
+def _metrics_alone(callgate: Callgate, records: Sequence[Record]) -> Prepare:
     """Only the metrics work of a run, on verdicts judged once beforehand: the same updates the
     "on" run makes, without the core around them, so their share is not lost in the noise."""
-    processor = make()
-    emissions = [e for record in records for e in processor.feed(record, 0.0)]
-    tools = processor.tool_names
+    fetched = batches(records, BATCH)
+    processor = callgate.processor()
+    judged = [
+        [(e.verdict, e.call.tool) for e in processor.feed(TOPIC, 0, batch)] for batch in fetched
+    ]
 
-    def run() -> int:
-        metrics = Metrics(tools, engine=ENGINE)
-        observe, add_chunks = metrics.observe, metrics.add_chunks
-        for _ in records:
-            add_chunks()
-        for emission in emissions:
-            observe(emission.verdict, emission.call.tool)
-        return len(emissions)
+    def prepare() -> Callable[[], int]:
+        metrics = _metrics(callgate)
+        observe = metrics.observe
 
-    return run
+        def run() -> int:
+            for batch, outcomes in zip(fetched, judged, strict=True):
+                metrics.add_records(len(batch))
+                for verdict, tool in outcomes:
+                    observe(verdict, tool)
+                metrics.set_open_calls(0)
+                metrics.set_buffered_bytes(0)
+            return len(judged)
+
+        return run
+
+    return prepare
 
 
 def run(*, calls: int = 4000, repeats: int = 7, fragments: int = 10) -> dict[str, Any]:
     rows = []
     with one_core() as cpu:
         for label, schema in workload.SCHEMAS.items():
-            make = processor_factory(SCHEMA_DIRS[label], ENGINE)
+            callgate = Callgate(SCHEMA_DIRS[label], ENGINE)
             for mix in ("valid", "mixed"):
                 records = workload.records(
                     workload.calls(schema, calls, workload.MIXES[mix]), fragments
                 )
                 seconds = alternate(
                     {
-                        "off": _without(make, records),
-                        "on": _with_metrics(make, records),
-                        "metrics_alone": _metrics_alone(make, records),
+                        "off": _without(callgate, records),
+                        "on": _with_metrics(callgate, records),
+                        "metrics_alone": _metrics_alone(callgate, records),
                     },
                     repeats,
                 )
@@ -96,9 +115,6 @@ def run(*, calls: int = 4000, repeats: int = 7, fragments: int = 10) -> dict[str
                         "calls_per_s_metrics_on": round(calls / median(seconds["on"])),
                         "throughput_on_vs_off": round(
                             paired_ratio(seconds["off"], seconds["on"]), 3
-                        ),
-                        "overhead_us_per_call": round(
-                            (median(seconds["on"]) - median(seconds["off"])) / calls * 1e6, 2
                         ),
                         "metrics_alone_us_per_call": round(
                             median(seconds["metrics_alone"]) / calls * 1e6, 2

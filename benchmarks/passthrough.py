@@ -1,11 +1,20 @@
-"""The pass-through limit of the stack: an aiokafka consumer that forwards every record it fetches.
+"""The pass-through: the fastest correct aiokafka forwarder, the ceiling of a worker on this stack.
 
-Run as its own process (`python -m benchmarks.passthrough BOOTSTRAP GROUP INPUT OUTPUT`), like
-`callgate run`: the same client library, the same consumer options (manual commits, earliest,
-the same `max_poll_records`) and producer options (acks=all, the same linger), batched produce
-(every send of a batch in flight at once), one commit per batch after the batch's acks. It does
-no work per record beyond the copy, so its rate is the ceiling any worker on this stack can reach.
-Stops on SIGTERM.
+`python -m benchmarks.passthrough BOOTSTRAP GROUP INPUT OUTPUT`, run as its own process like
+`callgate run`, with the worker's own consumer and producer options (`worker.runtime.
+kafka_options`: manual commits, earliest, 2,000 records per fetch, acks=all, the same linger).
+Every fetched record is copied to the same partition of OUTPUT:
+
+- per partition, the records go into `create_batch` builders, each submitted with `send_batch`
+  (a full builder is submitted and a new one started): no future per record;
+- the next fetch does not wait for those acknowledgements: it overlaps them;
+- input offsets are committed only past records whose batches were acknowledged, in fetch
+  order, at most every `commit_interval_ms` (the worker's setting) and at the end;
+- above `max_pending_produces` unacknowledged records it waits for the oldest round first (the
+  worker pauses fetching there).
+
+A failed batch stops it with an error (it never commits past a record not written). It does no
+work per record beyond the copy. Stops on SIGTERM after committing what was acknowledged.
 """
 
 from __future__ import annotations
@@ -13,35 +22,94 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from worker.runtime.kafka_options import consumer_options, producer_options
 from worker.settings import load_settings
 
 
+@dataclass(slots=True)
+class Round:
+    """One fetch's produce futures, its record count and the offsets it moves the input to."""
+
+    futures: list[asyncio.Future[object]] = field(default_factory=list)
+    records: int = 0
+    offsets: dict[TopicPartition, int] = field(default_factory=dict)
+
+    def done(self) -> bool:
+        return all(future.done() for future in self.futures)
+
+
+async def _send(
+    producer: AIOKafkaProducer, target: str, partition: int, records: list[object]
+) -> list[asyncio.Future[object]]:
+    futures = []
+    batch = producer.create_batch()
+    for record in records:
+        key, value = record.key, record.value  # type: ignore[attr-defined]
+        headers = list(record.headers)  # type: ignore[attr-defined]  (the builder takes a list)
+        if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+            futures.append(await producer.send_batch(batch, target, partition=partition))
+            batch = producer.create_batch()
+            batch.append(key=key, value=value, timestamp=None, headers=headers)
+    futures.append(await producer.send_batch(batch, target, partition=partition))
+    return futures
+
+
+def _settle(pending: deque[Round], acknowledged: dict[TopicPartition, int]) -> int:
+    """Move the rounds acknowledged in full, oldest first, into `acknowledged`; raise on a
+    failed batch. Returns the records still unacknowledged."""
+    while pending and pending[0].done():
+        round_ = pending.popleft()
+        for future in round_.futures:
+            future.result()  # a failed batch raises here: nothing past it is committed
+        acknowledged.update(round_.offsets)
+    return sum(round_.records for round_ in pending)
+
+
 async def forward(bootstrap: str, group: str, source: str, target: str) -> None:
     settings = load_settings(kafka={"bootstrap_servers": [bootstrap], "group_id": group})
+    kafka = settings.kafka
     consumer = AIOKafkaConsumer(source, **consumer_options(settings))
     producer = AIOKafkaProducer(**producer_options(settings))
     await producer.start()
     await consumer.start()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    timeout_ms = settings.kafka.fetch_timeout_ms
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    pending: deque[Round] = deque()
+    acknowledged: dict[TopicPartition, int] = {}
+    last_commit = 0.0
+    interval = kafka.commit_interval_ms / 1000
     try:
         while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=timeout_ms)
-            if not batch:
-                continue
-            sends = [
-                await producer.send(target, record.value, key=record.key)
-                for records in batch.values()
-                for record in records
-            ]
-            await asyncio.gather(*sends)
-            await consumer.commit()
+            batch = await consumer.getmany(
+                timeout_ms=kafka.fetch_timeout_ms, max_records=kafka.fetch_max_records
+            )
+            round_ = Round()
+            for tp, records in batch.items():
+                if records:
+                    round_.futures += await _send(producer, target, tp.partition, records)
+                    round_.records += len(records)
+                    round_.offsets[tp] = records[-1].offset + 1
+            if round_.records:
+                pending.append(round_)
+            unacknowledged = _settle(pending, acknowledged)
+            while unacknowledged > kafka.max_pending_produces:
+                await asyncio.wait(pending[0].futures)
+                unacknowledged = _settle(pending, acknowledged)
+            now = time.monotonic()
+            if acknowledged and now - last_commit >= interval:
+                await consumer.commit(acknowledged)
+                acknowledged, last_commit = {}, now
+        for round_ in pending:
+            await asyncio.wait(round_.futures)
+        _settle(pending, acknowledged)
+        if acknowledged:
+            await consumer.commit(acknowledged)
     finally:
         await consumer.stop()
         await producer.stop()

@@ -2,8 +2,6 @@
 
 - argument size (100 B to 1 MB, 10 fragments per call): us per call and ns per argument byte;
 - chunk count (1 to 1,000 chunks per call, 10 kB of arguments): us per call and per chunk;
-- open calls (1k to 100k, one 64-byte fragment each, never closed): bytes per open call beyond
-  the buffered text, measured with tracemalloc (callgate's Processor; the seed's dict of lists);
 - schema load: 1,000 generated schemas in a temp dir, `SchemaRegistry.load` with each engine
   against building 1,000 `jsonschema.Draft202012Validator`s.
 
@@ -13,28 +11,31 @@ so one contract serves every size; limits are raised so that 1 MB and 1,000 chun
 
 from __future__ import annotations
 
-import gc
 import json
 import tempfile
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from benchmarks import workload
-from benchmarks.baseline import SeedGate, load_validators
-from benchmarks.common import BENCH_SCHEMAS, ENGINES, alternate, median, one_core, paired_ratio
-from benchmarks.harness import callgate_run, processor_factory, seed_run
+from benchmarks.baseline import load_validators
+from benchmarks.common import (
+    BENCH_SCHEMAS,
+    ENGINES,
+    Prepare,
+    alternate,
+    median,
+    one_core,
+    paired_ratio,
+)
+from benchmarks.harness import Callgate, callgate_run, seed_run
+from worker.compose import violation_limits
 from worker.schemas.registry import SchemaRegistry
+from worker.settings import LimitSettings
 
 ENGINE = "jsonschema-rs"
-LIMITS = {
-    "max_bytes": 2 * 1024 * 1024,
-    "max_chunks": 2000,
-    "max_depth": 32,
-    "max_open_calls_per_partition": 200_000,
-}
+LIMITS = {"max_bytes": 2 * 1024 * 1024, "max_event_bytes": 4 * 1024 * 1024, "max_chunks": 2000}
 STORE = workload.Schema(
     "store",
     "store_records",
@@ -66,9 +67,9 @@ def _calls_for(size: int) -> int:
 
 def _compare(work: list[workload.Call], fragments: int, repeats: int) -> dict[str, Any]:
     records = workload.records(work, fragments)
-    make = processor_factory(BENCH_SCHEMAS, ENGINE, limits=LIMITS)
+    callgate = Callgate(BENCH_SCHEMAS, ENGINE, limits=LIMITS)
     seconds = alternate(
-        {"seed": seed_run(BENCH_SCHEMAS, records), "callgate": callgate_run(make, records)},
+        {"seed": seed_run(BENCH_SCHEMAS, records), "callgate": callgate_run(callgate, records)},
         repeats,
     )
     calls = len(work)
@@ -103,73 +104,6 @@ def chunk_count(counts: list[int], size: int, repeats: int) -> list[dict[str, An
     return rows
 
 
-def _open_calls(count: int) -> list[workload.InboundRecord]:
-    delta = '{"records":[' + " " * 51  # 64 bytes of text, the call left open
-    out = []
-    for i in range(count):
-        envelope = {
-            "stream_id": f"m{i}",
-            "call_id": f"m{i}",
-            "seq": 0,
-            "kind": "tool_call",
-            "tool": STORE.tool,
-            "delta": delta,
-            "final": False,
-        }
-        out.append(
-            workload.InboundRecord(workload.TOPIC, 0, i, f"m{i}".encode(), orjson.dumps(envelope))
-        )
-    return out
-
-
-def _traced(feed_all: Any) -> int:
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        keep = feed_all()
-        gc.collect()
-        after = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    del keep
-    return after - before
-
-
-def memory(counts: list[int]) -> list[dict[str, Any]]:
-    make = processor_factory(BENCH_SCHEMAS, ENGINE, limits=LIMITS)
-    validators = load_validators(BENCH_SCHEMAS)
-    rows = []
-    for count in counts:
-        records = _open_calls(count)
-
-        def callgate(records: list[workload.InboundRecord] = records, count: int = count) -> Any:
-            processor = make()
-            for record in records:
-                processor.feed(record, 0.0)
-            assert processor.open_calls == count
-            return processor
-
-        def seed(records: list[workload.InboundRecord] = records) -> Any:
-            gate = SeedGate(validators)
-            for record in records:
-                gate.feed(record)
-            return gate
-
-        text = 64 * count
-        grown, seed_grown = _traced(callgate), _traced(seed)
-        rows.append(
-            {
-                "open_calls": count,
-                "buffered_text_bytes": text,
-                "callgate_bytes_per_open_call": round((grown - text) / count),
-                "seed_bytes_per_open_call": round((seed_grown - text) / count),
-                "ratio_vs_seed": round((grown - text) / max(1, seed_grown - text), 2),
-            }
-        )
-    return rows
-
-
 def _generate_schemas(directory: Path, count: int) -> None:
     template = json.loads((BENCH_SCHEMAS / "bench" / "place_order.v1.schema.json").read_text())
     for n in range(count):
@@ -182,8 +116,12 @@ def schema_load(count: int, repeats: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="callgate-bench-schemas-") as tmp:
         directory = Path(tmp)
         _generate_schemas(directory, count)
-        runs = {engine: (lambda e=engine: SchemaRegistry.load(directory, e)) for engine in ENGINES}
-        runs["seed"] = lambda: load_validators(directory)
+        limits = violation_limits(LimitSettings())
+        runs: dict[str, Prepare] = {
+            engine: (lambda e=engine: lambda: SchemaRegistry.load(directory, e, limits=limits))
+            for engine in ENGINES
+        }
+        runs["seed"] = lambda: lambda: load_validators(directory)
         seconds = alternate(runs, repeats)
     out: dict[str, Any] = {"schemas": count, "seed_s": round(median(seconds["seed"]), 3)}
     for engine in ENGINES:
@@ -198,12 +136,10 @@ def schema_load(count: int, repeats: int) -> dict[str, Any]:
 def run(*, quick: bool = False, repeats: int = 3) -> dict[str, Any]:
     sizes = [100, 1000] if quick else [100, 1_000, 10_000, 100_000, 1_000_000]
     counts = [1, 10] if quick else [1, 10, 100, 1000]
-    opens = [100, 1000] if quick else [1_000, 10_000, 100_000]
     with one_core() as cpu:
         body = {
             "argument_size": argument_size(sizes, repeats),
             "chunk_count": chunk_count(counts, 1000 if quick else 10_000, repeats),
-            "memory_open_calls": memory(opens),
             "schema_load": schema_load(20 if quick else 1000, repeats),
         }
     return {
@@ -211,7 +147,6 @@ def run(*, quick: bool = False, repeats: int = 3) -> dict[str, Any]:
         "engine": ENGINE,
         "repeats": repeats,
         "pinned_cpu": cpu,
-        "statistic": "median of repeats; ratio_vs_seed = seed time / callgate time (memory: "
-        "callgate bytes / seed bytes)",
+        "statistic": "median of repeats; ratio_vs_seed = seed time / callgate time",
         **body,
     }

@@ -8,15 +8,28 @@ model really produces: schema violations, a truncated text and a duplicate key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 
-from worker.core.processor import InboundRecord
-
 TOPIC = "bench.model-output"
+#: record time of the first record (ms); each next record is 1 ms later
+EPOCH_MS = 1_767_225_600_000
+
+
+class Record(NamedTuple):
+    """A fetched record as the processor reads it (what an aiokafka ConsumerRecord offers)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +39,8 @@ class Call:
     tool: str
     tool_version: str | None
     arguments: str
+    #: what is wrong with it: None (valid), "schema", "truncated" or "duplicate_key"
+    defect: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,16 +143,23 @@ def _dumps(value: object) -> str:
     return orjson.dumps(value).decode()
 
 
-def arguments_text(schema: Schema, i: int, invalid: int | None = None) -> str:
-    """One call's argument text; the `invalid`-th invalid one rotates through three violations,
-    a truncation and a duplicate key."""
+def defect_of(invalid: int | None) -> str | None:
+    """What the `invalid`-th invalid call gets wrong: three schema violations out of five, then a
+    truncation, then a duplicate key."""
     if invalid is None:
+        return None
+    return {3: "truncated", 4: "duplicate_key"}.get(invalid % 5, "schema")
+
+
+def arguments_text(schema: Schema, i: int, invalid: int | None = None) -> str:
+    """One call's argument text, with the defect `defect_of(invalid)` names."""
+    defect = defect_of(invalid)
+    if defect is None:
         return _dumps(schema.valid(i))
-    kind = invalid % 5
-    if kind == 3:  # truncated mid-value: invalid JSON
+    if defect == "truncated":  # cut mid-value: invalid JSON
         text = _dumps(schema.valid(i))
         return text[: len(text) * 2 // 3]
-    if kind == 4:  # a duplicate key: orjson would keep the last one silently
+    if defect == "duplicate_key":  # json.loads and orjson would keep the last one silently
         text = _dumps(schema.valid(i))
         first_key = text[1 : text.index(":")]
         return "{" + first_key + ':"dup",' + text[1:]
@@ -156,6 +178,7 @@ def calls(schema: Schema, count: int, invalid_share: float, *, prefix: str = "c"
                 tool=schema.tool,
                 tool_version=schema.version,
                 arguments=arguments_text(schema, i, invalid),
+                defect=defect_of(invalid),
             )
         )
     return out
@@ -194,9 +217,9 @@ def _envelopes(call: Call, fragments: int) -> Iterator[bytes]:
 
 def records(
     work: list[Call], fragments: int, *, lanes: int = 8, partition: int = 0
-) -> list[InboundRecord]:
+) -> list[Record]:
     """Envelope records of `work`, `lanes` calls interleaved chunk by chunk, offsets from 0."""
-    out: list[InboundRecord] = []
+    out: list[Record] = []
     offset = 0
     for start in range(0, len(work), lanes):
         group = [
@@ -207,6 +230,11 @@ def records(
         for n in range(depth):
             for key, chunks in group:
                 if n < len(chunks):
-                    out.append(InboundRecord(TOPIC, partition, offset, key, chunks[n]))
+                    out.append(Record(TOPIC, partition, offset, EPOCH_MS + offset, key, chunks[n]))
                     offset += 1
     return out
+
+
+def batches(records: Sequence[Record], size: int) -> list[Sequence[Record]]:
+    """`records` cut as a consumer fetches them: `size` at a time (the worker's 2,000)."""
+    return [records[start : start + size] for start in range(0, len(records), size)]

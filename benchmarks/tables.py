@@ -1,0 +1,214 @@
+"""`python -m benchmarks.tables [DIR]`: the README's tables, in Markdown, from the results files.
+
+Reads `<DIR>/<name>.json` (default `benchmarks/results/`) for each benchmark that has one and
+prints its table, so the figures in `benchmarks/README.md` are the ones the run wrote.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from benchmarks.common import RESULTS
+from benchmarks.e2e import TARGET_P99_MS
+
+Table = list[str]
+
+
+def _row(*cells: object) -> str:
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def _head(*names: str) -> Table:
+    return [_row(*names), _row(*("---" for _ in names))]
+
+
+def _met(flag: bool) -> str:
+    return "yes" if flag else "**no**"
+
+
+def core(doc: dict[str, Any]) -> Table:
+    out = _head(
+        "schema", "chunks", "mix", "seed calls/s", "fjs calls/s", "fjs ratio", "rs calls/s",
+        "rs ratio", "target", "native assembly alone", "orjson per envelope alone",
+        "bare Python gate fjs / rs", "assembly share of callgate (fjs / rs)",
+    )  # fmt: skip
+    for r in doc["rows"]:
+        fjs, rs = r["engines"]["fastjsonschema"], r["engines"]["jsonschema-rs"]
+        out.append(
+            _row(
+                r["schema"], r["chunks_per_call"], r["mix"], f"{r['seed_calls_per_s']:,}",
+                f"{fjs['calls_per_s']:,}", f"**{fjs['ratio_vs_seed']}**",
+                f"{rs['calls_per_s']:,}", f"**{rs['ratio_vs_seed']}**", f"{r['target']:g}",
+                r["assembly_only_ratio"], r["envelope_parse_only_ratio"],
+                f"{fjs['bare_python_gate_ratio']} / {rs['bare_python_gate_ratio']}",
+                f"{fjs['assembly_share']:.0%} / {rs['assembly_share']:.0%}",
+            )
+        )  # fmt: skip
+    return out
+
+
+def instructions(doc: dict[str, Any]) -> Table:
+    out = _head(
+        "schema", "chunks", "seed instr/call", "callgate fjs", "ratio", "callgate rs", "ratio",
+        "target", "native assembly alone", "orjson per envelope alone", "bare gate fjs / rs",
+    )  # fmt: skip
+    for r in doc["rows"]:
+        n, q = r["instructions_per_call"], r["ratio_vs_seed"]
+        out.append(
+            _row(
+                r["schema"], r["chunks_per_call"], f"{n['seed'] / 1000:,.0f}k",
+                f"{n['callgate:fastjsonschema'] / 1000:,.0f}k",
+                f"**{q['callgate:fastjsonschema']}**",
+                f"{n['callgate:jsonschema-rs'] / 1000:,.0f}k", f"**{q['callgate:jsonschema-rs']}**",
+                f"{r['target']:g}", q["assembly_only"], q["envelope_parse_only"],
+                f"{q['bare:fastjsonschema']} / {q['bare:jsonschema-rs']}",
+            )
+        )  # fmt: skip
+    return out
+
+
+def memory(doc: dict[str, Any]) -> Table:
+    out = _head(
+        "open calls", "callgate bytes/open call", "of which Python", "seed bytes/open call",
+        "ratio", "target", "met",
+    )  # fmt: skip
+    for r in doc["rows"]:
+        out.append(
+            _row(
+                f"{r['open_calls']:,}", f"**{r['callgate_bytes_per_open_call']}**",
+                r["python_bytes_per_open_call"], r["seed_bytes_per_open_call"],
+                r["ratio_vs_seed"], f"≤ {r['target']}", _met(r["meets_target"]),
+            )
+        )  # fmt: skip
+    return out
+
+
+def checkpoints(doc: dict[str, Any]) -> Table:
+    out = _head(
+        "calls in flight", "open at a batch's end", "full bytes", "delta bytes", "delta / full",
+        "us per delta / full", "delta / full time, share of the rest of the run",
+        "throughput with a delta / a full one per batch",
+    )  # fmt: skip
+    for r in doc["rows"]:
+        b, t = r["bytes"], r["throughput_vs_none"]
+        us, share = r["checkpoint_us"], r["checkpoint_share_of_run"]
+        out.append(
+            _row(
+                f"{r['calls_in_flight']:,}", f"{b['open_calls_median']:,.0f}",
+                f"{b['full_bytes_median']:,}", f"{b['delta_bytes_median']:,}", b["delta_vs_full"],
+                f"{us['delta']:.0f} / {us['full']:.0f}",
+                f"**{share['delta']:.1%}** / {share['full']:.1%}", f"{t['delta']} / {t['full']}",
+            )
+        )  # fmt: skip
+    return out
+
+
+def e2e(doc: dict[str, Any]) -> Table:
+    out = _head(
+        "broker", "consume-only rec/s", "pass-through rec/s", "callgate rec/s",
+        "callgate / pass-through", "target", "per round", "callgate / consume-only",
+    )  # fmt: skip
+    for name, b in doc["brokers"].items():
+        rounds = ", ".join(f"{r['share_of_passthrough']:.2f}" for r in b["rounds"])
+        out.append(
+            _row(
+                name, f"{b['consume_only_records_per_s']:,}", f"{b['passthrough_records_per_s']:,}",
+                f"{b['callgate_records_per_s']:,}", f"**{b['share_of_passthrough']:.0%}**",
+                f"≥ {b['target_share']:.0%}", rounds, f"{b['share_of_consume_only']:.0%}",
+            )
+        )  # fmt: skip
+    return out
+
+
+def latency(doc: dict[str, Any]) -> Table:
+    out = _head(
+        "broker", "rate (share of callgate's max)", "contender", "achieved rec/s",
+        "p50 / p90 / **p99** / max ms", "topics in the cluster", "target p99",
+    )  # fmt: skip
+    for name, b in doc["brokers"].items():
+        for point in b.get("latency_by_rate", []):
+            rate = point["callgate"]["target_records_per_s"]
+            share = point["fraction_of_callgate_max"]
+            for kind, run in point.items():
+                if kind == "fraction_of_callgate_max":
+                    continue
+                f = run["from_last_chunk_acknowledged"]
+                out.append(
+                    _row(
+                        name, f"{rate:,} ({share:.0%})", kind,
+                        f"{run['achieved_records_per_s']:,}",
+                        f"{f['p50_ms']:.0f} / {f['p90_ms']:.0f} / **{f['p99_ms']:.0f}** / "
+                        f"{f['max_ms']:.0f}",
+                        run.get("topics_in_cluster", "-"), f"≤ {TARGET_P99_MS:g}",
+                    )
+                )  # fmt: skip
+    return out
+
+
+def scaling(doc: dict[str, Any]) -> Table:
+    out = _head("arguments", "chunks", "callgate us/call", "seed us/call", "ratio vs seed")
+    for r in doc["argument_size"] + doc["chunk_count"]:
+        out.append(
+            _row(
+                f"{r['argument_bytes']:,} B", r["chunks_per_call"], r["callgate_us_per_call"],
+                r["seed_us_per_call"], r["ratio_vs_seed"],
+            )
+        )  # fmt: skip
+    load = doc["schema_load"]
+    out.append("")
+    out += _head("loader", "seconds", "ms/schema", "ratio vs seed")
+    out.append(_row(f"seed: {load['schemas']} Draft202012Validators", load["seed_s"], "", 1))
+    for engine in ("jsonschema-rs", "fastjsonschema"):
+        e = load[engine]
+        out.append(
+            _row(f"SchemaRegistry.load, {engine}", e["seconds"], e["ms_per_schema"],
+                 e["ratio_vs_seed"])
+        )  # fmt: skip
+    return out
+
+
+def observability(doc: dict[str, Any]) -> Table:
+    out = _head("schema", "mix", "calls/s off", "calls/s on", "on / off", "metrics us/call",
+                "metrics share of the core")  # fmt: skip
+    for r in doc["rows"]:
+        out.append(
+            _row(
+                r["schema"], r["mix"], f"{r['calls_per_s_metrics_off']:,}",
+                f"{r['calls_per_s_metrics_on']:,}", r["throughput_on_vs_off"],
+                r["metrics_alone_us_per_call"], f"**{r['metrics_share_of_core']:.1%}**",
+            )
+        )  # fmt: skip
+    return out
+
+
+TABLES: dict[str, Callable[[dict[str, Any]], Table]] = {
+    "core": core,
+    "instructions": instructions,
+    "memory": memory,
+    "checkpoints": checkpoints,
+    "e2e": e2e,
+    "latency": latency,
+    "scaling": scaling,
+    "observability": observability,
+}
+
+
+def main(argv: list[str]) -> int:
+    directory = Path(argv[0]) if argv else RESULTS
+    for name, table in TABLES.items():
+        path = directory / f"{'e2e' if name == 'latency' else name}.json"
+        if not path.is_file():
+            continue
+        doc = orjson.loads(path.read_bytes())
+        print(f"### {name} ({doc['command']}, {doc['when']}, {doc['environment'].get('code')})\n")
+        print("\n".join(table(doc)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
