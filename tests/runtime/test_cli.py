@@ -9,7 +9,7 @@ import sys
 import pytest
 from pydantic import BaseModel
 
-from tests.runtime.kafka_helpers import REPO
+from tests.datafiles import REPO
 from worker.settings import Settings
 
 
@@ -108,5 +108,5 @@ def test_unreachable_broker_is_an_infrastructure_failure_status_1() -> None:
         CALLGATE_METRICS__ENABLED="false",
     )
     assert result.returncode == 1, result.stderr
-    assert "cannot connect to Kafka at 127.0.0.1:1" in result.stderr
+    assert "cannot work with Kafka at 127.0.0.1:1" in result.stderr
     assert "Unclosed" not in result.stderr
