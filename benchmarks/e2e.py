@@ -93,8 +93,8 @@ def broker(kind: str, logs: Path) -> Iterator[str]:
     from tests.support.apache_kafka import ApacheKafka, fetch_libs  # noqa: PLC0415
 
     kafka = ApacheKafka(fetch_libs(timeout_s=300), logs / "apache-kafka")
-    kafka.start(timeout_s=90)
-    try:
+    try:  # a start that fails half way (not only by its timeout) still stops its process
+        kafka.start(timeout_s=90)
         yield kafka.bootstrap_servers
     finally:
         kafka.stop()
