@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker._native import AssembledCall
+from worker.core.events import encode, idempotency_request
 from worker.core.idempotency import Change, Decision, KeyRecord, KeyStore, resolve
-from worker.events import encode, idempotency_request
 from worker.model import Code, Outcome, SchemaRef, Verdict
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)

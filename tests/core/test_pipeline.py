@@ -25,10 +25,10 @@ from tests.datafiles import SCHEMAS
 from worker._native import AssembledCall
 from worker.compose import build_gate, build_registry, violation_limits
 from worker.core.canonical import request_digest
+from worker.core.events import encode
 from worker.core.feedback import build_feedback
 from worker.core.pipeline import RETRYABLE, Gate, GateLimits
 from worker.core.tool_output import RESULT_MEMBERS
-from worker.events import encode
 from worker.model import (
     ChunkKind,
     Code,

@@ -23,10 +23,10 @@ from tests.adapters import streamgen
 from tests.datafiles import SCHEMAS
 from worker.check import FileRecord
 from worker.compose import build_key_store, build_processor, build_registry
+from worker.core.events import read_idempotency_request
 from worker.core.idempotency import Decision, KeyStore, resolve
 from worker.core.pipeline import Gate, GateLimits
 from worker.core.processor import Emission, EventLimits, Processor, Route
-from worker.events import read_idempotency_request
 from worker.model import Outcome
 from worker.plugins import Plugins, load_plugins
 from worker.settings import Settings

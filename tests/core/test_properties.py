@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests.datafiles import SCHEMAS
 from worker._native import AssembledCall, parse_json
 from worker.compose import build_gate, build_registry
-from worker.events import encode
+from worker.core.events import encode
 from worker.model import Code, Outcome, Phase, Verdict
 from worker.settings import Settings
 

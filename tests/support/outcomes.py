@@ -25,8 +25,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tests.support.traffic import Expect
 from worker.compose import build_processor, build_registry
+from worker.core.events import idempotency_rejection, read_idempotency_request
 from worker.core.processor import Route
-from worker.events import idempotency_rejection, read_idempotency_request
 from worker.model import Code
 from worker.settings import Settings
 

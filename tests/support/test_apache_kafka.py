@@ -11,6 +11,7 @@ import asyncio
 import os
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +23,6 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
-from tests.runtime.kafka_helpers import unique
 from tests.support.apache_kafka import ApacheKafka, ApacheKafkaError, fetch_libs
 
 pytestmark = pytest.mark.integration
@@ -30,6 +30,10 @@ pytestmark = pytest.mark.integration
 WAIT_S = 20.0
 START_TIMEOUT_S = 45.0
 REQUEST_TIMEOUT_MS = 5000
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:10]}"
 
 
 @asynccontextmanager

@@ -30,7 +30,7 @@ from enum import StrEnum
 
 import orjson
 
-from worker.events import idempotency_rejection, read_idempotency_request
+from worker.core.events import idempotency_rejection, read_idempotency_request
 from worker.model import Code, Outcome, SchemaRef
 
 

@@ -21,14 +21,14 @@ import orjson
 
 from worker._native import AssembledCall, Assembler
 from worker.adapters.decoder import Decoder
-from worker.core.pipeline import Gate
-from worker.events import (
+from worker.core.events import (
     Headers,
     encode_written,
     idempotency_request,
     record_headers,
     record_key,
 )
+from worker.core.pipeline import Gate
 from worker.model import Outcome, Verdict
 
 

@@ -30,10 +30,10 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
+from worker.core.events import encode, record_headers, substitute_rejection
 from worker.core.idempotency import KeyStore
 from worker.core.processor import Emission, Processor, Route
 from worker.errors import BrokerError, CallgateError
-from worker.events import encode, record_headers, substitute_rejection
 from worker.metrics import Metrics
 from worker.model import Code, Outcome, Phase
 from worker.runtime.checkpoints import ChangelogRecord, Writer, restore

@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker._native import AssembledCall, encode_event
-from worker.core.feedback import build_feedback
-from worker.events import (
+from worker.core.events import (
     encode,
     encode_written,
     idempotency_rejection,
@@ -22,6 +21,7 @@ from worker.events import (
     record_key,
     substitute_rejection,
 )
+from worker.core.feedback import build_feedback
 from worker.model import Code, IncompleteReason, Outcome, Phase, RepairKind, SchemaRef, Verdict
 from worker.model import Violation as V
 

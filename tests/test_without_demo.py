@@ -12,7 +12,7 @@ from tests.datafiles import REPO
 
 IMPORT_EVERY_WORKER_MODULE = """
 import importlib, pkgutil, sys
-import worker, worker.cli, worker.runtime.runner
+import worker, worker.cli, worker.runtime.serve
 for module in pkgutil.walk_packages(worker.__path__, "worker."):
     if module.name != "worker.__main__":
         importlib.import_module(module.name)
