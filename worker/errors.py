@@ -10,7 +10,11 @@ purpose derives from `CallgateError`:
     ├── InputFormatError          a record or input line is not what its format says (the
     │                             record becomes its own rejected call; it never escapes a round)
     └── InfrastructureError       a dependency failed: the network, a port, a broker
-        └── BrokerError               Kafka refused to work with the worker (status 1)
+        ├── BrokerError               Kafka refused to work with the worker (status 1)
+        └── StateError                state the worker must keep cannot be written or read (a
+                                      changelog refusing writes, a checkpoint of another
+                                      layout): the worker stops rather than judge without it
+                                      (status 1)
 
 Anything else raised while judging one call is a bug; it becomes that call's `internal_error`
 rejection (`worker.core.pipeline.Gate.judge`), never a stopped worker.
@@ -59,3 +63,7 @@ class InfrastructureError(CallgateError):
 
 class BrokerError(InfrastructureError):
     """A Kafka operation (fetch, produce, commit) failed."""
+
+
+class StateError(InfrastructureError):
+    """Checkpointed state cannot be written or read back."""

@@ -226,10 +226,10 @@ class DeliverySettings(BaseModel):
         "at_least_once",
         description="exactly_once needs a broker with transactions (not the embedded one)",
     )
-    transactional_id: str | None = Field(
+    transactional_id_prefix: str | None = Field(
         None,
-        description="exactly_once: this worker's stable transactional id (default: the client "
-        "id and the host name)",
+        description="exactly_once: each owned partition writes with the transactional id "
+        "<prefix>-<topic>-<partition>, so its next owner fences it (default: the group id)",
     )
     transaction_timeout_ms: int = Field(10_000, ge=1000)
     checkpoint_record_bytes: int = Field(

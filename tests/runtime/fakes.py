@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError, KafkaTimeoutError, ProducerFenced
 
 from worker.runtime.topics import TopicSpec
 
@@ -47,6 +47,8 @@ class FakeBroker:
     clock_ms: int = 0
     #: topics deleted while writes to them are still acknowledged, and lost (as tansu does)
     deleted: set[str] = field(default_factory=set)
+    #: transactional id -> the epoch of its newest producer (an older one is fenced)
+    epochs: dict[str, int] = field(default_factory=dict)
 
     def create_topic(self, name: str, partitions: int) -> None:
         self.logs.setdefault(name, [[] for _ in range(partitions)])
@@ -117,18 +119,33 @@ class FakeBatch:
 
 
 class FakeProducer:
-    def __init__(self, broker: FakeBroker, *, batch_records: int = 100) -> None:
+    """A producer; with a transactional id, its writes land only when its transaction commits,
+    and a newer producer of the same id fences it."""
+
+    def __init__(
+        self, broker: FakeBroker, *, transactional_id: str | None = None, batch_records: int = 100
+    ) -> None:
         self._broker = broker
         self._batch_records = batch_records
         self.in_transaction = False
         self._transaction: list[tuple[str, int, list[tuple[Any, ...]]]] = []
-        self.transactional = False
+        self.transactional_id = transactional_id
+        self.transactional = transactional_id is not None
+        self._epoch = 0
+        self.stopped = False
 
     async def start(self) -> None:
-        pass
+        if self.transactional_id is not None:
+            self._epoch = self._broker.epochs.get(self.transactional_id, 0) + 1
+            self._broker.epochs[self.transactional_id] = self._epoch
+
+    def _check_not_fenced(self) -> None:
+        assert self.transactional_id is not None
+        if self._broker.epochs[self.transactional_id] != self._epoch:
+            raise ProducerFenced()
 
     async def stop(self) -> None:
-        pass
+        self.stopped = True
 
     def create_batch(self) -> FakeBatch:
         return FakeBatch(self._batch_records)
@@ -156,13 +173,17 @@ class FakeProducer:
     # -- transactions ------------------------------------------------------------------------
 
     async def begin_transaction(self) -> None:
+        assert not self.in_transaction, "a transaction is open already"
         self.in_transaction = True
         self._transaction = []
 
     async def send_offsets_to_transaction(self, offsets: dict[Any, int], group_id: str) -> None:
+        self._check_not_fenced()
         self._offsets = (group_id, dict(offsets))
 
     async def commit_transaction(self) -> None:
+        assert self.in_transaction, "no transaction to commit"
+        self._check_not_fenced()
         for topic, partition, records in self._transaction:
             for key, value, headers in records:
                 self._broker.append(topic, partition, key=key, value=value, headers=headers)
@@ -189,6 +210,8 @@ class FakeConsumer:
         self._paused: set[TopicPartition] = set()
         self.assigned: set[TopicPartition] = set()
         self.commits: list[dict[TopicPartition, int]] = []
+        #: when set, a fetch waits for this event (as aiokafka's does during a rebalance)
+        self.held_up: asyncio.Event | None = None
 
     async def start(self) -> None:
         pass
@@ -228,6 +251,8 @@ class FakeConsumer:
     async def getmany(
         self, *, timeout_ms: int, max_records: int
     ) -> dict[TopicPartition, list[FakeRecord]]:
+        if self.held_up is not None:  # a rebalance in progress: aiokafka waits, whatever timeout
+            await self.held_up.wait()
         if not self.assigned:
             await self.join()
         batch: dict[TopicPartition, list[FakeRecord]] = {}
@@ -272,16 +297,20 @@ class FakeConsumer:
     def paused(self) -> set[TopicPartition]:
         return set(self._paused)
 
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
 
 class FakeKafka:
     """The worker's `Kafka` wrapper on a `FakeBroker`."""
 
-    def __init__(self, broker: FakeBroker, group_id: str, *, transactional: bool = False) -> None:
+    def __init__(self, broker: FakeBroker, group_id: str) -> None:
         self.broker = broker
         self.group_id = group_id
-        self.transactional = transactional
         self.consumer_made: FakeConsumer | None = None
         self.producer_made: FakeProducer | None = None
+        #: every transactional producer made, in order
+        self.transactional_made: list[FakeProducer] = []
 
     async def start(self) -> None:
         pass
@@ -295,8 +324,14 @@ class FakeKafka:
 
     def producer(self) -> FakeProducer:
         self.producer_made = FakeProducer(self.broker)
-        self.producer_made.transactional = self.transactional
         return self.producer_made
+
+    def transactional_producer(self, topic: str, partition: int) -> FakeProducer:
+        producer = FakeProducer(
+            self.broker, transactional_id=f"{self.group_id}-{topic}-{partition}"
+        )
+        self.transactional_made.append(producer)
+        return producer
 
     async def missing_topics(self, topics: Iterable[str]) -> list[str]:
         return sorted(set(topics) - set(self.broker.logs))

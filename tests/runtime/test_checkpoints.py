@@ -1,4 +1,5 @@
-"""Changelog frames: generations, parts, tombstones, and restore after any crash point."""
+"""Changelog frames: generations, parts, tombstones, restore after any crash point, and owners
+that write at the same time (a former owner paused past its session) never mixing."""
 
 from __future__ import annotations
 
@@ -14,24 +15,33 @@ from worker.runtime.checkpoints import (
     restore,
 )
 
+W, OWNER, ZOMBIE = 0xA, 0xB, 0xC
+
 
 def test_keys_sort_as_they_count() -> None:
-    keys = [frame_key(g, s, p) for g in (0, 2, 10) for s in (0, 9, 11) for p in (0, 3)]
+    keys = [
+        frame_key(g, w, s, p)
+        for g in (0, 2, 10)
+        for w in (1, 2**64 - 1)
+        for s in (0, 9, 11)
+        for p in (0, 3)
+    ]
     assert sorted(keys) == keys
-    assert [parse_key(k) for k in keys[:2]] == [(0, 0, 0), (0, 0, 3)]
+    assert [parse_key(k) for k in keys[:2]] == [(0, 1, 0, 0), (0, 1, 0, 3)]
     assert parse_key(b"other") is None
+    assert parse_key(b"1:2:3") is None
 
 
 def test_a_large_frame_is_written_in_parts_and_read_back_whole() -> None:
-    writer = Writer(max_record_bytes=4)
+    writer = Writer(max_record_bytes=4, writer=W)
     records = writer.frame(b"0123456789", full=True, offset=7)
-    assert [key for key, _, _ in records] == [frame_key(0, 0, p) for p in range(3)]
-    restored = restore(records, 4)
+    assert [key for key, _, _ in records] == [frame_key(0, W, 0, p) for p in range(3)]
+    restored = restore(records, 4, OWNER)
     assert (restored.frames, restored.offset) == ([b"0123456789"], 7)
 
 
 def test_deltas_follow_their_full_frame_and_a_new_generation_starts_when_they_outgrow_it() -> None:
-    writer = Writer(max_record_bytes=1 << 30)
+    writer = Writer(max_record_bytes=1 << 30, writer=W)
     log: list[ChangelogRecord] = writer.frame(b"base", full=True, offset=1)
     assert not writer.wants_full()
     big = b"x" * (MIN_GENERATION_BYTES // 2 + 1)
@@ -39,14 +49,14 @@ def test_deltas_follow_their_full_frame_and_a_new_generation_starts_when_they_ou
     assert not writer.wants_full()
     log += writer.frame(big, full=False, offset=3)
     assert writer.wants_full()
-    restored = restore(log, 1 << 30)
+    restored = restore(log, 1 << 30, OWNER)
     assert (restored.frames, restored.offset) == ([b"base", big, big], 3)
     log += writer.frame(b"base2", full=True, offset=3)
-    assert restore(log, 1 << 30).frames == [b"base2"]
+    assert restore(log, 1 << 30, OWNER).frames == [b"base2"]
     tombstones = writer.tombstones()
     assert [value for _, value, _ in tombstones] == [None, None, None]
     log += tombstones
-    assert restore(log, 1 << 30).frames == [b"base2"]
+    assert restore(log, 1 << 30, OWNER).frames == [b"base2"]
 
 
 @settings(max_examples=200, derandomize=True)
@@ -57,7 +67,7 @@ def test_deltas_follow_their_full_frame_and_a_new_generation_starts_when_they_ou
 def test_a_crash_anywhere_restores_the_last_complete_frame_chain(
     frames: list[tuple[bytes, bool]], crash: st.DataObject
 ) -> None:
-    writer = Writer(max_record_bytes=7)
+    writer = Writer(max_record_bytes=7, writer=W)
     log: list[ChangelogRecord] = []
     expected_states: list[tuple[list[bytes], int]] = []
     chain: list[bytes] = []
@@ -70,7 +80,7 @@ def test_a_crash_anywhere_restores_the_last_complete_frame_chain(
             log += writer.tombstones()
     # the log was cut after some record: a frame is complete only if all its parts made it
     cut = crash.draw(st.integers(0, len(log)))
-    restored = restore(log[:cut], 7)
+    restored = restore(log[:cut], 7, OWNER)
     complete = [
         state for state, end in zip(expected_states, _frame_ends(log), strict=True) if end <= cut
     ]
@@ -80,7 +90,7 @@ def test_a_crash_anywhere_restores_the_last_complete_frame_chain(
         assert not complete
     # whatever was read is deleted once the next full frame is written
     after = restored.writer.frame(b"next", full=True, offset=99)
-    assert restore(log[:cut] + after + restored.writer.tombstones(), 7).frames == [b"next"]
+    assert restore(log[:cut] + after + restored.writer.tombstones(), 7, W).frames == [b"next"]
 
 
 def _frame_ends(log: list[ChangelogRecord]) -> list[int]:
@@ -92,6 +102,58 @@ def _frame_ends(log: list[ChangelogRecord]) -> list[int]:
         parts = int(dict(headers)["frame-parts"])
         place = parse_key(key)
         assert place is not None
-        if place[2] == parts - 1:
+        if place[3] == parts - 1:
             ends.append(index + 1)
     return ends
+
+
+def test_a_former_owner_writing_late_never_mixes_with_the_new_owner() -> None:
+    # both restore the same log (the former owner was paused right after its assignment)
+    log = Writer(1024, writer=W).frame(b"S0", full=True, offset=100)
+    zombie, owner = restore(log, 1024, ZOMBIE).writer, restore(log, 1024, OWNER).writer
+    log += owner.frame(b"OWNER-FULL", full=True, offset=150)
+    log += owner.frame(b"OWNER-DELTA", full=False, offset=180)
+    log += zombie.frame(b"ZOMBIE-FULL", full=True, offset=120)
+    restored = restore(log, 1024, W)
+    assert (restored.frames, restored.offset) == ([b"OWNER-FULL", b"OWNER-DELTA"], 180)
+    # the former owner's tombstones delete what it read, never the new owner's frames
+    log += zombie.tombstones() + zombie.frame(b"ZOMBIE-DELTA", full=False, offset=190)
+    restored = restore(log, 1024, W)
+    assert (restored.frames, restored.offset) == ([b"ZOMBIE-FULL", b"ZOMBIE-DELTA"], 190)
+    log += owner.frame(b"OWNER-FULL-2", full=True, offset=200) + owner.tombstones()
+    assert restore(log, 1024, W).frames == [b"OWNER-FULL-2"]
+
+
+@settings(max_examples=300, derandomize=True)
+@given(script=st.data())
+def test_owners_writing_at_once_restore_one_owners_chain_reaching_furthest(
+    script: st.DataObject,
+) -> None:
+    """Owners restore from the log as it stands, then write interleaved (each with offsets
+    that only grow). A restore is always one owner's chain, never a mix; with no deletions, the
+    one reaching furthest (an owner's tombstones may delete another's chain, which then only
+    costs replay)."""
+    deletions = script.draw(st.booleans())
+    log: list[ChangelogRecord] = []
+    owners: list[tuple[Writer, list[bytes], int]] = []  # writer, its chain, its offset
+    written: list[tuple[list[bytes], int]] = []  # every chain written, with its offset
+    for step in range(script.draw(st.integers(1, 30))):
+        if not owners or script.draw(st.integers(0, 4)) == 0:
+            restored = restore(log, 5, writer=len(owners) + 1)
+            owners.append((restored.writer, list(restored.frames), restored.offset or 0))
+        index = script.draw(st.integers(0, len(owners) - 1))
+        writer, chain, offset = owners[index]
+        offset += script.draw(st.integers(0, 3))
+        body = b"%d:%d" % (index, step)
+        full = writer.wants_full() or script.draw(st.booleans())
+        log += writer.frame(body, full=full, offset=offset)
+        chain = [body] if full else [*chain, body]
+        owners[index] = (writer, chain, offset)
+        written.append((chain, offset))
+        if deletions and full and script.draw(st.booleans()):
+            log += writer.tombstones()
+    restored = restore(log, 5, writer=0)
+    if restored.frames or not deletions:
+        assert (restored.frames, restored.offset) in written
+    if not deletions:
+        assert restored.offset == max(offset for _, offset in written)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from tests.datafiles import SCHEMAS
 from tests.runtime.fakes import FakeBroker, FakeKafka
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
-from worker.errors import BrokerError
+from worker.errors import BrokerError, StateError
 from worker.metrics import Metrics
 from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
 from worker.runtime.worker import Worker
@@ -74,7 +74,7 @@ def new_worker(broker: FakeBroker, **overrides: Any) -> Worker:
         build_processor(settings, registry),
         lambda: build_key_store(settings),
         Metrics(tool_labels(registry)),
-        kafka=FakeKafka(broker, GROUP, transactional=settings.delivery.guarantee == "exactly_once"),  # type: ignore[arg-type]
+        kafka=FakeKafka(broker, GROUP),  # type: ignore[arg-type]
     )
 
 
@@ -477,3 +477,106 @@ async def test_exactly_once_commits_records_checkpoints_and_offsets_together() -
     assert all(len(seen) == 1 for seen in events.values())
     for partition in range(PARTITIONS):
         assert broker.committed[(GROUP, INPUT, partition)] == len(broker.logs[INPUT][partition])
+
+
+async def test_a_former_owner_is_fenced_and_its_round_never_lands() -> None:
+    """A member paused past its session comes back still fetching a partition the group gave to
+    another: its transaction for that partition is refused, nothing of it is visible, and
+    every call keeps exactly one event."""
+    broker = new_broker()
+    streams, calls = traffic(9)
+    produce(broker, dict(list(streams.items())[:4]))
+    exactly_once = {"delivery": {"guarantee": "exactly_once"}}
+    one = new_worker(broker, **exactly_once)
+    await one.start()
+    for _ in range(5):
+        await one.step()
+    moved = TopicPartition(INPUT, 0)
+    two = new_worker(broker, **exactly_once)
+    await two.start()
+    await two._consumer.join([moved])  # type: ignore[union-attr]
+    produce(broker, dict(list(streams.items())[4:]))
+    for _ in range(5):
+        await one.step()  # still believes it owns the moved partition: fenced there
+        await two.step()
+    assert moved not in one._assignment
+    assert (INPUT, 0) in one._fenced
+    await one._consumer.revoke([moved])  # the group tells it, late
+    for _ in range(3):
+        await one.step()
+        await two.step()
+    events = outcome_events(broker)
+    assert set(events) == calls
+    assert all(len(seen) == 1 for seen in events.values()), "an event landed twice"
+    assert_input_committed(broker)
+
+
+async def test_a_partition_fenced_but_still_held_a_session_later_is_taken_back() -> None:
+    """Fenced for another reason (its transaction timed out): no rebalance comes, so after a
+    session the worker opens the partition again and judges on, with no event twice."""
+    now = [0.0]
+    broker = new_broker()
+    streams, calls = traffic(6)
+    produce(broker, dict(list(streams.items())[:3]))
+    settings = make_settings(delivery={"guarantee": "exactly_once"})
+    registry = build_registry(settings)
+    worker = Worker(
+        settings,
+        build_processor(settings, registry),
+        lambda: build_key_store(settings),
+        Metrics(tool_labels(registry)),
+        kafka=FakeKafka(broker, GROUP),  # type: ignore[arg-type]
+        clock=lambda: now[0],
+    )
+    await worker.start()
+    await worker.step()
+    for partition in range(PARTITIONS):  # the broker bumps every producer's epoch
+        broker.epochs[f"{GROUP}-{INPUT}-{partition}"] += 1
+    produce(broker, dict(list(streams.items())[3:]))
+    await worker.step()
+    assert worker._fenced
+    now[0] += settings.kafka.session_timeout_ms / 1000
+    for _ in range(5):
+        await worker.step()
+    assert not worker._fenced
+    events = outcome_events(broker)
+    assert set(events) == calls
+    assert all(len(seen) == 1 for seen in events.values())
+    assert_input_committed(broker)
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+async def test_a_checkpoint_that_cannot_be_restored_stops_the_worker(guarantee: str) -> None:
+    """Not a partition left paused for good (the rebalance listener would swallow the error):
+    the worker stops, and says which partitions and why."""
+    broker = new_broker()
+    produce(broker, traffic(3)[0])
+    first = new_worker(broker, delivery={"guarantee": guarantee})
+    await first.start()
+    await run_until_idle(first, broker)
+    changelog = changelog_topic(GROUP, INPUT)
+    frames = [r for r in broker.records(changelog) if r.value]
+    assert frames, "the first worker checkpointed"
+    last = frames[-1]
+    broker.logs[changelog][last.partition] = [
+        r._replace(value=b"not a checkpoint") if r is last else r
+        for r in broker.logs[changelog][last.partition]
+    ]
+    second = new_worker(broker, delivery={"guarantee": guarantee})
+    await second.start()
+    await second.step()
+    with pytest.raises(StateError, match=rf"cannot restore .*{INPUT}\[{last.partition}\]"):
+        await second.run()
+
+
+async def test_a_stop_does_not_wait_for_a_rebalance_in_progress() -> None:
+    broker = new_broker()
+    worker = new_worker(broker)
+    await worker.start()
+    await worker.step()
+    worker._consumer.held_up = asyncio.Event()  # type: ignore[union-attr]
+    running = asyncio.create_task(worker.run())
+    await asyncio.sleep(0)
+    worker.request_stop()
+    await asyncio.wait_for(running, timeout=2.0)
+    await worker.close()

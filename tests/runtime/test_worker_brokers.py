@@ -273,7 +273,7 @@ async def test_exactly_once_rounds_are_read_once_with_read_committed(
     await run.create()
     await run.produce(call_records(20), timestamp_ms=1_000)
     worker = worker_for(
-        run.settings(delivery={"guarantee": "exactly_once", "transactional_id": run.group})
+        run.settings(delivery={"guarantee": "exactly_once", "transactional_id_prefix": run.group})
     )
     await worker.start()
     try:

@@ -422,18 +422,23 @@ async def test_a_worker_leaves_and_another_joins_mid_run(scenario: Scenario) -> 
 async def test_a_member_paused_past_its_session_comes_back_without_contradicting(
     scenario: Scenario,
 ) -> None:
+    await _a_member_paused_past_its_session(scenario, exactly_once=False)
+
+
+async def _a_member_paused_past_its_session(scenario: Scenario, *, exactly_once: bool) -> None:
     """The member is paused as soon as it took over partitions from the other one: its first
     checkpoints of them are not written yet. The other one takes them back when the session
     expires; the paused one resumes with what it held (fetched, judged, unacknowledged)."""
+    delivery = {"guarantee": "exactly_once" if exactly_once else "at_least_once"}
     traffic = mixed(scenario.run, 3000, seed=SEED)
-    async with scenario.tail() as tail:
+    async with scenario.tail(read_committed=exactly_once) as tail:
         feeder = scenario.feed(traffic, per_second=1500)
         schedule = Schedule(feeder, 2, random.Random(SEED))
-        other = scenario.worker("other")
+        other = scenario.worker("other", delivery=delivery)
         await other.wait_log(ASSIGNED, timeout_s=JOIN_TIMEOUT_S)
         schedule.ready(0)
         await schedule.wait(0, tail, scenario, most=300)
-        paused = scenario.worker("paused")
+        paused = scenario.worker("paused", delivery=delivery)
         await paused.wait_log(ASSIGNED, timeout_s=JOIN_TIMEOUT_S)
         assigned = other.count(ASSIGNED)
         paused.pause()
@@ -452,7 +457,28 @@ async def test_a_member_paused_past_its_session_comes_back_without_contradicting
         schedule.done(1)
         await scenario.wait_finished(tail, traffic, feeder)
         await scenario.stop_all()
-    await scenario.verdicts(traffic, paused_for_s=round(moved_s, 1), while_sending=schedule.live)
+    await scenario.verdicts(
+        traffic,
+        exactly_once=exactly_once,
+        paused_for_s=round(moved_s, 1),
+        while_sending=schedule.live,
+    )
+
+
+@pytest.mark.timeout(240)
+async def test_exactly_once_a_member_paused_past_its_session_writes_no_event_twice(
+    apache_kafka: ApacheKafka, tmp_path: Path
+) -> None:
+    """Its partitions' producers were fenced by their new owner: whatever it commits after it
+    resumes is refused, so a read_committed reader sees every event once."""
+    scenario = Scenario(
+        Broker("apache", apache_kafka.bootstrap_servers, 6000), tmp_path, "paused-eos"
+    )
+    await scenario.create()
+    try:
+        await _a_member_paused_past_its_session(scenario, exactly_once=True)
+    finally:
+        await scenario.cleanup()
 
 
 @pytest.mark.timeout(240)
@@ -571,7 +597,7 @@ async def test_exactly_once_kill_9_no_event_twice(
     await scenario.create()
 
     def slot(n: int, life: int) -> WorkerProcess:
-        delivery = {"guarantee": "exactly_once", "transactional_id": f"{scenario.group}-{n}"}
+        delivery = {"guarantee": "exactly_once"}
         return scenario.worker(f"slot{n}-{life}", delivery=delivery)
 
     kills = 4
@@ -588,7 +614,7 @@ async def test_exactly_once_kill_9_no_event_twice(
                 schedule.ready(i)
                 await schedule.wait(i, tail, scenario, most=300)
                 slots[n].kill()
-                # the same transactional id: the new producer fences its predecessor
+                # whoever takes a partition over fences the dead worker's producer of it
                 slots[n] = slot(n, i + 1)
                 await slots[n].wait_log(ASSIGNED, timeout_s=JOIN_TIMEOUT_S)
                 schedule.done(i)

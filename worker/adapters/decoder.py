@@ -86,6 +86,10 @@ ADAPTERS: dict[str, AdapterFactory] = {
 #: Formats whose every record is a whole call: a bad record breaks that call only.
 WHOLE_RECORDS = frozenset({mcp.FORMAT})
 
+#: The layout of the adapters' checkpoint state: raise it whenever any adapter's `state()`
+#: changes shape, so that a worker never restores a state it would misread.
+STATE_VERSION = 1
+
 #: The record headers an adapter sees (and a checkpoint keeps).
 ADAPTER_HEADERS = ("traceparent", "tool", "tool-version", "call-id")
 
@@ -260,15 +264,27 @@ class Decoder:
             elif (fmt, stream_id) not in part.corrupt:
                 streams.append([fmt, stream_id, _GONE])
         corrupt = list(part.corrupt) if full else part.corrupted
-        state = {"streams": streams, "corrupt": [list(slot) for slot in corrupt], "full": full}
+        state = {
+            "version": STATE_VERSION,
+            "streams": streams,
+            "corrupt": [list(slot) for slot in corrupt],
+            "full": full,
+        }
         part.changed.clear()
         part.corrupted = []
         return state
 
     def restore(self, topic: str, partition: int, states: list[dict[str, Any]]) -> None:
-        """Rebuild a partition's streams from its checkpoints' states, oldest first."""
+        """Rebuild a partition's streams from its checkpoints' states, oldest first. Raises
+        ValueError for a state of another layout (written by another version of callgate)."""
         part = _Partition()
         for state in states:
+            version = state.get("version")
+            if version != STATE_VERSION:
+                raise ValueError(
+                    f"the adapters' checkpoint state has layout {version!r}; this worker reads "
+                    f"layout {STATE_VERSION}"
+                )
             if state["full"]:
                 part = _Partition()
             for fmt, stream_id in state["corrupt"]:

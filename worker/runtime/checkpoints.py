@@ -1,28 +1,32 @@
-"""Checkpoints of input partitions in a compacted changelog topic: frames, generations, restore.
+"""Checkpoints of input partitions in a compacted changelog topic: frames, chains, restore.
 
 A checkpoint is one *frame*: the processor's state of one input partition, whole (`full`) or
 what changed since the previous frame (`delta`), with the input offset it reflects. Frames are
 written to the same partition of the changelog topic as the input partition, each as one or
 more records (a frame larger than the record bound is cut into parts):
 
-    key    b"<generation>:<seq>:<part>"     (zero-padded decimals, so keys sort as they count)
+    key    b"<generation>:<writer>:<seq>:<part>"   (zero-padded, so keys sort as they count)
     value  the part's bytes
     headers frame-kind (full | delta), frame-parts (how many), frame-offset (input offset)
 
-A *generation* starts with a full frame (seq 0) and continues with deltas. When the deltas of a
-generation add up to more than its full frame (and a floor), the next frame is a full one of a
-new generation; once that frame is acknowledged, the old generation's keys are deleted
-(tombstones, `Writer.tombstones`), so compaction keeps the topic about the size of one full
-frame and its deltas: what is written per checkpoint is what changed, and a restore reads a
-bounded amount.
+Every owner of a partition writes under its own *writer* id, drawn when it restores. A *chain*
+is one writer's full frame (seq 0) and the deltas that follow it; when the deltas add up to more
+than the full frame (and a floor), the writer starts a new generation with a full frame and,
+once that frame is acknowledged, deletes the older keys it knows of (tombstones,
+`Writer.tombstones`), so compaction keeps the topic about the size of one full frame and its
+deltas: what is written per checkpoint is what changed, and a restore reads a bounded amount.
 
-Restore reads the partition to its end and takes the newest generation whose full frame is
-complete, then its deltas in seq order up to the first missing or incomplete one (a crash in
-the middle of writing). Everything else is stale and deleted after the next full frame.
+Restore reads the partition to its end and, of the complete chains, takes the one that reaches
+furthest into the input (then the newest); a chain ends at its first missing or incomplete
+frame (a crash in the middle of writing). Chains never mix: a former owner that writes late (a
+member paused past its session, still checkpointing what it had fetched) writes its own chain,
+which is as true as the new owner's, because a partition's state is a function of its records
+alone; taking either decides the rest of the partition the same way.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -36,23 +40,30 @@ _KIND, _PARTS, _OFFSET = "frame-kind", "frame-parts", "frame-offset"
 MIN_GENERATION_BYTES = 1 << 20
 
 
-def frame_key(generation: int, seq: int, part: int) -> bytes:
-    return b"%010d:%010d:%04d" % (generation, seq, part)
+def frame_key(generation: int, writer: int, seq: int, part: int) -> bytes:
+    return b"%010d:%016x:%010d:%04d" % (generation, writer, seq, part)
 
 
-def parse_key(key: bytes) -> tuple[int, int, int] | None:
+def parse_key(key: bytes) -> tuple[int, int, int, int] | None:
+    """(generation, writer, seq, part), or None for a key that is not a frame's."""
     try:
-        generation, seq, part = key.split(b":")
-        return int(generation), int(seq), int(part)
+        generation, writer, seq, part = key.split(b":")
+        return int(generation), int(writer, 16), int(seq), int(part)
     except ValueError:
         return None
 
 
+def new_writer_id() -> int:
+    """A writer id no other owner of the partition draws (64 random bits)."""
+    return secrets.randbits(64)
+
+
 @dataclass(slots=True)
 class Writer:
-    """Where the next frame of one input partition goes, and when a new generation starts."""
+    """Where one owner's next frame of an input partition goes, and when a new generation starts."""
 
     max_record_bytes: int
+    writer: int
     generation: int = 0
     seq: int = 0
     full_bytes: int = 0
@@ -92,7 +103,7 @@ class Writer:
         ]
         records: list[ChangelogRecord] = []
         for index, part in enumerate(parts):
-            key = frame_key(self.generation, self.seq, index)
+            key = frame_key(self.generation, self.writer, self.seq, index)
             self.keys.append(key)
             records.append((key, part, headers))
         self.seq += 1
@@ -112,8 +123,8 @@ class Restored:
     """What a changelog partition holds: the frames to apply, in order, and where input resumes.
 
     `frames` is empty when there is no usable checkpoint: the partition starts empty, from its
-    committed offset. `writer` continues the log: its next frame is a full one of a newer
-    generation, and deletes every key read here.
+    committed offset. `writer` continues the log under the new owner's id: its next frame is a
+    full one of a newer generation, and deletes every key read here.
     """
 
     frames: list[bytes]
@@ -126,6 +137,8 @@ class _Frame:
     kind: bytes
     parts: int
     offset: int
+    #: where the frame's last part was read, to tell the newer of two chains that end alike
+    position: int
     bodies: dict[int, bytes] = field(default_factory=dict)
 
     def complete(self) -> bool:
@@ -135,19 +148,22 @@ class _Frame:
         return b"".join(self.bodies[i] for i in range(self.parts))
 
 
-def restore(records: Iterable[ChangelogRecord], max_record_bytes: int) -> Restored:
-    """Read a changelog partition's records (in log order) into what to restore."""
-    frames: dict[tuple[int, int], _Frame] = {}
-    keys: list[bytes] = []
-    for key, value, headers in records:
+def restore(records: Iterable[ChangelogRecord], max_record_bytes: int, writer: int) -> Restored:
+    """Read a changelog partition's records (in log order) into what to restore; the new
+    owner writes on as `writer`."""
+    frames: dict[tuple[int, int, int], _Frame] = {}
+    keys: set[bytes] = set()
+    for position, (key, value, headers) in enumerate(records):
         place = parse_key(key)
+        if value is None:
+            if place is not None:
+                frames.pop(place[:3], None)
+            keys.discard(key)
+            continue
+        keys.add(key)  # whatever is not a frame of a chain is deleted with the stale frames
         if place is None:
             continue
-        generation, seq, part = place
-        if value is None:
-            frames.pop((generation, seq), None)
-            continue
-        keys.append(key)
+        generation, writer_id, seq, part = place
         fields = dict(headers)
         try:
             kind = fields[_KIND]
@@ -155,25 +171,24 @@ def restore(records: Iterable[ChangelogRecord], max_record_bytes: int) -> Restor
             offset = int(fields[_OFFSET])
         except (KeyError, ValueError):
             continue
-        frame = frames.get((generation, seq))
+        frame = frames.get((generation, writer_id, seq))
         if frame is None or (frame.kind, frame.parts, frame.offset) != (kind, parts, offset):
-            frame = frames[(generation, seq)] = _Frame(kind, parts, offset)
+            frame = frames[(generation, writer_id, seq)] = _Frame(kind, parts, offset, position)
         frame.bodies[part] = value
-    writer = Writer(max_record_bytes=max_record_bytes, stale=sorted(set(keys)))
-    generations = sorted({g for g, s in frames if s == 0}, reverse=True)
-    for generation in generations:
-        first = frames[(generation, 0)]
-        if first.kind != FULL or not first.complete():
+        frame.position = position
+    chains: list[list[_Frame]] = []
+    for (generation, writer_id, seq), first in frames.items():
+        if seq != 0 or first.kind != FULL or not first.complete():
             continue
-        chosen = [first]
-        seq = 1
-        while (frame := frames.get((generation, seq))) is not None and frame.complete():
-            if frame.kind != DELTA:
+        chain = [first]
+        while (frame := frames.get((generation, writer_id, len(chain)))) is not None:
+            if frame.kind != DELTA or not frame.complete():
                 break
-            chosen.append(frame)
-            seq += 1
-        writer.generation = max(g for g, _ in frames) + 1
-        return Restored([f.body() for f in chosen], chosen[-1].offset, writer)
-    if frames:
-        writer.generation = max(g for g, _ in frames) + 1
-    return Restored([], None, writer)
+            chain.append(frame)
+        chains.append(chain)
+    newest = max((g for g, _, _ in frames), default=-1)
+    continued = Writer(max_record_bytes, writer, generation=newest + 1, stale=sorted(keys))
+    if not chains:
+        return Restored([], None, continued)
+    chosen = max(chains, key=lambda chain: (chain[-1].offset, chain[-1].position))
+    return Restored([f.body() for f in chosen], chosen[-1].offset, continued)

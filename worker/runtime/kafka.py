@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -57,15 +56,20 @@ class Kafka:
         return AIOKafkaConsumer(**options)
 
     def producer(self) -> AIOKafkaProducer:
+        """The at_least_once producer of every output."""
+        return AIOKafkaProducer(**producer_options(self._settings))
+
+    def transactional_producer(self, topic: str, partition: int) -> AIOKafkaProducer:
+        """exactly_once: the producer of one owned partition's outputs, whose transactional id
+        is the partition's (`worker.runtime.transactions` says why)."""
+        delivery = self._settings.delivery
+        prefix = delivery.transactional_id_prefix or self._settings.kafka.group_id
         options = producer_options(self._settings)
-        if self._exactly_once:
-            delivery = self._settings.delivery
-            options.update(
-                enable_idempotence=True,
-                transactional_id=delivery.transactional_id
-                or f"{self._settings.kafka.client_id}-{socket.gethostname()}",
-                transaction_timeout_ms=delivery.transaction_timeout_ms,
-            )
+        options.update(
+            enable_idempotence=True,
+            transactional_id=f"{prefix}-{topic}-{partition}",
+            transaction_timeout_ms=delivery.transaction_timeout_ms,
+        )
         return AIOKafkaProducer(**options)
 
     @contextlib.asynccontextmanager

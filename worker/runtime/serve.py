@@ -9,7 +9,7 @@ import signal
 from prometheus_client import CollectorRegistry
 
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
-from worker.errors import BrokerError
+from worker.errors import InfrastructureError
 from worker.health import HealthServer
 from worker.metrics import Metrics
 from worker.runtime.worker import Worker
@@ -57,7 +57,7 @@ def serve(settings: Settings) -> int:
     log.info("health and metrics on http://%s:%d/", settings.metrics.host, port)
     try:
         asyncio.run(run_until_stopped(worker))
-    except BrokerError as exc:
+    except InfrastructureError as exc:
         log.error("%s", exc)
         return 1
     finally:

@@ -28,21 +28,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, ProducerFenced
 
 from worker.core.events import encode, record_headers, substitute_rejection
 from worker.core.idempotency import KeyStore
 from worker.core.processor import Emission, Processor, Route
-from worker.errors import BrokerError, CallgateError
+from worker.errors import BrokerError, CallgateError, InfrastructureError, StateError
 from worker.metrics import Metrics
 from worker.model import Code, Outcome, Phase
-from worker.runtime.checkpoints import ChangelogRecord, Writer, restore
+from worker.runtime.checkpoints import ChangelogRecord, Writer, new_writer_id, restore
 from worker.runtime.delivery import Ledger, Partition
 from worker.runtime.flow import FlowControl
 from worker.runtime.kafka import Kafka, Listener
 from worker.runtime.keys import KeyOwners
 from worker.runtime.outbox import Outbox, Record
 from worker.runtime.topics import TopicSpec, changelog_topic, keys_topic, requests_topic
+from worker.runtime.transactions import Transactions
 from worker.settings import Settings
 
 log = logging.getLogger("callgate.worker")
@@ -126,8 +127,12 @@ class Worker:
         self._outcome_topics = frozenset((topics.accepted, topics.rejected, topics.incomplete))
         self._exactly_once = settings.delivery.guarantee == "exactly_once"
         self._consumer: Any = None
+        #: at_least_once: one producer and its outbox; exactly_once: one per owned partition
         self._producer: Any = None
         self._outbox: Outbox | None = None
+        self._transactions: Transactions | None = None
+        #: exactly_once: partitions whose producer was fenced, and when (see `_take_back`)
+        self._fenced: dict[Partition, float] = {}
         self.ledger = Ledger()
         self._writers: dict[Partition, Writer] = {}
         self._owners = KeyOwners(self._requests, new_key_store, settings.limits.max_feedback_bytes)
@@ -135,8 +140,9 @@ class Worker:
         self._flow = FlowControl(settings.kafka.max_pending_produces)
         self._failing: dict[str, str] = {}
         self._stop = asyncio.Event()
+        self._stop_requested: asyncio.Future[Any] | None = None  # `_stop.wait()`, for fetches
         self._joined = False
-        self._fatal: str | None = None
+        self._fatal: InfrastructureError | None = None
         self._last_commit = 0.0
         self._last_check = float("-inf")
         #: when the outcome topics were last seen to exist (checkpoints wait for it)
@@ -152,10 +158,11 @@ class Worker:
         try:
             await self._kafka.start()
             await self._prepare_topics()
-            self._producer = self._kafka.producer()
             self._consumer = self._kafka.consumer()
-            await self._producer.start()
             await self._consumer.start()
+            if not self._exactly_once:
+                self._producer = self._kafka.producer()
+                await self._producer.start()
         except KafkaError as exc:
             await self._close_clients()
             servers = ",".join(settings.kafka.bootstrap_servers)
@@ -163,7 +170,16 @@ class Worker:
         except CallgateError:
             await self._close_clients()
             raise
-        self._outbox = Outbox(self._producer, self, self._clock)
+        if self._exactly_once:
+            self._transactions = Transactions(
+                self._kafka.transactional_producer,
+                self,
+                self._clock,
+                group=self._group,
+                send_timeout_s=settings.delivery.transaction_timeout_ms / 2000,
+            )
+        else:
+            self._outbox = Outbox(self._producer, self, self._clock)
         listener = Listener(self._on_revoked, self._on_assigned)
         topics = settings.topics
         if topics.input_pattern:
@@ -202,6 +218,13 @@ class Worker:
         """Stop fetching after the current round (safe to call from a signal handler)."""
         self._stop.set()
 
+    def _stop_fatally(self, error: InfrastructureError) -> None:
+        """Stop, and have `run` raise `error`: state that cannot be kept or read."""
+        log.error("%s", error)
+        if self._fatal is None:
+            self._fatal = error
+        self.request_stop()
+
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
@@ -212,7 +235,7 @@ class Worker:
         while not self._stop.is_set():
             await self.step()
         if self._fatal is not None:
-            raise BrokerError(self._fatal)
+            raise self._fatal
 
     async def close(self) -> None:
         """Within the grace period: what is in flight acknowledged, checkpointed, committed."""
@@ -236,7 +259,15 @@ class Worker:
         )
 
     async def _drain(self, deadline: float) -> None:
-        """Send, checkpoint and commit what is in flight, until done or the deadline."""
+        """Send, checkpoint and commit what is in flight, until done or the deadline (a hard
+        one: a commit that waits on the group is cut off, and its offsets committed later or
+        by the partition's next owner)."""
+        try:
+            await asyncio.wait_for(self._drain_until_idle(deadline), deadline - self._clock())
+        except TimeoutError:
+            log.warning("draining cut off at its deadline")
+
+    async def _drain_until_idle(self, deadline: float) -> None:
         outbox = self._outbox
         while outbox is not None and self._clock() < deadline:
             await self._advance(force_commit=True)
@@ -245,6 +276,10 @@ class Worker:
             await outbox.wait_progress(min(0.1, max(0.0, deadline - self._clock())))
 
     async def _close_clients(self, timeout_s: float = 5.0) -> None:
+        if self._stop_requested is not None:
+            self._stop_requested.cancel()
+        if self._transactions is not None:
+            await self._transactions.close_all(timeout_s / 2)
         producer, consumer = self._producer, self._consumer
         self._producer = self._consumer = None
         try:
@@ -263,21 +298,20 @@ class Worker:
 
     async def step(self) -> None:
         """Fetch one batch, judge it, send what it made, move earlier rounds along."""
-        consumer = self._consumer
-        assert consumer is not None, "start() first"
-        kafka = self.settings.kafka
         try:
-            batch = await consumer.getmany(
-                timeout_ms=kafka.fetch_timeout_ms, max_records=kafka.fetch_max_records
-            )
+            batch = await self._fetch()
         except KafkaError as exc:
             log.warning("fetch failed: %r", exc)
             batch = {}
+        if self._stop.is_set():
+            return  # what was fetched is fetched again by whoever judges it next
         if self._missing_topics():
             await self._recheck_missing(batch)
         elif self._exactly_once:
             if batch:
                 await self._transaction(batch)
+            if self._fenced:
+                await self._take_back()
         else:
             if batch:
                 result = self._judge(batch)
@@ -286,6 +320,26 @@ class Worker:
                 )
             await self._advance()
         self._apply_flow()
+
+    async def _fetch(self) -> Mapping[TopicPartition, list[Any]]:
+        """The next batch; nothing once a stop is requested. The consumer waits out a rebalance
+        in progress whatever the fetch timeout, and a stop must not wait for the group."""
+        consumer = self._consumer
+        assert consumer is not None, "start() first"
+        kafka = self.settings.kafka
+        fetch = asyncio.ensure_future(
+            consumer.getmany(timeout_ms=kafka.fetch_timeout_ms, max_records=kafka.fetch_max_records)
+        )
+        if self._stop_requested is None:
+            self._stop_requested = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait((fetch, self._stop_requested), return_when=asyncio.FIRST_COMPLETED)
+        if not fetch.done():
+            fetch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, KafkaError):
+                await fetch
+            return {}
+        batch: Mapping[TopicPartition, list[Any]] = fetch.result()
+        return batch
 
     def _judge(self, batch: Mapping[TopicPartition, list[Any]]) -> RoundResult:
         """Steps 1 and 2: the batch judged into the outbox, each input partition checkpointed."""
@@ -333,7 +387,8 @@ class Worker:
         where = (topic, partition)
         writer = self._writers.get(where)
         if writer is None:
-            writer = self._writers[where] = Writer(self.settings.delivery.checkpoint_record_bytes)
+            writer = Writer(self.settings.delivery.checkpoint_record_bytes, new_writer_id())
+            self._writers[where] = writer
         full = writer.wants_full()
         body = self.processor.checkpoint(topic, partition, full=full)
         offset = self.processor.next_offset(topic, partition)
@@ -378,8 +433,13 @@ class Worker:
         return count
 
     def _add(self, record: Record) -> None:
-        assert self._outbox is not None, "start() first"
-        self._outbox.add(record)
+        if self._transactions is not None:
+            outbox = self._transactions.outbox(record.origin.partition)
+            assert outbox is not None, "a record of a partition with no open transaction"
+            outbox.add(record)
+        else:
+            assert self._outbox is not None, "start() first"
+            self._outbox.add(record)
 
     def _observe(self, emission: Emission) -> None:
         # a keyed call's phases and repairs count here; its outcome where its key's owner decides
@@ -484,11 +544,12 @@ class Worker:
     def refused(self, record: Record, error: KafkaError) -> Record | None:
         origin: Origin = record.origin
         if origin.kind in (CHECKPOINT, KEY_CHANGE):
-            self._fatal = (
-                f"{record.topic} refuses writes for good ({error!r}): the worker stops, as "
-                "state it cannot keep would be lost"
+            self._stop_fatally(
+                StateError(
+                    f"{record.topic} refuses writes for good ({error!r}): the worker stops, "
+                    "as state it cannot keep would be lost"
+                )
             )
-            self.request_stop()
             return None
         if origin.kind == TOMBSTONE:
             return None
@@ -597,74 +658,103 @@ class Worker:
     # -- exactly once --------------------------------------------------------------------------
 
     async def _transaction(self, batch: Mapping[TopicPartition, list[Any]]) -> None:
-        """Steps 3 to 5 in one transaction: the round's records, checkpoints and offsets."""
-        producer, outbox = self._producer, self._outbox
-        assert producer is not None, "start() first"
-        assert outbox is not None, "start() first"
-        try:
-            await producer.begin_transaction()
-            for (topic, partition), writer in self._writers.items():
-                for key, value, headers in writer.tombstones():
-                    self._add(
-                        Record(
-                            self._next_round,
-                            changelog_topic(self._group, topic),
-                            key,
-                            value,
-                            headers,
-                            origin=Origin(TOMBSTONE, (topic, partition)),
-                            partition=partition,
-                        )
+        """Steps 3 to 5 per partition, each in its own transaction (`worker.runtime.transactions`):
+        what the partition's records made, its checkpoint and the tombstones it allows, and its
+        next input offset. Partitions commit concurrently; one that fails is rewound alone."""
+        transactions = self._transactions
+        assert transactions is not None, "start() first"
+        owned = {
+            tp: records for tp, records in batch.items() if (tp.topic, tp.partition) in transactions
+        }
+        result = self._judge(owned)
+        for (topic, partition), frames in result.checkpoints.items():
+            self._add_frames(result.id, topic, partition, frames)
+            for key, value, headers in self._writers[(topic, partition)].tombstones():
+                self._add(
+                    Record(
+                        result.id,
+                        changelog_topic(self._group, topic),
+                        key,
+                        value,
+                        headers,
+                        partition=partition,
+                        origin=Origin(TOMBSTONE, (topic, partition)),
                     )
-            result = self._judge(batch)
-            for (topic, partition), frames in result.checkpoints.items():
-                self._add_frames(result.id, topic, partition, frames)
-            await self._send_all(outbox)
-            await producer.send_offsets_to_transaction(
-                {TopicPartition(t, p): o for (t, p), o in result.offsets.items()}, self._group
-            )
-            await producer.commit_transaction()
-            self.stats.commits += 1
-        except KafkaError as exc:
-            log.warning("transaction failed; rewinding to the last committed round: %r", exc)
-            with contextlib.suppress(KafkaError):
-                await producer.abort_transaction()
-            outbox.clear()
+                )
+        places = list(result.offsets)
+        outcomes = await asyncio.gather(
+            *(transactions.commit(where, result.offsets[where]) for where in places),
+            return_exceptions=True,
+        )
+        failed: list[TopicPartition] = []
+        for where, outcome in zip(places, outcomes, strict=True):
+            if outcome is None:
+                self.stats.commits += 1
+                continue
+            if not isinstance(outcome, KafkaError):
+                raise outcome
+            await transactions.close(where)
+            if isinstance(outcome, ProducerFenced):
+                log.warning("%s[%d]: fenced, a newer owner has it: %r", *where, outcome)
+                self._fenced[where] = self._clock()
+                if self._consumer is not None:
+                    self._consumer.pause(TopicPartition(*where))
+                self._forget([TopicPartition(*where)])
+                continue
+            log.warning("%s[%d]: transaction failed; rewinding it: %r", *where, outcome)
             self.stats.rewinds += 1
-            await self._rewind()
+            failed.append(TopicPartition(*where))
+        if failed:
+            await self._on_assigned(failed)
 
-    async def _send_all(self, outbox: Outbox) -> None:
-        """Every record of the transaction written (retriable errors retried, refused records
-        replaced), within half the transaction timeout; else KafkaError."""
-        timeout_s = self.settings.delivery.transaction_timeout_ms / 2000
-        deadline = self._clock() + timeout_s
-        while True:
-            await outbox.flush()
-            await outbox.wait_idle()
-            if not outbox.queued:
-                return
-            if self._clock() >= deadline:
-                raise KafkaError(f"records of the round not written within {timeout_s:.1f} s")
-            await outbox.wait_progress(outbox.backoff.base_s)
+    async def _take_back(self) -> None:
+        """A fenced partition is normally revoked by the group within a session. One that the
+        consumer still holds a session later was fenced for another reason (its transaction
+        timed out): it is opened again, which fences its stale producer in turn."""
+        consumer = self._consumer
+        session_s = self.settings.kafka.session_timeout_ms / 1000
+        due = [w for w, at in self._fenced.items() if self._clock() - at >= session_s]
+        if consumer is None or not due:
+            return
+        held = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        back = []
+        for where in due:
+            del self._fenced[where]
+            if where in held:
+                log.warning(
+                    "%s[%d]: still assigned a session after it was fenced: resuming", *where
+                )
+                back.append(TopicPartition(*where))
+        if back:
+            await self._on_assigned(back)
 
     async def _rewind(self) -> None:
         """Forget every partition's state and restore it as committed; fetch from there."""
         partitions = list(self._assignment)
-        await self._on_revoked(partitions, drain=False)
-        await self._on_assigned(partitions)
+        self._forget(partitions)
+        await self._restore(partitions)
 
     # -- rebalance -----------------------------------------------------------------------------
 
-    async def _on_revoked(self, revoked: list[TopicPartition], *, drain: bool = True) -> None:
-        if drain:
-            self.stats.rebalances += 1
-            self.metrics.rebalance()
+    async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
+        """Finish what is in flight (at_least_once, bounded), then forget the partitions."""
+        self.stats.rebalances += 1
+        self.metrics.rebalance()
         if not revoked:
             return
-        if drain and not self._exactly_once:
+        if not self._exactly_once:
             budget = max(1.0, self.settings.kafka.session_timeout_ms / 2000)
             await self._drain(self._clock() + budget)
-        gone = {(tp.topic, tp.partition) for tp in revoked}
+        self._forget(revoked)
+        if self._transactions is not None:
+            for tp in revoked:
+                self._fenced.pop((tp.topic, tp.partition), None)
+                await self._transactions.close((tp.topic, tp.partition))
+        log.info("revoked %d partitions", len(revoked))
+
+    def _forget(self, partitions: list[TopicPartition]) -> None:
+        """Drop the partitions' state and whatever is queued for them."""
+        gone = {(tp.topic, tp.partition) for tp in partitions}
         for topic, partition in gone:
             if topic == self._requests:
                 self._owners.drop(partition)
@@ -676,10 +766,29 @@ class Worker:
         self.metrics.set_idempotency_keys(len(self._owners))
         if self._outbox is not None:
             self._outbox.discard(lambda record: record.origin.partition in gone)
-        self._assignment -= set(revoked)
-        log.info("revoked %d partitions", len(gone))
+        self._assignment -= set(partitions)
 
     async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+        """Open the partitions' transactions (exactly_once), then restore them."""
+        if self._consumer is None or not assigned:
+            return
+        self._consumer.pause(*assigned)
+        transactions = self._transactions
+        if transactions is not None:
+            opening = [(tp.topic, tp.partition) for tp in assigned]
+            opened = await asyncio.gather(
+                *(transactions.open(where) for where in opening if where not in transactions),
+                return_exceptions=True,
+            )
+            errors = [error for error in opened if error is not None]
+            if errors:
+                self._stop_fatally(
+                    BrokerError(f"cannot open the partitions' transactions: {errors[0]!r}")
+                )
+                return
+        await self._restore(assigned)
+
+    async def _restore(self, assigned: list[TopicPartition]) -> None:
         """Restore each assigned partition's state, and fetch it from where that state ends:
         an input partition right after its checkpoint (else its committed offset), an
         idempotency partition from its committed offset. Nothing is fetched from a partition
@@ -712,8 +821,20 @@ class Worker:
                 else:
                     consumer.seek(tp, offset)
         except (BrokerError, KafkaError) as exc:
-            self._fatal = f"cannot restore the state of {len(assigned)} partitions: {exc!r}"
-            self.request_stop()
+            self._stop_fatally(
+                BrokerError(f"cannot read the state of {len(assigned)} partitions: {exc!r}")
+            )
+            return
+        except Exception as exc:  # a state it cannot read stops the worker
+            # raised into the consumer's rebalance listener, this would be logged and the
+            # partitions left paused for good: stop instead, and say why
+            where = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in assigned)
+            self._stop_fatally(
+                StateError(
+                    f"cannot restore the checkpointed state of {where}: {exc}; the worker "
+                    "stops rather than judge their calls without it"
+                )
+            )
             return
         if self._consumer is not consumer:  # closed while restoring
             return
@@ -730,6 +851,7 @@ class Worker:
         restored = restore(
             ((r.key, r.value, list(r.headers or ())) for r in records),
             self.settings.delivery.checkpoint_record_bytes,
+            new_writer_id(),
         )
         self._writers[(tp.topic, tp.partition)] = restored.writer
         self.processor.drop(tp.topic, tp.partition)

@@ -1,0 +1,121 @@
+"""Exactly once: a transactional producer per owned partition, and its round's transaction.
+
+Kafka fences a former owner's transactions by transactional id only. aiokafka's
+`send_offsets_to_transaction` does not carry the consumer group's generation (KIP-447), so with
+one producer per worker a member paused past its session could, once resumed, commit a round
+for partitions that have moved on: the new owner's events, twice. So, as Kafka Streams did
+before KIP-447, each owned partition (input or idempotency requests) has a producer of its own,
+`<prefix>-<topic>-<partition>`. When a partition's new owner opens its producer, the broker
+completes the former owner's open transaction and refuses its later ones (`ProducerFenced`).
+
+A partition's transaction is begun as soon as the previous one ends (beginning is local, and
+the first `begin` waits until the broker has fenced the former owner, which is what makes a
+restore after `open` read everything that owner committed). A round's transaction holds what
+the round made from the partition (events, idempotency requests or key-store changes,
+checkpoint frames and the tombstones they allow) and the partition's next input offset; it
+commits all of that or nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+
+from worker.runtime.delivery import Partition
+from worker.runtime.outbox import Outbox, Sink
+
+log = logging.getLogger("callgate.transactions")
+
+
+class Transactions:
+    """The producers and open transactions of the partitions this worker owns."""
+
+    def __init__(
+        self,
+        new_producer: Callable[[str, int], Any],
+        sink: Sink,
+        clock: Callable[[], float],
+        *,
+        group: str,
+        send_timeout_s: float,
+    ) -> None:
+        self._new_producer = new_producer
+        self._sink = sink
+        self._clock = clock
+        self._group = group
+        self._send_timeout_s = send_timeout_s
+        #: each open partition's producer (an `AIOKafkaProducer`) and its outbox
+        self._open: dict[Partition, tuple[Any, Outbox]] = {}
+
+    def outbox(self, where: Partition) -> Outbox | None:
+        """Where the partition's records of this round go (None: the partition is not open)."""
+        held = self._open.get(where)
+        return None if held is None else held[1]
+
+    def __contains__(self, where: Partition) -> bool:
+        return where in self._open
+
+    async def open(self, where: Partition) -> None:
+        """Start the partition's producer and begin its transaction; returns once the broker has
+        fenced the partition's former owner."""
+        producer = self._new_producer(*where)
+        await producer.start()
+        try:
+            await producer.begin_transaction()
+        except BaseException:
+            await self._stop(producer, 5.0)
+            raise
+        self._open[where] = (producer, Outbox(producer, self._sink, self._clock))
+
+    async def close(self, where: Partition, timeout_s: float = 5.0) -> None:
+        """Stop the partition's producer; what its open transaction holds is aborted."""
+        held = self._open.pop(where, None)
+        if held is not None:
+            await self._stop(held[0], timeout_s)
+
+    async def close_all(self, timeout_s: float) -> None:
+        await asyncio.gather(*(self.close(where, timeout_s) for where in list(self._open)))
+
+    async def commit(self, where: Partition, offset: int) -> None:
+        """Commit the partition's round: its queued records and its next input offset, then
+        begin the next transaction. Raises KafkaError when the round is not committed: nothing
+        of it is visible, and the producer is left as it is (`ProducerFenced`: a newer owner
+        has the partition; anything else: reopening the partition aborts the transaction)."""
+        producer, outbox = self._open[where]
+        try:
+            await self._send_all(outbox)
+            await producer.send_offsets_to_transaction(
+                {TopicPartition(*where): offset}, self._group
+            )
+            await producer.commit_transaction()
+        except KafkaError:
+            outbox.clear()
+            raise
+        await producer.begin_transaction()
+
+    async def _send_all(self, outbox: Outbox) -> None:
+        """Every queued record written (retriable errors retried, refused records replaced)
+        within the send timeout; else KafkaError."""
+        deadline = self._clock() + self._send_timeout_s
+        while True:
+            await outbox.flush()
+            await outbox.wait_idle()
+            if not outbox.queued:
+                return
+            if self._clock() >= deadline:
+                raise KafkaError(
+                    f"records of the round not written within {self._send_timeout_s:.1f} s"
+                )
+            await outbox.wait_progress(outbox.backoff.base_s)
+
+    @staticmethod
+    async def _stop(producer: Any, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(producer.stop(), timeout=max(0.1, timeout_s))
+        except (TimeoutError, KafkaError) as exc:
+            log.warning("closing a transactional producer: %r", exc)
