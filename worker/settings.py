@@ -61,7 +61,12 @@ class KafkaSettings(BaseModel):
     )
     session_timeout_ms: int = Field(10_000, ge=1000)
     max_poll_interval_ms: int = Field(300_000, ge=1000)
-    linger_ms: int = Field(5, ge=0)
+    linger_ms: int = Field(
+        0,
+        ge=0,
+        description="the producer's wait for more records per batch; 0: each round's records "
+        "are batched already",
+    )
     topic_check_interval_ms: int = Field(
         100,
         ge=0,

@@ -26,9 +26,11 @@ What this cannot show, and why:
   judges it (here any object passes; a real contract may still accept it). Where the vendor sends
   a final form of the text (Responses), a lost delta is caught: the texts differ
   (`stream_corrupt`), or the numbering has a hole (`sequence_gap`).
-- An event moved or copied past the stream's last event arrives after the stream's calls were
-  released: the adapter refuses it (a malformed record) but cannot take a verdict back, while
-  the SDK would still append it. The mutations keep moved and copied events before the end.
+- An event after the one that ended the stream (every choice finished, the final message, ...)
+  arrives after the stream's calls were released: the adapter refuses it (a malformed record)
+  but cannot take a verdict back, while the SDK would still append it. So the oracle is fed the
+  changed stream up to the event our adapter ended it at, and the mutations keep moved and
+  copied events before the end.
 - Anthropic's SDK also parses each tool block's partial JSON and raises when the text cannot
   begin a JSON value. That judges the model's text, which the gate does per call (a call whose
   text is not JSON is never accepted); the oracle goes on accumulating (see `sdk_anthropic`).
@@ -105,7 +107,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Gate:
 
 def lies(gate: Gate, fmt: str, events: Sequence[Event], stream_id: str = "s1") -> list[str]:
     """Every accepted call of the changed stream that the SDK does not hold as accepted."""
-    sdk = sdk_calls(fmt, events, stream_id)
+    sdk = sdk_calls(fmt, events[: end_of(fmt, events) + 1], stream_id)
     found = []
     for emission in gate.run([records(fmt, encode(events), stream_id)]):
         call = emission.call

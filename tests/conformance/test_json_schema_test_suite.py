@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from tests.datafiles import data_files, data_path
+from tests.support.contracts import load_registry
 from worker.errors import SchemaLoadError
 from worker.schemas.contract import Contract
 from worker.schemas.drafts import Draft, pointer
 from worker.schemas.engines import rust_patterns
-from worker.schemas.registry import SchemaRegistry
 from worker.schemas.report import rs_findings, rs_validator
 
 SUITE = data_path("json-schema-test-suite")
@@ -85,7 +85,7 @@ def _load(schema: Any, draft: str, engine: str, workdir: Path) -> Contract:
     domain = workdir / "suite"
     domain.mkdir(parents=True, exist_ok=True)
     (domain / "case.v1.schema.json").write_text(json.dumps(schema))
-    contract = SchemaRegistry.load(workdir, engine=engine).resolve("case", None)
+    contract = load_registry(workdir, engine=engine).resolve("case", None)
     assert isinstance(contract, Contract)
     return contract
 

@@ -7,10 +7,12 @@ import sys
 
 import pytest
 from aiokafka import AIOKafkaConsumer
-from worker.runtime.admin import create_topics
 
 from callgate_demo.broker import BrokerStartError, EmbeddedBroker
 from callgate_demo.processes import free_port
+from worker.runtime.kafka import Kafka
+from worker.runtime.topics import TopicSpec
+from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -28,8 +30,9 @@ async def test_a_second_broker_starts_serves_and_stops(kafka_broker: EmbeddedBro
         assert broker.port != kafka_broker.port
         assert _listening(broker.port)
         pid = broker.pid
-        await create_topics(broker.bootstrap_servers, ["a", "b"], partitions=2)
-        await create_topics(broker.bootstrap_servers, ["a"], partitions=2)  # exists: no error
+        kafka = Kafka(Settings(kafka={"bootstrap_servers": broker.bootstrap_servers}))
+        await kafka.ensure_topics([TopicSpec(name, 2, compacted=False) for name in ("a", "b")])
+        await kafka.ensure_topics([TopicSpec("a", 2, compacted=False)])  # exists: checked, kept
         consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
         await consumer.start()
         try:

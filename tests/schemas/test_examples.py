@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.datafiles import SCHEMAS
+from tests.support.contracts import run_examples
 from worker.schemas import examples
 
 ENGINES = ["fastjsonschema", "jsonschema-rs"]
@@ -17,7 +18,7 @@ FOUND, PROBLEMS = examples.collect(SCHEMAS)
 
 @cache
 def shipped_run(engine: str) -> examples.ExampleRun:
-    return examples.run(SCHEMAS, engine)
+    return run_examples(SCHEMAS, engine)
 
 
 def test_every_contract_has_valid_and_invalid_examples() -> None:
@@ -43,7 +44,7 @@ def test_a_wrong_example_is_caught(engine: str, tmp_path: Path) -> None:
     (domain / "examples/t.v1/valid/wrong.json").write_text("{}")
     (domain / "examples/t.v1/invalid/right.json").write_text("{}")
     (domain / "examples/t.v2").mkdir()
-    run = examples.run(tmp_path, engine)
+    run = run_examples(tmp_path, engine)
     assert not run.ok
     assert [r.example.file.name for r in run.results if not r.passed] == ["wrong.json"]
     assert any("t.v2" in p and "names no contract" in p for p in run.problems)

@@ -19,11 +19,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.schemas.ecma_oracle import ecma_search
+from tests.support.contracts import load_registry
 from worker.errors import SchemaLoadError
 from worker.schemas.contract import Contract
 from worker.schemas.drafts import Draft
 from worker.schemas.patterns import PatternRefused, Re2Search, problem, translate
-from worker.schemas.registry import SchemaRegistry
 
 ENGINES = ["fastjsonschema", "jsonschema-rs"]
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
@@ -48,7 +48,7 @@ def re2_search(pattern: str, text: str) -> bool:
 def load(tmp_path: Path, schema: Any, engine: str) -> Contract:
     (tmp_path / "d").mkdir(parents=True, exist_ok=True)
     (tmp_path / "d" / "t.v1.schema.json").write_text(json.dumps(schema))
-    found = SchemaRegistry.load(tmp_path, engine=engine).resolve("t", None)
+    found = load_registry(tmp_path, engine=engine).resolve("t", None)
     assert isinstance(found, Contract)
     return found
 

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.contracts import load_registry
 from worker.errors import SchemaLoadError
 from worker.schemas.contract import Contract
-from worker.schemas.registry import SchemaRegistry
 
 ENGINES = ["fastjsonschema", "jsonschema-rs"]
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
@@ -29,7 +29,7 @@ DRAFT7 = "http://json-schema.org/draft-07/schema#"
 def load(directory: Path, schema: Any, engine: str) -> Contract:
     (directory / "d").mkdir(parents=True, exist_ok=True)
     (directory / "d" / "t.v1.schema.json").write_text(json.dumps(schema))
-    found = SchemaRegistry.load(directory, engine=engine).resolve("t", None)
+    found = load_registry(directory, engine=engine).resolve("t", None)
     assert isinstance(found, Contract)
     return found
 

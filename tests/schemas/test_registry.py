@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.datafiles import SCHEMAS, data_path
+from tests.support.contracts import load_registry
 from worker.errors import SchemaLoadError, UnsupportedKeywordError
 from worker.model import Code, Violation
 from worker.schemas.contract import Contract, IdempotencyPolicy, LookupFailure
@@ -35,12 +36,12 @@ def contract(registry: SchemaRegistry, tool: str, version: str | None = None) ->
 
 def one_schema(tmp_path: Path, schema: Any, engine: str) -> Contract:
     write(tmp_path, "d/t.v1.schema.json", schema)
-    return contract(SchemaRegistry.load(tmp_path, engine=engine), "t")
+    return contract(load_registry(tmp_path, engine=engine), "t")
 
 
 @pytest.fixture(scope="module", params=ENGINES)
 def shipped(request: pytest.FixtureRequest) -> SchemaRegistry:
-    return SchemaRegistry.load(SCHEMAS, engine=request.param)
+    return load_registry(SCHEMAS, engine=request.param)
 
 
 # --- the shipped contracts ---------------------------------------------------------------------
@@ -134,7 +135,7 @@ def test_the_mcp_output_schema_judges_the_fixture_result(shipped: SchemaRegistry
 def test_an_output_schema_file_beside_its_input_schema(tmp_path: Path, engine: str) -> None:
     write(tmp_path, "d/t.v1.schema.json", {"type": "object"})
     write(tmp_path, "d/t.v1.output.schema.json", {"type": "object", "required": ["ok"]})
-    found = contract(SchemaRegistry.load(tmp_path, engine=engine), "t")
+    found = contract(load_registry(tmp_path, engine=engine), "t")
     assert found.output_check is not None
     assert found.output_check({"ok": True}) == ()
     assert found.output_check({})[0].path == "/ok"
@@ -143,34 +144,34 @@ def test_an_output_schema_file_beside_its_input_schema(tmp_path: Path, engine: s
 def test_an_output_schema_without_its_input_schema_is_refused(tmp_path: Path) -> None:
     write(tmp_path, "d/t.v1.output.schema.json", {"type": "object"})
     with pytest.raises(SchemaLoadError, match="needs its input schema"):
-        SchemaRegistry.load(tmp_path)
+        load_registry(tmp_path)
 
 
 def test_a_schema_file_without_a_version_is_refused(tmp_path: Path) -> None:
     write(tmp_path, "d/t.schema.json", {"type": "object"})
     with pytest.raises(SchemaLoadError, match="no version"):
-        SchemaRegistry.load(tmp_path)
+        load_registry(tmp_path)
 
 
 def test_a_tool_name_in_two_domains_is_refused(tmp_path: Path) -> None:
     write(tmp_path, "a/t.v1.schema.json", {"type": "object"})
     write(tmp_path, "b/t.v1.schema.json", {"type": "object"})
     with pytest.raises(SchemaLoadError, match="unique"):
-        SchemaRegistry.load(tmp_path)
+        load_registry(tmp_path)
 
 
 def test_a_missing_directory_and_an_empty_one_are_refused(tmp_path: Path) -> None:
     with pytest.raises(SchemaLoadError, match="does not exist"):
-        SchemaRegistry.load(tmp_path / "nope")
+        load_registry(tmp_path / "nope")
     with pytest.raises(SchemaLoadError, match="no schemas"):
-        SchemaRegistry.load(tmp_path)
+        load_registry(tmp_path)
 
 
 def test_one_bad_file_means_no_registry(tmp_path: Path) -> None:
     write(tmp_path, "a/good.v1.schema.json", {"type": "object"})
     (tmp_path / "a/bad.v1.schema.json").write_text("{not json")
     with pytest.raises(SchemaLoadError) as caught:
-        SchemaRegistry.load(tmp_path)
+        load_registry(tmp_path)
     assert caught.value.file is not None
     assert caught.value.file.endswith("bad.v1.schema.json")
 
@@ -178,7 +179,7 @@ def test_one_bad_file_means_no_registry(tmp_path: Path) -> None:
 def test_an_unknown_engine_is_refused(tmp_path: Path) -> None:
     write(tmp_path, "a/t.v1.schema.json", {"type": "object"})
     with pytest.raises(SchemaLoadError, match="unknown engine"):
-        SchemaRegistry.load(tmp_path, engine="ajv")
+        load_registry(tmp_path, engine="ajv")
 
 
 # --- MCP tools/list ----------------------------------------------------------------------------
@@ -196,7 +197,7 @@ def test_tools_of_two_servers_are_prefixed_by_server(tmp_path: Path, engine: str
         "docs.tools.json",
         {"jsonrpc": "2.0", "id": 1, "result": {"tools": [_tool("search")]}},
     )
-    registry = SchemaRegistry.load(tmp_path, engine=engine)
+    registry = load_registry(tmp_path, engine=engine)
     assert registry.tool_names() == {"crm.search", "docs.search"}
     assert contract(registry, "docs.search").ref.id == "mcp.docs.search"
     assert contract(registry, "crm.search").check({})[0].path == "/q"
@@ -207,7 +208,7 @@ def test_a_single_tool_definition_file_loads(tmp_path: Path) -> None:
         (FIXTURES / "2026-07-28__Tool_with-output-schema-for-structured-content.json").read_text()
     )
     write(tmp_path, "weather.tools.json", fixture)
-    found = contract(SchemaRegistry.load(tmp_path), "weather.get_weather_data")
+    found = contract(load_registry(tmp_path), "weather.get_weather_data")
     assert found.ref.version == "1"
     assert found.output_check is not None
 
@@ -216,20 +217,20 @@ def test_a_colliding_mcp_tool_name_is_refused(tmp_path: Path) -> None:
     write(tmp_path, "a/crm.tools.json", {"tools": [_tool("search")]})
     write(tmp_path, "b/crm.tools.json", {"tools": [_tool("search")]})
     with pytest.raises(SchemaLoadError, match=re.escape("'crm.search'")):
-        SchemaRegistry.load(tmp_path)
+        load_registry(tmp_path)
 
 
 def test_a_tool_listed_twice_is_refused(tmp_path: Path) -> None:
     write(tmp_path, "crm.tools.json", {"tools": [_tool("search"), _tool("search")]})
     with pytest.raises(SchemaLoadError, match="listed twice"):
-        SchemaRegistry.load(tmp_path)
+        load_registry(tmp_path)
 
 
 def test_an_mcp_tool_with_an_unenforceable_schema_is_refused(tmp_path: Path) -> None:
     tool = {"name": "s", "inputSchema": {"type": "object", "unevaluatedProperties": False}}
     write(tmp_path, "crm.tools.json", {"tools": [tool]})
     with pytest.raises(UnsupportedKeywordError) as caught:
-        SchemaRegistry.load(tmp_path)
+        load_registry(tmp_path)
     assert caught.value.keyword == "unevaluatedProperties"
     assert caught.value.file is not None
     assert "crm.tools.json#/tools/0/inputSchema" in caught.value.file

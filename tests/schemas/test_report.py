@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.datafiles import SCHEMAS
+from worker.compose import build_registry, violation_limits
 from worker.errors import SchemaLoadError
 from worker.model import Violation
-from worker.schemas.contract import CUT, CompiledCheck, ViolationLimits
+from worker.schemas.contract import CUT, CompiledCheck, Contract, ViolationLimits
 from worker.schemas.drafts import Draft, pointer
 from worker.schemas.engines import compile_check, rust_patterns
-from worker.schemas.registry import SchemaRegistry
 from worker.schemas.report import bounded, rs_findings, rs_validator
 from worker.settings import LimitSettings, SchemaSettings, Settings
 
@@ -286,17 +285,14 @@ def test_the_compiled_check_has_no_limits_of_its_own() -> None:
         compile_check({}, file="f", engine="jsonschema-rs")  # type: ignore[call-arg]
 
 
-def test_the_limits_come_from_the_settings(tmp_path: Path) -> None:
-    limits = ViolationLimits.from_settings(LimitSettings(max_violations=3))
-    assert limits.max_violations == 3
-    assert limits.max_path_bytes == LimitSettings().max_feedback_bytes // 8
+def test_the_limits_come_from_the_settings() -> None:
+    limits = violation_limits(LimitSettings(max_violations=3, max_message_bytes=300))
+    assert (limits.max_violations, limits.max_path_bytes, limits.max_message_bytes) == (3, 300, 300)
     settings_ = Settings(
         schemas=SchemaSettings(dir=SCHEMAS), limits=LimitSettings(max_violations=2)
     )
-    registry = SchemaRegistry.from_settings(settings_)
-    payment = registry.resolve("create_payment", None)
-    assert not isinstance(payment, type(None))
-    check = payment.check
-    assert len(check({"amount_minor": "x", "currency": 1, "recipient_id": 2})) == 2
+    payment = build_registry(settings_).resolve("create_payment", None)
+    assert isinstance(payment, Contract)
+    assert len(payment.check({"amount_minor": "x", "currency": 1, "recipient_id": 2})) == 2
     with pytest.raises(ValueError, match="too small"):
         ViolationLimits(0, max_path_bytes=64, max_message_bytes=64)

@@ -10,14 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.datafiles import SCHEMAS
+from tests.support.contracts import load_registry
 from worker.errors import SchemaLoadError
 from worker.model import Code
 from worker.schemas.contract import Contract, LookupFailure
-from worker.schemas.registry import SchemaRegistry
 from worker.schemas.versions import MAX_VERSION_DIGITS, parse_version
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
-REGISTRY = SchemaRegistry.load(SCHEMAS)
+REGISTRY = load_registry(SCHEMAS)
 
 
 CANONICAL = [
@@ -104,7 +104,7 @@ def test_a_file_version_the_parser_cannot_read_is_refused(tmp_path: Path) -> Non
     name = f"t.v{'1' * (MAX_VERSION_DIGITS + 1)}.schema.json"
     (tmp_path / "d" / name).write_text(json.dumps({"type": "object"}))
     with pytest.raises(SchemaLoadError, match="more than 9 digits") as caught:
-        SchemaRegistry.load(tmp_path)
+        load_registry(tmp_path)
     assert caught.value.file is not None
     assert caught.value.file.endswith(name)
 
@@ -115,7 +115,7 @@ def test_file_versions_are_canonical(tmp_path: Path) -> None:
     (tmp_path / "srv.v02.tools.json").write_text(
         json.dumps({"tools": [{"name": "x", "inputSchema": {"type": "object"}}]})
     )
-    registry = SchemaRegistry.load(tmp_path)
+    registry = load_registry(tmp_path)
     for tool, version in (("t", "7"), ("srv.x", "2")):
         found = registry.resolve(tool, None)
         assert isinstance(found, Contract)

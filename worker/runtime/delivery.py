@@ -34,11 +34,18 @@ A record that is acknowledged only after a retry may be written twice: an identi
 which consumers drop by `event_id`. An idempotency decision replayed after a crash finds its own
 key-store change (written in step 3) and re-emits the same event (`Decision.REPLAY`).
 
-`exactly_once` (needs transactions): steps 3 to 5 are one Kafka transaction per round: the
-records, the checkpoints and the input offsets (`send_offsets_to_transaction`) commit together
-or not at all; an aborted round is rewound (partitions restored from their committed
-checkpoints, fetching resumed there). Consumers of the outcome topics read with
-`isolation.level=read_committed` and never see an event twice.
+`exactly_once` (needs transactions): each owned partition (input or idempotency requests) has a
+transactional producer of its own, with the transactional id `<prefix>-<topic>-<partition>`
+(`delivery.transactional_id_prefix`, by default the group id; `worker.runtime.transactions`).
+Per round, steps 3 to 5 are one Kafka transaction per partition: the records the round made
+from that partition, its checkpoint and its next input offset (`send_offsets_to_transaction`)
+commit together or not at all. A partition whose transaction fails is rewound alone (restored
+from its committed checkpoint, fetching resumed there). When a partition's next owner opens its
+producer, the broker aborts the former owner's open transaction and refuses its later ones
+(`ProducerFenced`), so a former owner paused past its session cannot commit a round for a
+partition that has moved on; the fenced worker pauses the partition and forgets its state.
+Consumers of the outcome topics read with `isolation.level=read_committed` and never see an
+event twice.
 
 `Ledger` below is the bookkeeping of steps 3 to 5 for `at_least_once`; it is pure.
 """

@@ -125,6 +125,7 @@ class Worker:
             Route.IDEMPOTENCY: self._requests,
         }
         self._outcome_topics = frozenset((topics.accepted, topics.rejected, topics.incomplete))
+        self._checked_topics = [*sorted(self._outcome_topics), self._requests]
         self._exactly_once = settings.delivery.guarantee == "exactly_once"
         self._consumer: Any = None
         #: at_least_once: one producer and its outbox; exactly_once: one per owned partition
@@ -145,6 +146,9 @@ class Worker:
         self._fatal: InfrastructureError | None = None
         self._last_commit = 0.0
         self._last_check = float("-inf")
+        #: the check that the topics written to exist, running in the background
+        self._check: asyncio.Task[list[str]] | None = None
+        self._check_started = float("-inf")
         #: when the outcome topics were last seen to exist (checkpoints wait for it)
         self._verified_at = float("-inf")
         self._next_round = 0
@@ -276,8 +280,9 @@ class Worker:
             await outbox.wait_progress(min(0.1, max(0.0, deadline - self._clock())))
 
     async def _close_clients(self, timeout_s: float = 5.0) -> None:
-        if self._stop_requested is not None:
-            self._stop_requested.cancel()
+        for pending in (self._stop_requested, self._check):
+            if pending is not None:
+                pending.cancel()
         if self._transactions is not None:
             await self._transactions.close_all(timeout_s / 2)
         producer, consumer = self._producer, self._consumer
@@ -451,9 +456,9 @@ class Worker:
         outbox = self._outbox
         assert outbox is not None
         await outbox.flush()
-        interval = self.settings.kafka.topic_check_interval_ms / 1000
-        if self.ledger.awaiting_verification() and self._clock() - self._last_check >= interval:
-            await self._verify_outputs()
+        if self.ledger.awaiting_verification():
+            self._check_outputs_when_due()
+        await self._apply_check()
         for round_ in self.ledger.checkpoints_to_send(self._verified_at):
             for (topic, partition), frames in round_.checkpoints.items():
                 self._add_frames(round_.id, topic, partition, frames)
@@ -593,25 +598,38 @@ class Worker:
         if batch:
             log.debug("dropping a batch of %d partitions while a topic is missing", len(batch))
             await self._rewind()
-        interval = self.settings.kafka.topic_check_interval_ms / 1000
-        if self._clock() - self._last_check >= interval:
-            await self._verify_outputs()
+        self._check_outputs_when_due()
+        if self._check is not None:
+            await asyncio.wait((self._check,), timeout=0.05)
         else:
-            await asyncio.sleep(min(interval, 0.05))
+            await asyncio.sleep(0.05)
+        await self._apply_check()
 
-    async def _verify_outputs(self) -> None:
-        """See that the topics written to still exist. A broker may acknowledge writes to a
-        deleted topic and drop them: when one is gone, the outputs since the last checkpoint
-        may be too, so every partition is rewound to its checkpoint (the calls are judged and
-        sent again once the topic is back), and fetching stays paused until it is."""
-        started = self._last_check = self._clock()
-        topics = [*self._outcome_topics, self._requests]
+    def _check_outputs_when_due(self) -> None:
+        """Start seeing that the topics written to still exist, at most once per interval. The
+        check runs beside the rounds (listing a large cluster's topics takes a while); what it
+        finds is acted on by `_apply_check`, and checkpoints wait for it."""
+        interval = self.settings.kafka.topic_check_interval_ms / 1000
+        if self._check is None and self._clock() - self._last_check >= interval:
+            self._last_check = self._check_started = self._clock()
+            self._check = asyncio.ensure_future(self._kafka.missing_topics(self._checked_topics))
+
+    async def _apply_check(self) -> None:
+        """Act on a finished check. A broker may acknowledge writes to a deleted topic and drop
+        them: when one is gone, the outputs since the last checkpoint may be too, so every
+        partition is rewound to its checkpoint (the calls are judged and sent again once the
+        topic is back), and fetching stays paused until it is."""
+        check = self._check
+        if check is None or not check.done():
+            return
+        self._check = None
         try:
-            missing = await self._kafka.missing_topics(topics)
+            missing = check.result()
         except KafkaError as exc:
             log.warning("cannot check that the output topics exist: %r", exc)
             return
-        for topic in topics:
+        started = self._check_started
+        for topic in self._checked_topics:
             if topic not in missing and self._failing.get(topic) == _MISSING:
                 log.info("topic %s exists again", topic)
                 del self._failing[topic]
