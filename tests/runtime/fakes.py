@@ -162,6 +162,13 @@ class FakeProducer:
             raise KafkaTimeoutError(f"no metadata for {topic}")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self.transactional:
+            if self._broker.epochs[self.transactional_id] != self._epoch:
+                future.set_exception(ProducerFenced())  # as the broker refuses it
+                return future
+            error = self._broker.failing.get(topic)
+            if error is not None:
+                future.set_exception(error)
+                return future
             self._transaction.append((topic, partition, batch.records))
             future.set_result(None)
             return future

@@ -10,6 +10,7 @@ never accepted twice.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -66,7 +67,9 @@ def new_broker() -> FakeBroker:
     return broker
 
 
-def new_worker(broker: FakeBroker, **overrides: Any) -> Worker:
+def new_worker(
+    broker: FakeBroker, clock: Callable[[], float] | None = None, **overrides: Any
+) -> Worker:
     settings = make_settings(**overrides)
     registry = build_registry(settings)
     return Worker(
@@ -75,6 +78,7 @@ def new_worker(broker: FakeBroker, **overrides: Any) -> Worker:
         lambda: build_key_store(settings),
         Metrics(tool_labels(registry)),
         kafka=FakeKafka(broker, GROUP),  # type: ignore[arg-type]
+        **({} if clock is None else {"clock": clock}),
     )
 
 
@@ -483,8 +487,9 @@ async def test_exactly_once_commits_records_checkpoints_and_offsets_together() -
 
 async def test_a_former_owner_is_fenced_and_its_round_never_lands() -> None:
     """A member paused past its session comes back still fetching a partition the group gave to
-    another: its transaction for that partition is refused, nothing of it is visible, and
-    every call keeps exactly one event."""
+    another: its writes and its transaction for that partition are refused, nothing of it is
+    visible, it gives the partition up (never reopens it, which would fence the new owner in
+    turn), and every call keeps exactly one event."""
     broker = new_broker()
     streams, calls = traffic(9)
     produce(broker, dict(list(streams.items())[:4]))
@@ -497,12 +502,15 @@ async def test_a_former_owner_is_fenced_and_its_round_never_lands() -> None:
     two = new_worker(broker, **exactly_once)
     await two.start()
     await two._consumer.join([moved])  # type: ignore[union-attr]
+    epoch = broker.epochs[f"{GROUP}-{INPUT}-0"]
     produce(broker, dict(list(streams.items())[4:]))
     for _ in range(5):
         await one.step()  # still believes it owns the moved partition: fenced there
         await two.step()
     assert moved not in one._assignment
     assert (INPUT, 0) in one._fenced
+    assert broker.epochs[f"{GROUP}-{INPUT}-0"] == epoch, "the former owner fenced the new one"
+    assert not one._failing, "a fenced producer says nothing about the topics it wrote to"
     await one._consumer.revoke([moved])  # the group tells it, late
     for _ in range(3):
         await one.step()
@@ -520,16 +528,8 @@ async def test_a_partition_fenced_but_still_held_a_session_later_is_taken_back()
     broker = new_broker()
     streams, calls = traffic(6)
     produce(broker, dict(list(streams.items())[:3]))
-    settings = make_settings(delivery={"guarantee": "exactly_once"})
-    registry = build_registry(settings)
-    worker = Worker(
-        settings,
-        build_processor(settings, registry),
-        lambda: build_key_store(settings),
-        Metrics(tool_labels(registry)),
-        kafka=FakeKafka(broker, GROUP),  # type: ignore[arg-type]
-        clock=lambda: now[0],
-    )
+    worker = new_worker(broker, lambda: now[0], delivery={"guarantee": "exactly_once"})
+    settings = worker.settings
     await worker.start()
     await worker.step()
     for partition in range(PARTITIONS):  # the broker bumps every producer's epoch
@@ -541,6 +541,29 @@ async def test_a_partition_fenced_but_still_held_a_session_later_is_taken_back()
     for _ in range(5):
         await worker.step()
     assert not worker._fenced
+    events = outcome_events(broker)
+    assert set(events) == calls
+    assert all(len(seen) == 1 for seen in events.values())
+    assert_input_committed(broker)
+
+
+async def test_exactly_once_a_round_whose_writes_fail_is_tried_again_not_paused_for_good() -> None:
+    """The round's writes to a failing topic time out: the round is rewound, fetching goes on,
+    and once the topic takes writes again every call has its one event."""
+    ticks = iter(range(10**9))  # each reading of the clock is a second later
+    broker = new_broker()
+    streams, calls = traffic(6)
+    produce(broker, streams)
+    worker = new_worker(broker, lambda: float(next(ticks)), delivery={"guarantee": "exactly_once"})
+    await worker.start()
+    broker.fail_topic(ACCEPTED, RequestTimedOutError())
+    for _ in range(3):
+        await worker.step()
+    assert worker.stats.rewinds > 0
+    assert not outcome_events(broker)
+    broker.fail_topic(ACCEPTED, None)
+    for _ in range(6):
+        await worker.step()
     events = outcome_events(broker)
     assert set(events) == calls
     assert all(len(seen) == 1 for seen in events.values())

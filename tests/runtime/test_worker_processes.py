@@ -438,8 +438,11 @@ async def _a_member_paused_past_its_session(scenario: Scenario, *, exactly_once:
         await other.wait_log(ASSIGNED, timeout_s=JOIN_TIMEOUT_S)
         schedule.ready(0)
         await schedule.wait(0, tail, scenario, most=300)
+        before = other.count(ASSIGNED)
         paused = scenario.worker("paused", delivery=delivery)
         await paused.wait_log(ASSIGNED, timeout_s=JOIN_TIMEOUT_S)
+        # the other member's share of the same rebalance may be logged after this one's
+        await other.wait_log(ASSIGNED, before + 1, timeout_s=JOIN_TIMEOUT_S)
         assigned = other.count(ASSIGNED)
         paused.pause()
         asked = time.monotonic()

@@ -11,7 +11,11 @@ goes wrong is handled by kind:
 - a permanent error (record too large, invalid topic, not authorized): a batch of several is
   split and sent again one by one, to find the record at fault; a single record that fails for
   good is handed to `Sink.refused`, which may give a bounded substitute to send in its place
-  (counted as the same record of its round), and the round moves on either way.
+  (counted as the same record of its round), and the round moves on either way;
+- an error of a transactional producer itself (fenced by a newer producer of its transactional
+  id): no write through it can succeed again, whatever the topic. The outbox is *broken*: the
+  records are dropped with the transaction they belong to, no topic is marked failing, and the
+  transaction's owner (`worker.runtime.transactions`) raises the error instead of committing.
 
 The partition of a keyed record is Kafka's default (murmur2 of the key, as the Java client),
 computed natively; a record may also name its partition.
@@ -27,10 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiokafka.errors import (
+    InvalidProducerEpoch,
     InvalidTopicError,
     KafkaError,
+    ProducerFenced,
     RecordTooLargeError,
     TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
 )
 
 from worker._native import partition_for_key
@@ -51,6 +58,15 @@ try:  # the broker's MESSAGE_TOO_LARGE has its own class in some aiokafka versio
     PERMANENT_ERRORS = (*PERMANENT_ERRORS, MessageSizeTooLargeError)
 except ImportError:  # pragma: no cover - depends on the aiokafka version
     pass
+
+
+#: Errors of a transactional producer, not of the topic written to: it is fenced or may not
+#: use its transactional id.
+PRODUCER_ERRORS: tuple[type[KafkaError], ...] = (
+    ProducerFenced,
+    InvalidProducerEpoch,
+    TransactionalIdAuthorizationFailed,
+)
 
 
 @dataclass(slots=True)
@@ -118,6 +134,10 @@ class Outbox:
     sink: Sink
     clock: Callable[[], float]
     backoff: Backoff = field(default_factory=Backoff)
+    #: the producer is a transaction's: its own errors break the outbox (see the module doc)
+    transactional: bool = False
+    #: the producer error that broke a transactional outbox
+    broken: KafkaError | None = None
     _queued: list[Record] = field(default_factory=list)
     _retry: list[Record] = field(default_factory=list)
     _health: dict[str, _TopicHealth] = field(default_factory=dict)
@@ -247,6 +267,11 @@ class Outbox:
             self.sink.acknowledged(record)
 
     def _failed(self, records: list[Record], error: KafkaError) -> None:
+        if self.transactional and isinstance(error, PRODUCER_ERRORS):
+            if self.broken is None:
+                log.warning("a transactional producer can write no more: %r", error)
+                self.broken = error
+            return
         if isinstance(error, PERMANENT_ERRORS):
             if len(records) > 1:  # find the record at fault: send each alone
                 for record in records:

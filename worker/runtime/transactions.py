@@ -24,12 +24,16 @@ from collections.abc import Callable
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
 
 from worker.runtime.delivery import Partition
 from worker.runtime.outbox import Outbox, Sink
 
 log = logging.getLogger("callgate.transactions")
+
+#: What a newer owner of a partition's transactional id makes its former owner's writes and
+#: commits raise.
+FENCED: tuple[type[KafkaError], ...] = (ProducerFenced, InvalidProducerEpoch)
 
 
 class Transactions:
@@ -70,7 +74,8 @@ class Transactions:
         except BaseException:
             await self._stop(producer, 5.0)
             raise
-        self._open[where] = (producer, Outbox(producer, self._sink, self._clock))
+        outbox = Outbox(producer, self._sink, self._clock, transactional=True)
+        self._open[where] = (producer, outbox)
 
     async def close(self, where: Partition, timeout_s: float = 5.0) -> None:
         """Stop the partition's producer; what its open transaction holds is aborted."""
@@ -84,8 +89,9 @@ class Transactions:
     async def commit(self, where: Partition, offset: int) -> None:
         """Commit the partition's round: its queued records and its next input offset, then
         begin the next transaction. Raises KafkaError when the round is not committed: nothing
-        of it is visible, and the producer is left as it is (`ProducerFenced`: a newer owner
-        has the partition; anything else: reopening the partition aborts the transaction)."""
+        of it is visible, and the producer is left as it is (one of `FENCED`, from a write or
+        from the commit: a newer owner has the partition; anything else: reopening the
+        partition aborts the transaction)."""
         producer, outbox = self._open[where]
         try:
             await self._send_all(outbox)
@@ -100,11 +106,13 @@ class Transactions:
 
     async def _send_all(self, outbox: Outbox) -> None:
         """Every queued record written (retriable errors retried, refused records replaced)
-        within the send timeout; else KafkaError."""
+        within the send timeout; else KafkaError (the producer's own error once it has one)."""
         deadline = self._clock() + self._send_timeout_s
         while True:
             await outbox.flush()
             await outbox.wait_idle()
+            if outbox.broken is not None:
+                raise outbox.broken
             if not outbox.queued:
                 return
             if self._clock() >= deadline:

@@ -13,8 +13,9 @@ next fetch overlaps them. Under `exactly_once` each round is one transaction ins
 Rebalances: a revoked partition's rounds are finished (bounded), its offsets committed, its state
 dropped; an assigned input partition is restored from its changelog and fetching resumes right
 after the offset its checkpoint reflects; an assigned idempotency partition restores its keys.
-A failing topic or too many unacknowledged records pause fetching (the loop keeps polling, so
-the group membership stays) until the backlog drains.
+At least once, a failing topic or too many unacknowledged records pause fetching (the loop keeps
+polling, so the group membership stays) until the backlog drains; exactly once, a round whose
+writes fail is rewound and the next round tries again.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka.errors import KafkaError
 
 from worker.core.events import encode, record_headers, substitute_rejection
 from worker.core.idempotency import KeyStore
@@ -43,7 +44,7 @@ from worker.runtime.kafka import Kafka, Listener
 from worker.runtime.keys import KeyOwners
 from worker.runtime.outbox import Outbox, Record
 from worker.runtime.topics import TopicSpec, changelog_topic, keys_topic, requests_topic
-from worker.runtime.transactions import Transactions
+from worker.runtime.transactions import FENCED, Transactions
 from worker.settings import Settings
 
 log = logging.getLogger("callgate.worker")
@@ -655,7 +656,10 @@ class Worker:
         self._failing.pop(topic, None)
 
     def _apply_flow(self) -> None:
-        decision = self._flow.update(self.ledger.pending_records, bool(self._failing))
+        # Under exactly_once a write that keeps failing fails its round, which is rewound and
+        # tried again by the next one: pausing would leave nothing to try it.
+        pause_for_failing = bool(self._failing) and not self._exactly_once
+        decision = self._flow.update(self.ledger.pending_records, pause_for_failing)
         consumer = self._consumer
         if consumer is None or decision is None or not self._assignment:
             return
@@ -712,7 +716,7 @@ class Worker:
             if not isinstance(outcome, KafkaError):
                 raise outcome
             await transactions.close(where)
-            if isinstance(outcome, ProducerFenced):
+            if isinstance(outcome, FENCED):
                 log.warning("%s[%d]: fenced, a newer owner has it: %r", *where, outcome)
                 self._fenced[where] = self._clock()
                 if self._consumer is not None:
