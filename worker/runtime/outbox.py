@@ -60,13 +60,12 @@ except ImportError:  # pragma: no cover - depends on the aiokafka version
     pass
 
 
+#: What a newer producer of the same transactional id makes the older one's writes and
+#: commits raise.
+FENCED: tuple[type[KafkaError], ...] = (ProducerFenced, InvalidProducerEpoch)
 #: Errors of a transactional producer, not of the topic written to: it is fenced or may not
 #: use its transactional id.
-PRODUCER_ERRORS: tuple[type[KafkaError], ...] = (
-    ProducerFenced,
-    InvalidProducerEpoch,
-    TransactionalIdAuthorizationFailed,
-)
+PRODUCER_ERRORS: tuple[type[KafkaError], ...] = (*FENCED, TransactionalIdAuthorizationFailed)
 
 
 @dataclass(slots=True)

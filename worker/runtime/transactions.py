@@ -24,16 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
+from aiokafka.errors import KafkaError
 
 from worker.runtime.delivery import Partition
 from worker.runtime.outbox import Outbox, Sink
 
 log = logging.getLogger("callgate.transactions")
-
-#: What a newer owner of a partition's transactional id makes its former owner's writes and
-#: commits raise.
-FENCED: tuple[type[KafkaError], ...] = (ProducerFenced, InvalidProducerEpoch)
 
 
 class Transactions:
@@ -89,7 +85,7 @@ class Transactions:
     async def commit(self, where: Partition, offset: int) -> None:
         """Commit the partition's round: its queued records and its next input offset, then
         begin the next transaction. Raises KafkaError when the round is not committed: nothing
-        of it is visible, and the producer is left as it is (one of `FENCED`, from a write or
+        of it is visible, and the producer is left as it is (one of `outbox.FENCED`, from a write or
         from the commit: a newer owner has the partition; anything else: reopening the
         partition aborts the transaction)."""
         producer, outbox = self._open[where]

@@ -42,9 +42,9 @@ from worker.runtime.delivery import Ledger, Partition
 from worker.runtime.flow import FlowControl
 from worker.runtime.kafka import Kafka, Listener
 from worker.runtime.keys import KeyOwners
-from worker.runtime.outbox import Outbox, Record
+from worker.runtime.outbox import FENCED, Outbox, Record
 from worker.runtime.topics import TopicSpec, changelog_topic, keys_topic, requests_topic
-from worker.runtime.transactions import FENCED, Transactions
+from worker.runtime.transactions import Transactions
 from worker.settings import Settings
 
 log = logging.getLogger("callgate.worker")
