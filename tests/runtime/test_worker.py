@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.datafiles import SCHEMAS
-from tests.runtime.fakes import FakeBroker, FakeKafka
+from tests.runtime.fakes import FakeBroker, FakeKafka, Hold
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
 from worker.errors import BrokerError, StateError
 from worker.metrics import Metrics
@@ -467,6 +467,85 @@ async def test_a_partition_moves_to_another_worker_with_its_open_calls() -> None
     assert event["source"]["first_offset"] == 0, "judged whole, from its first chunk"
 
 
+#: Where a round waits on the broker, by guarantee: a rebalance may come at any of them.
+ROUND_WAITS = {
+    "at_least_once": ["send_batch", "commit"],
+    "exactly_once": [
+        "send_batch",
+        "send_offsets_to_transaction",
+        "commit_transaction",
+        "begin_transaction",
+    ],
+}
+
+
+async def held_round(worker: Worker, broker: FakeBroker, hold: Hold) -> None:
+    """Rounds until one of them reaches the hold (that round ends once it is released)."""
+    for _ in range(20):
+        await worker.step()
+        broker.deliver()
+        if hold.reached.is_set():
+            return
+    raise AssertionError(f"no round reached {hold.point}")
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+async def test_a_rebalance_waits_for_the_round_in_progress(data: st.DataObject) -> None:
+    """The consumer runs its rebalance listener in a task of its own, whenever the group
+    rebalances: here while a round waits on the broker at a generated point. The partitions
+    given up leave only once the round is over (a transactional producer stopped under its
+    commit never hears back, and the worker would wait for good), then move to another worker
+    or come back; every call keeps one verdict, and one event under exactly_once."""
+    guarantee = data.draw(st.sampled_from(sorted(ROUND_WAITS)), label="guarantee")
+    point = data.draw(st.sampled_from(ROUND_WAITS[guarantee]), label="the round waits at")
+    moves_away = data.draw(st.booleans(), label="moves to another worker")
+    moved = [
+        TopicPartition(INPUT, p)
+        for p in data.draw(
+            st.lists(st.integers(0, PARTITIONS - 1), min_size=1, max_size=3, unique=True),
+            label="partitions revoked",
+        )
+    ]
+    broker = new_broker()
+    streams, calls = traffic(9)
+    produce(broker, streams)
+    mode = {"delivery": {"guarantee": guarantee}}
+    one = new_worker(broker, **mode)
+    await one.start()
+    await one._consumer.join()  # type: ignore[union-attr]
+    hold = broker.hold = Hold(point)
+    rounds = asyncio.create_task(held_round(one, broker, hold))
+    await asyncio.wait_for(hold.reached.wait(), timeout=5.0)
+    rebalance = asyncio.create_task(one._consumer.revoke(moved))  # type: ignore[union-attr]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not rebalance.done(), "the partitions left in the middle of a round"
+    hold.release.set()
+    await asyncio.wait_for(asyncio.gather(rounds, rebalance), timeout=5.0)
+    workers = [one]
+    if moves_away:
+        two = new_worker(broker, **mode)
+        await two.start()
+        await two._consumer.join(moved)  # type: ignore[union-attr]
+        workers.append(two)
+    else:
+        await one._consumer.join(moved)  # type: ignore[union-attr]
+    for _ in range(10):
+        for worker in workers:
+            await worker.step()
+            broker.deliver()
+    assert_one_verdict_per_call(broker, calls)
+    if guarantee == "exactly_once":
+        assert all(len(seen) == 1 for seen in outcome_events(broker).values())
+    assert_input_committed(broker)
+
+
 # -- exactly once --------------------------------------------------------------------------------
 
 
@@ -563,6 +642,30 @@ async def test_exactly_once_a_round_whose_writes_fail_is_tried_again_not_paused_
     assert not outcome_events(broker)
     broker.fail_topic(ACCEPTED, None)
     for _ in range(6):
+        await worker.step()
+    events = outcome_events(broker)
+    assert set(events) == calls
+    assert all(len(seen) == 1 for seen in events.values())
+    assert_input_committed(broker)
+
+
+async def test_a_transaction_that_never_commits_is_given_up_within_its_timeout() -> None:
+    """The client's waits for a commit have no bound of their own: a round whose commit never
+    returns fails at the transaction timeout, the partition is opened again (which aborts it
+    and fences the stuck producer), and the calls are judged again, each into one event."""
+    broker = new_broker()
+    streams, calls = traffic(6)
+    produce(broker, streams)
+    worker = new_worker(
+        broker, delivery={"guarantee": "exactly_once", "transaction_timeout_ms": 1000}
+    )
+    await worker.start()
+    await worker._consumer.join()  # type: ignore[union-attr]
+    hold = broker.hold = Hold("commit_transaction")  # never released
+    await asyncio.wait_for(worker.step(), timeout=5.0)
+    assert hold.reached.is_set()
+    assert worker.stats.rewinds == 1
+    for _ in range(5):
         await worker.step()
     events = outcome_events(broker)
     assert set(events) == calls

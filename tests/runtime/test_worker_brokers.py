@@ -8,6 +8,7 @@ embedded broker has no transactions) exactly-once rounds read with `read_committ
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,13 +18,17 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 
 from callgate_demo.broker import EmbeddedBroker
 from tests.datafiles import SCHEMAS
 from tests.support.apache_kafka import ApacheKafka
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
 from worker.metrics import Metrics
+from worker.runtime.kafka import Kafka
+from worker.runtime.outbox import FENCED, Record
 from worker.runtime.topics import changelog_topic
+from worker.runtime.transactions import Transactions
 from worker.runtime.worker import Worker
 from worker.settings import Settings
 
@@ -287,3 +292,75 @@ async def test_exactly_once_rounds_are_read_once_with_read_committed(
     grouped = by_call(await run.events(read_committed=True))
     assert set(grouped) == {f"c{i}" for i in range(20)}
     assert all(len(seen) == 1 for seen in grouped.values())
+
+
+class _Acknowledgements:
+    """A `Sink` that counts what was acknowledged and fails the test on anything else."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def acknowledged(self, record: Record) -> None:
+        self.count += 1
+
+    def refused(self, record: Record, error: KafkaError) -> Record | None:
+        raise AssertionError(f"refused: {error!r}")
+
+    def topic_failing(self, topic: str, error: KafkaError) -> None:
+        raise AssertionError(f"{topic} failing: {error!r}")
+
+    def topic_recovered(self, topic: str) -> None:
+        pass
+
+
+#: A fenced round's records: (topic, partition or None for the key's) of each.
+FENCED_ROUNDS = {
+    "offsets only": [],
+    "one write": [("ok", 0)],
+    # the last topic is new to the producer: its metadata is fetched between the sends, and
+    # the refusal of the first ones arrives meanwhile
+    "writes, then a topic not written before": [("ok", 0), ("ok", 1), ("ok", 2), ("no", None)],
+    # several batches to one partition: each waits for the one before it to drain, which the
+    # broker refuses meanwhile
+    "batches queued behind each other": [("ok", 0)] * 100,
+}
+
+
+@pytest.mark.parametrize("round_records", sorted(FENCED_ROUNDS))
+async def test_a_fenced_partition_s_round_fails_as_fenced_however_far_it_went(
+    apache_kafka: ApacheKafka, round_records: str
+) -> None:
+    """What exactly_once relies on: once a newer producer of a partition's transactional id has
+    started, the older one's next round fails with one of `FENCED`, whether the broker refuses
+    its first write, a later one, or its offsets (aiokafka reports the error once, then refuses
+    the transaction's later calls with errors that do not say why). Reopening the partition
+    on any other error would fence its new owner in turn."""
+    run = Run(apache_kafka.bootstrap_servers)
+    await run.create()
+    settings = run.settings(
+        delivery={"guarantee": "exactly_once", "transactional_id_prefix": run.group}
+    )
+    kafka = Kafka(settings)
+    sink = _Acknowledgements()
+    transactions = Transactions(
+        kafka.transactional_producer, sink, time.monotonic, group=run.group, timeout_s=10.0
+    )
+    where = (run.input, 0)
+    await transactions.open(where)
+    newer = kafka.transactional_producer(*where)
+    try:
+        outbox = transactions.outbox(where)
+        assert outbox is not None
+        outbox.add(Record(0, run.outputs["ok"], b"k", b"first round", []))
+        await transactions.commit(where, 1)
+        assert sink.count == 1
+        await newer.start()  # the partition's new owner: the broker fences the older producer
+        for topic, partition in FENCED_ROUNDS[round_records]:
+            late = b"late" * 256
+            record = Record(1, run.outputs[topic], b"key", late, [], partition=partition)
+            outbox.add(record)
+        with pytest.raises(FENCED):
+            await transactions.commit(where, 2)
+    finally:
+        await transactions.close_all(5.0)
+        await newer.stop()

@@ -469,6 +469,22 @@ async def _a_member_paused_past_its_session(scenario: Scenario, *, exactly_once:
 
 
 @pytest.mark.timeout(240)
+async def test_exactly_once_a_member_paused_past_its_session_writes_no_event_twice(
+    apache_kafka: ApacheKafka, tmp_path: Path
+) -> None:
+    """Its partitions' producers were fenced by their new owner: whatever it commits after it
+    resumes is refused, so a read_committed reader sees every event once."""
+    scenario = Scenario(
+        Broker("apache", apache_kafka.bootstrap_servers, 6000), tmp_path, "paused-eos"
+    )
+    await scenario.create()
+    try:
+        await _a_member_paused_past_its_session(scenario, exactly_once=True)
+    finally:
+        await scenario.cleanup()
+
+
+@pytest.mark.timeout(240)
 async def test_sigterm_mid_load_exits_within_the_grace_period_and_the_next_worker_finishes(
     scenario: Scenario,
 ) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiokafka.errors import (
+    IllegalOperation,
     InvalidProducerEpoch,
     InvalidTopicError,
     KafkaError,
@@ -66,6 +67,26 @@ FENCED: tuple[type[KafkaError], ...] = (ProducerFenced, InvalidProducerEpoch)
 #: Errors of a transactional producer, not of the topic written to: it is fenced or may not
 #: use its transactional id.
 PRODUCER_ERRORS: tuple[type[KafkaError], ...] = (*FENCED, TransactionalIdAuthorizationFailed)
+
+
+def transaction_error(producer: Any) -> KafkaError | None:
+    """The error that ended a transactional producer's transaction, if one did.
+
+    aiokafka reports it once (on the write or the request that met it), then refuses every later
+    call of that transaction with `IllegalOperation` or a failed state assertion, neither of which
+    says why: a fenced producer must be told from one that failed otherwise (reopening the
+    partition of a fenced one would fence its new owner in turn).
+    """
+    manager = getattr(producer, "_txn_manager", None)
+    if manager is None or manager.is_in_transaction():
+        return None
+    ended = manager.wait_for_transaction_end()
+    if not ended.done() or ended.cancelled():
+        return None
+    error = ended.exception()
+    if error is None:
+        return None
+    return error if isinstance(error, KafkaError) else KafkaError(repr(error))
 
 
 @dataclass(slots=True)
@@ -242,6 +263,12 @@ class Outbox:
         except KafkaError as exc:
             self._failed(records, exc)
             return
+        except IllegalOperation as exc:
+            if not self.transactional:
+                raise
+            # the transaction is over: its error was reported on an earlier write or request
+            self._break(transaction_error(self.producer) or KafkaError(f"{exc}"))
+            return
         self.in_flight += len(records)
         future.add_done_callback(lambda done: self._done(done, topic, records))
 
@@ -267,9 +294,7 @@ class Outbox:
 
     def _failed(self, records: list[Record], error: KafkaError) -> None:
         if self.transactional and isinstance(error, PRODUCER_ERRORS):
-            if self.broken is None:
-                log.warning("a transactional producer can write no more: %r", error)
-                self.broken = error
+            self._break(error)
             return
         if isinstance(error, PERMANENT_ERRORS):
             if len(records) > 1:  # find the record at fault: send each alone
@@ -292,6 +317,11 @@ class Outbox:
         self.sink.topic_failing(topic, error)
         self._partitions.pop(topic, None)  # the partition count may have changed
         self._retry.extend(records)
+
+    def _break(self, error: KafkaError) -> None:
+        if self.broken is None:
+            log.warning("a transactional producer can write no more: %r", error)
+            self.broken = error
 
     def _health_of(self, topic: str) -> _TopicHealth:
         health = self._health.get(topic)

@@ -14,20 +14,25 @@ restore after `open` read everything that owner committed). A round's transactio
 the round made from the partition (events, idempotency requests or key-store changes,
 checkpoint frames and the tombstones they allow) and the partition's next input offset; it
 commits all of that or nothing.
+
+Every step with the broker is bounded by the transaction timeout: the client's own waits for a
+commit, its offsets or a producer id have none, and a round that waited for good would stop the
+worker's every partition. A round not committed in time is a failed round (the caller reopens
+the partition, which aborts whatever the transaction holds).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from worker.runtime.delivery import Partition
-from worker.runtime.outbox import Outbox, Sink
+from worker.runtime.outbox import Outbox, Sink, transaction_error
 
 log = logging.getLogger("callgate.transactions")
 
@@ -42,13 +47,15 @@ class Transactions:
         clock: Callable[[], float],
         *,
         group: str,
-        send_timeout_s: float,
+        timeout_s: float,
     ) -> None:
         self._new_producer = new_producer
         self._sink = sink
         self._clock = clock
         self._group = group
-        self._send_timeout_s = send_timeout_s
+        #: a round's writes get half of it, so that its commit has the rest
+        self._timeout_s = timeout_s
+        self._send_timeout_s = timeout_s / 2
         #: each open partition's producer (an `AIOKafkaProducer`) and its outbox
         self._open: dict[Partition, tuple[Any, Outbox]] = {}
 
@@ -64,9 +71,8 @@ class Transactions:
         """Start the partition's producer and begin its transaction; returns once the broker has
         fenced the partition's former owner."""
         producer = self._new_producer(*where)
-        await producer.start()
         try:
-            await producer.begin_transaction()
+            await self._bounded(self._start(producer), "open the partition's producer")
         except BaseException:
             await self._stop(producer, 5.0)
             raise
@@ -90,15 +96,36 @@ class Transactions:
         partition aborts the transaction)."""
         producer, outbox = self._open[where]
         try:
-            await self._send_all(outbox)
-            await producer.send_offsets_to_transaction(
-                {TopicPartition(*where): offset}, self._group
-            )
-            await producer.commit_transaction()
+            await self._bounded(self._commit(producer, outbox, where, offset), "commit a round")
         except KafkaError:
             outbox.clear()
             raise
+
+    async def _commit(self, producer: Any, outbox: Outbox, where: Partition, offset: int) -> None:
+        # each request is made only while the transaction is still open (see `transaction_error`)
+        await self._send_all(outbox)
+        self._raise_if_over(producer)
+        await producer.send_offsets_to_transaction({TopicPartition(*where): offset}, self._group)
+        self._raise_if_over(producer)
+        await producer.commit_transaction()
         await producer.begin_transaction()
+
+    @staticmethod
+    def _raise_if_over(producer: Any) -> None:
+        error = transaction_error(producer)
+        if error is not None:
+            raise error
+
+    @staticmethod
+    async def _start(producer: Any) -> None:
+        await producer.start()
+        await producer.begin_transaction()
+
+    async def _bounded(self, step: Coroutine[Any, Any, None], what: str) -> None:
+        try:
+            await asyncio.wait_for(step, self._timeout_s)
+        except TimeoutError:
+            raise KafkaError(f"could not {what} within {self._timeout_s:.1f} s") from None
 
     async def _send_all(self, outbox: Outbox) -> None:
         """Every queued record written (retriable errors retried, refused records replaced)

@@ -10,9 +10,12 @@ outbox, and the protocol of `worker.runtime.delivery` moves the round from sent 
 to checkpointed to committed. A round never waits for the previous round's acknowledgements: the
 next fetch overlaps them. Under `exactly_once` each round is one transaction instead.
 
-Rebalances: a revoked partition's rounds are finished (bounded), its offsets committed, its state
-dropped; an assigned input partition is restored from its changelog and fetching resumes right
-after the offset its checkpoint reflects; an assigned idempotency partition restores its keys.
+Rebalances wait for the round in progress to end (the consumer calls its rebalance listener from
+a task of its own, and a partition given up in the middle of a round would lose its producer
+under a commit that then never ends). A revoked partition's rounds are finished (bounded), its
+offsets committed, its state dropped; an assigned input partition is restored from its
+changelog and fetching resumes right after the offset its checkpoint reflects; an assigned
+idempotency partition restores its keys.
 At least once, a failing topic or too many unacknowledged records pause fetching (the loop keeps
 polling, so the group membership stays) until the backlog drains; exactly once, a round whose
 writes fail is rewound and the next round tries again.
@@ -142,6 +145,8 @@ class Worker:
         self._flow = FlowControl(settings.kafka.max_pending_produces)
         self._failing: dict[str, str] = {}
         self._stop = asyncio.Event()
+        #: held by a round from its fetched batch to its end, and by a rebalance
+        self._round = asyncio.Lock()
         self._stop_requested: asyncio.Future[Any] | None = None  # `_stop.wait()`, for fetches
         self._joined = False
         self._fatal: InfrastructureError | None = None
@@ -181,7 +186,7 @@ class Worker:
                 self,
                 self._clock,
                 group=self._group,
-                send_timeout_s=settings.delivery.transaction_timeout_ms / 2000,
+                timeout_s=settings.delivery.transaction_timeout_ms / 1000,
             )
         else:
             self._outbox = Outbox(self._producer, self, self._clock)
@@ -311,21 +316,24 @@ class Worker:
             batch = {}
         if self._stop.is_set():
             return  # what was fetched is fetched again by whoever judges it next
-        if self._missing_topics():
-            await self._recheck_missing(batch)
-        elif self._exactly_once:
-            if batch:
-                await self._transaction(batch)
-            if self._fenced:
-                await self._take_back()
-        else:
-            if batch:
-                result = self._judge(batch)
-                self.ledger.open_round(
-                    result.id, result.records, result.checkpoints, result.offsets
-                )
-            await self._advance()
-        self._apply_flow()
+        async with self._round:
+            # a partition revoked while this batch was fetched is its next owner's
+            batch = {tp: records for tp, records in batch.items() if tp in self._assignment}
+            if self._missing_topics():
+                await self._recheck_missing(batch)
+            elif self._exactly_once:
+                if batch:
+                    await self._transaction(batch)
+                if self._fenced:
+                    await self._take_back()
+            else:
+                if batch:
+                    result = self._judge(batch)
+                    self.ledger.open_round(
+                        result.id, result.records, result.checkpoints, result.offsets
+                    )
+                await self._advance()
+            self._apply_flow()
 
     async def _fetch(self) -> Mapping[TopicPartition, list[Any]]:
         """The next batch; nothing once a stop is requested. The consumer waits out a rebalance
@@ -727,7 +735,7 @@ class Worker:
             self.stats.rewinds += 1
             failed.append(TopicPartition(*where))
         if failed:
-            await self._on_assigned(failed)
+            await self._open(failed)
 
     async def _take_back(self) -> None:
         """A fenced partition is normally revoked by the group within a session. One that the
@@ -748,7 +756,7 @@ class Worker:
                 )
                 back.append(TopicPartition(*where))
         if back:
-            await self._on_assigned(back)
+            await self._open(back)
 
     async def _rewind(self) -> None:
         """Forget every partition's state and restore it as committed; fetch from there."""
@@ -759,6 +767,14 @@ class Worker:
     # -- rebalance -----------------------------------------------------------------------------
 
     async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
+        async with self._round:
+            await self._give_up(revoked)
+
+    async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+        async with self._round:
+            await self._open(assigned)
+
+    async def _give_up(self, revoked: list[TopicPartition]) -> None:
         """Finish what is in flight (at_least_once, bounded), then forget the partitions."""
         self.stats.rebalances += 1
         self.metrics.rebalance()
@@ -790,7 +806,7 @@ class Worker:
             self._outbox.discard(lambda record: record.origin.partition in gone)
         self._assignment -= set(partitions)
 
-    async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+    async def _open(self, assigned: list[TopicPartition]) -> None:
         """Open the partitions' transactions (exactly_once), then restore them."""
         if self._consumer is None or not assigned:
             return
