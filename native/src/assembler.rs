@@ -36,12 +36,13 @@
 //! changed since the last write ([`Assembler::delta`]) and rebuilt from a snapshot and the deltas
 //! after it ([`Assembler::restore`]); the serialized form lives in `snapshot.rs`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use hashlink::{LinkedHashMap, LinkedHashSet};
+use hashlink::LinkedHashMap;
 use serde::{Deserialize, Serialize};
+use thin_vec::ThinVec;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Pieces of a closed call whose hashes are kept to tell retransmissions from reuse.
@@ -255,50 +256,165 @@ pub struct CallKey {
     pub call_id: Arc<str>,
 }
 
+/// A call's tool and version: held once per partition, however many open calls name it.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Tool {
+    pub name: Option<Box<str>>,
+    pub version: Option<Box<str>>,
+}
+
+/// A partition's tools, each pair held once.
+#[derive(Default)]
+pub(crate) struct Tools {
+    known: HashSet<Arc<Tool>>,
+    /// How many the last sweep kept (pairs no open call names are swept).
+    kept: usize,
+}
+
+impl Tools {
+    pub fn intern(
+        &mut self,
+        name: Option<Box<str>>,
+        version: Option<Box<str>>,
+    ) -> Option<Arc<Tool>> {
+        if name.is_none() && version.is_none() {
+            return None;
+        }
+        let tool = Tool { name, version };
+        if let Some(known) = self.known.get(&tool) {
+            return Some(known.clone());
+        }
+        // a sweep each time the set doubles: constant time per call, amortized
+        if self.known.len() >= 2 * self.kept.max(8) {
+            self.known.retain(|tool| Arc::strong_count(tool) > 1);
+            self.kept = self.known.len();
+        }
+        let tool = Arc::new(tool);
+        self.known.insert(tool.clone());
+        Some(tool)
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+}
+
+/// What few calls carry, boxed so that a call without them stays small.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Labels {
+    pub idempotency_key: Option<Box<str>>,
+    pub trace: Option<Box<Trace>>,
+}
+
+/// A call's text, until a bound drops it.
+#[derive(Clone, Debug)]
+pub(crate) enum Body {
+    /// `ends`: where each taken piece but the last ends in `text` (the last ends at its end):
+    /// a call of one piece holds no list.
+    Text { text: Vec<u8>, ends: ThinVec<u32> },
+    /// Past a bound: only the bytes of the pieces taken are counted.
+    Dropped { overflow: Overflow, received: u64 },
+}
+
+impl Body {
+    pub fn text(&self) -> &[u8] {
+        match self {
+            Body::Text { text, .. } => text,
+            Body::Dropped { .. } => &[],
+        }
+    }
+
+    /// Bytes of every piece taken, including those dropped past a bound.
+    pub fn received(&self) -> u64 {
+        match self {
+            Body::Text { text, .. } => text.len() as u64,
+            Body::Dropped { received, .. } => *received,
+        }
+    }
+
+    pub fn overflow(&self) -> Option<Overflow> {
+        match self {
+            Body::Text { .. } => None,
+            Body::Dropped { overflow, .. } => Some(*overflow),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct OpenCall {
     pub channel: Channel,
-    pub tool: Option<Box<str>>,
-    pub tool_version: Option<Box<str>>,
-    pub idempotency_key: Option<Box<str>>,
-    pub trace: Option<Box<Trace>>,
-    pub text: Vec<u8>,
-    /// Bytes of every piece taken, including those dropped past a bound.
-    pub received: u64,
-    /// Where each taken piece ends in `text` (until an overflow drops the text).
-    pub bounds: Vec<u32>,
+    pub reused: bool,
+    /// Changed since the last snapshot or delta.
+    pub dirty: bool,
+    pub tool: Option<Arc<Tool>>,
+    pub labels: Option<Box<Labels>>,
+    pub body: Body,
     pub first_offset: i64,
     pub last_offset: i64,
     pub first_seen: i64,
     pub chunks: u32,
     pub next_seq: u32,
     pub duplicates: u32,
-    pub overflow: Option<Overflow>,
-    pub reused: bool,
-    /// Bytes of `text` and entries of `bounds` already written by a snapshot or delta.
+    /// Bytes of the text and entries of the bounds already written by a snapshot or delta.
     pub written: u32,
     pub written_bounds: u32,
-    /// The write epoch in which the call last changed.
-    pub touched: u64,
     pub busy_ns: u64,
 }
 
-/// What is remembered of a closed call, to tell a retransmission from a reuse of its id.
 impl OpenCall {
+    pub fn tool_name(&self) -> Option<&str> {
+        self.tool.as_ref().and_then(|tool| tool.name.as_deref())
+    }
+
+    pub fn tool_version(&self) -> Option<&str> {
+        self.tool.as_ref().and_then(|tool| tool.version.as_deref())
+    }
+
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.labels
+            .as_ref()
+            .and_then(|l| l.idempotency_key.as_deref())
+    }
+
+    pub fn trace(&self) -> Option<&Trace> {
+        self.labels.as_ref().and_then(|l| l.trace.as_deref())
+    }
+
+    /// How many pieces the text holds: every piece taken, until a bound drops the text.
+    pub fn pieces(&self) -> usize {
+        match self.body {
+            Body::Text { .. } => self.chunks as usize,
+            Body::Dropped { .. } => 0,
+        }
+    }
+
+    /// Where each piece the text holds ends in it.
+    pub fn bounds(&self) -> impl Iterator<Item = u32> + '_ {
+        let (ends, last) = match &self.body {
+            Body::Text { text, ends } => (&ends[..], (self.chunks > 0).then_some(text.len())),
+            Body::Dropped { .. } => (&[][..], None),
+        };
+        ends.iter().copied().chain(last.map(|end| end as u32))
+    }
+
     /// Whether `delta` equals the piece already taken at `seq` (true when the text is gone).
     fn repeats(&self, seq: u32, delta: &[u8]) -> bool {
-        let Some(&end) = self.bounds.get(seq as usize) else {
-            return self.overflow.is_some();
+        let (text, ends) = match &self.body {
+            Body::Text { text, ends } => (text, ends),
+            Body::Dropped { .. } => return true,
         };
-        let start = if seq == 0 {
-            0
-        } else {
-            self.bounds[seq as usize - 1]
-        };
-        self.text[start as usize..end as usize] == *delta
+        let seq = seq as usize;
+        if seq >= self.pieces() {
+            return false;
+        }
+        let start = if seq == 0 { 0 } else { ends[seq - 1] as usize };
+        let end = ends.get(seq).map_or(text.len(), |&end| end as usize);
+        text[start..end] == *delta
     }
 }
 
+/// What is remembered of a closed call, to tell a retransmission from a reuse of its id.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ClosedCall {
     pub complete: bool,
@@ -306,31 +422,104 @@ pub(crate) struct ClosedCall {
     pub hashes: Vec<u64>,
 }
 
+/// A stream's open calls in the order they opened. Most streams have one, held inline.
+#[derive(Clone, Debug)]
+pub(crate) enum Calls {
+    One(Arc<str>, OpenCall),
+    Many(LinkedHashMap<Arc<str>, OpenCall>),
+}
+
+impl Calls {
+    fn none() -> Self {
+        Calls::Many(LinkedHashMap::new())
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Calls::One(..) => 1,
+            Calls::Many(calls) => calls.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut OpenCall> {
+        match self {
+            Calls::One(only, call) if **only == *id => Some(call),
+            Calls::One(..) => None,
+            Calls::Many(calls) => calls.get_mut(id),
+        }
+    }
+
+    /// Add a call that is not open yet, after the others.
+    pub fn push(&mut self, id: Arc<str>, call: OpenCall) {
+        let mut calls = match std::mem::replace(self, Calls::none()) {
+            Calls::One(first, open) => LinkedHashMap::from_iter([(first, open)]),
+            Calls::Many(calls) => calls,
+        };
+        calls.insert(id, call);
+        *self = Calls::Many(calls);
+    }
+
+    /// Take a call out, wherever it is in the order.
+    pub fn remove(&mut self, id: &str) -> Option<OpenCall> {
+        match self {
+            Calls::One(only, _) if **only == *id => match std::mem::replace(self, Calls::none()) {
+                Calls::One(_, call) => Some(call),
+                Calls::Many(_) => None,
+            },
+            Calls::One(..) => None,
+            Calls::Many(calls) => calls.remove(id),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &OpenCall)> {
+        let (one, many) = match self {
+            Calls::One(id, call) => (Some((id, call)), None),
+            Calls::Many(calls) => (None, Some(calls.iter())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut OpenCall> {
+        let (one, many) = match self {
+            Calls::One(_, call) => (Some(call), None),
+            Calls::Many(calls) => (None, Some(calls.values_mut())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.iter().map(|(id, _)| id)
+    }
+}
+
 /// A stream with open calls.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct Stream {
-    /// Its open calls' ids, in the order they opened.
-    pub calls: LinkedHashSet<Arc<str>>,
+    pub calls: Calls,
     /// The partition's time when a record of the stream last arrived.
     pub last_seen: i64,
-    /// The write epochs in which it last moved to the back (activity) and last changed.
-    pub moved: u64,
-    pub changed: u64,
+    /// Since the last write: whether it moved to the back (activity), whether it changed.
+    pub moved: bool,
+    pub changed: bool,
 }
 
 #[derive(Default)]
 pub(crate) struct Partition {
-    pub calls: HashMap<CallKey, OpenCall>,
-    /// Streams with open calls, least recently active first.
+    /// Streams with open calls, least recently active first, each with its calls.
     pub streams: LinkedHashMap<Arc<str>, Stream>,
+    /// How many calls the streams hold.
+    pub open: usize,
+    pub tools: Tools,
     /// Recently closed calls, oldest first.
     pub closed: LinkedHashMap<CallKey, ClosedCall>,
     /// The partition's time: the largest record timestamp seen, in ms.
     pub clock: i64,
     /// The offset after the last record fed.
     pub next_offset: i64,
-    /// Counts the snapshots and deltas written; calls touched since carry the current value.
-    pub epoch: u64,
     /// Calls removed since the last write, in order.
     pub removed: Vec<CallKey>,
     /// Closed-call entries added since the last write, in order.
@@ -339,6 +528,45 @@ pub(crate) struct Partition {
     pub removed_streams: Vec<Arc<str>>,
     /// Whether changes are tracked for the next delta (from the first write on).
     pub tracking: bool,
+}
+
+impl Partition {
+    /// Every open call as (stream, call id, call): least recently active stream first, each
+    /// stream's calls in opening order.
+    pub fn calls(&self) -> impl Iterator<Item = (&Arc<str>, &Arc<str>, &OpenCall)> {
+        self.streams.iter().flat_map(|(stream, state)| {
+            state.calls.iter().map(move |(id, call)| (stream, id, call))
+        })
+    }
+
+    pub fn call_mut(&mut self, key: &CallKey) -> Option<&mut OpenCall> {
+        self.streams
+            .get_mut(&*key.stream_id)?
+            .calls
+            .get_mut(&key.call_id)
+    }
+
+    fn buffered(&self) -> usize {
+        self.calls()
+            .map(|(_, _, call)| call.body.text().len())
+            .sum()
+    }
+
+    /// Take an open call out; its stream goes with its last call.
+    fn remove_call(&mut self, key: &CallKey) -> Option<OpenCall> {
+        let stream = self.streams.get_mut(&*key.stream_id)?;
+        let call = stream.calls.remove(&key.call_id)?;
+        self.open -= 1;
+        if stream.calls.is_empty() {
+            self.streams.remove(&*key.stream_id);
+            if self.tracking {
+                self.removed_streams.push(key.stream_id.clone());
+            }
+        } else {
+            stream.changed = true;
+        }
+        Some(call)
+    }
 }
 
 /// Totals since the start, for metrics.
@@ -415,7 +643,7 @@ impl Assembler {
             if state.last_seen > deadline {
                 break;
             }
-            expired.extend(state.calls.iter().map(|call| CallKey {
+            expired.extend(state.calls.ids().map(|call| CallKey {
                 stream_id: stream.clone(),
                 call_id: call.clone(),
             }));
@@ -431,10 +659,10 @@ impl Assembler {
         let Some(part) = self.partitions.get_mut(scope) else {
             return;
         };
-        let (clock, epoch) = (part.clock, part.epoch);
+        let clock = part.clock;
         if let Some(stream) = part.streams.to_back(stream_id) {
             stream.last_seen = clock;
-            stream.moved = epoch;
+            stream.moved = true;
         }
     }
 
@@ -487,13 +715,10 @@ impl Assembler {
         let mut closed = Vec::new();
         for scope in scopes {
             let keys: Vec<CallKey> = self.partitions[&scope]
-                .streams
-                .iter()
-                .flat_map(|(stream, state)| {
-                    state.calls.iter().map(|call| CallKey {
-                        stream_id: stream.clone(),
-                        call_id: call.clone(),
-                    })
+                .calls()
+                .map(|(stream, call, _)| CallKey {
+                    stream_id: stream.clone(),
+                    call_id: call.clone(),
                 })
                 .collect();
             let mut out = Vec::new();
@@ -512,16 +737,16 @@ impl Assembler {
 
     /// Take over a partition's state rebuilt elsewhere (a restore).
     pub(crate) fn adopt(&mut self, scope: Scope, part: Partition) {
-        self.open += part.calls.len();
-        self.buffered += part.calls.values().map(|c| c.text.len()).sum::<usize>();
+        self.open += part.open;
+        self.buffered += part.buffered();
         self.partitions.insert(scope, part);
     }
 
     /// Forget a partition (revoked): its next owner restores it.
     pub fn drop_partition(&mut self, scope: &Scope) {
         if let Some(part) = self.partitions.remove(scope) {
-            self.open -= part.calls.len();
-            self.buffered -= part.calls.values().map(|c| c.text.len()).sum::<usize>();
+            self.open -= part.open;
+            self.buffered -= part.buffered();
         }
     }
 
@@ -534,7 +759,7 @@ impl Assembler {
         };
         state
             .calls
-            .iter()
+            .ids()
             .map(|id| CallKey {
                 stream_id: stream.clone(),
                 call_id: id.clone(),
@@ -546,7 +771,7 @@ impl Assembler {
         let Some(part) = self.partitions.get_mut(scope) else {
             return false;
         };
-        match part.calls.get_mut(key) {
+        match part.call_mut(key) {
             Some(call) => {
                 call.last_offset = offset;
                 true
@@ -580,7 +805,7 @@ impl Assembler {
         self.touch(scope, &key.stream_id);
         let part = self.partitions.get_mut(scope).expect("begin_record first");
         let now = part.clock;
-        let opening = match part.calls.get_mut(&key) {
+        let opening = match part.call_mut(&key) {
             Some(call) if now - call.first_seen >= lifetime => {
                 call.last_offset = offset;
                 self.close(
@@ -635,9 +860,9 @@ impl Assembler {
     ) {
         let oldest = {
             let part = &self.partitions[scope];
-            if part.calls.len() >= self.limits.max_open_calls {
+            if part.open >= self.limits.max_open_calls {
                 part.streams.front().and_then(|(stream, state)| {
-                    state.calls.front().map(|call| CallKey {
+                    state.calls.ids().next().map(|call| CallKey {
                         stream_id: stream.clone(),
                         call_id: call.clone(),
                     })
@@ -650,42 +875,47 @@ impl Assembler {
             self.close(scope, &oldest, Ending::Incomplete(Incomplete::Evicted), out);
         }
         let part = self.partitions.get_mut(scope).expect("begin_record first");
+        let clock = part.clock;
         let call = OpenCall {
             channel: piece.channel,
+            reused,
+            dirty: true,
             tool: None,
-            tool_version: None,
-            idempotency_key: None,
-            trace: None,
-            text: Vec::new(),
-            bounds: Vec::new(),
-            received: 0,
+            labels: None,
+            body: Body::Text {
+                text: Vec::new(),
+                ends: ThinVec::new(),
+            },
             first_offset: offset,
             last_offset: offset,
-            first_seen: part.clock,
+            first_seen: clock,
             chunks: 0,
             // a reused id is judged as its own call whatever its numbering
             next_seq: if reused { piece.seq.unwrap_or(0) } else { 0 },
             duplicates: 0,
-            overflow: None,
-            reused,
             written: 0,
             written_bounds: 0,
-            touched: part.epoch,
             busy_ns: 0,
         };
-        part.calls.insert(key.clone(), call);
-        let (clock, epoch) = (part.clock, part.epoch);
-        if !part.streams.contains_key(&key.stream_id) {
-            part.streams
-                .insert(key.stream_id.clone(), Stream::default());
+        match part.streams.get_mut(&*key.stream_id) {
+            Some(stream) => stream.calls.push(key.call_id.clone(), call),
+            None => {
+                let stream = Stream {
+                    calls: Calls::One(key.call_id.clone(), call),
+                    last_seen: clock,
+                    moved: true,
+                    changed: false,
+                };
+                part.streams.insert(key.stream_id.clone(), stream);
+            }
         }
         let stream = part
             .streams
-            .to_back(&key.stream_id)
+            .to_back(&*key.stream_id)
             .expect("just made sure of");
-        stream.calls.insert(key.call_id.clone());
         stream.last_seen = clock;
-        stream.moved = epoch;
+        stream.moved = true;
+        part.open += 1;
         self.open += 1;
     }
 
@@ -700,10 +930,13 @@ impl Assembler {
     ) -> Option<Ending> {
         let limits = &self.limits;
         let part = self.partitions.get_mut(scope).expect("begin_record first");
-        let epoch = part.epoch;
-        let call = part.calls.get_mut(key).expect("opened above");
+        let Partition { streams, tools, .. } = part;
+        let call = streams
+            .get_mut(&*key.stream_id)
+            .and_then(|stream| stream.calls.get_mut(&key.call_id))
+            .expect("opened above");
         call.last_offset = offset;
-        call.touched = epoch;
+        call.dirty = true;
         if contradicts(call, &piece) {
             return Some(Ending::Incomplete(Incomplete::StreamCorrupt));
         }
@@ -722,47 +955,55 @@ impl Assembler {
         }
         call.next_seq += 1;
         call.chunks += 1;
-        call.received += piece.delta.len() as u64;
-        if call.tool.is_none() && piece.tool.is_some() {
-            call.tool = piece.tool;
-            call.tool_version = piece.tool_version;
-        } else if call.tool_version.is_none() {
-            call.tool_version = piece.tool_version;
+        if call.tool_name().is_none() && piece.tool.is_some() {
+            call.tool = tools.intern(piece.tool, piece.tool_version);
+        } else if call.tool_version().is_none() && piece.tool_version.is_some() {
+            let name = call.tool_name().map(Box::from);
+            call.tool = tools.intern(name, piece.tool_version);
         }
-        if call.idempotency_key.is_none() {
-            call.idempotency_key = piece.idempotency_key;
+        if piece.idempotency_key.is_some() || piece.trace.is_some() {
+            let labels = call.labels.get_or_insert_with(Box::default);
+            if labels.idempotency_key.is_none() {
+                labels.idempotency_key = piece.idempotency_key;
+            }
+            if labels.trace.is_none() {
+                labels.trace = piece.trace;
+            }
         }
-        if call.trace.is_none() {
-            call.trace = piece.trace;
-        }
-        if call.overflow.is_none() {
-            let overflow = if call.text.len() + piece.delta.len() > limits.max_call_bytes {
-                Some(Overflow::TooLarge)
-            } else if call.chunks > limits.max_call_chunks {
-                Some(Overflow::TooManyChunks)
-            } else {
-                None
-            };
-            match overflow {
-                Some(overflow) => {
-                    self.buffered -= call.text.len();
-                    call.overflow = Some(overflow);
-                    call.text = Vec::new();
-                    call.bounds = Vec::new();
-                }
-                None => {
-                    call.text.extend_from_slice(piece.delta.as_bytes());
-                    call.bounds.push(call.text.len() as u32);
-                    self.buffered += piece.delta.len();
+        let taken = piece.delta.len();
+        match &mut call.body {
+            Body::Text { text, ends } => {
+                let overflow = if text.len() + taken > limits.max_call_bytes {
+                    Some(Overflow::TooLarge)
+                } else if call.chunks > limits.max_call_chunks {
+                    Some(Overflow::TooManyChunks)
+                } else {
+                    None
+                };
+                match overflow {
+                    Some(overflow) => {
+                        self.buffered -= text.len();
+                        let received = (text.len() + taken) as u64;
+                        call.body = Body::Dropped { overflow, received };
+                    }
+                    None => {
+                        if call.chunks > 1 {
+                            // the previous piece is no longer the last
+                            ends.push(text.len() as u32);
+                        }
+                        text.extend_from_slice(piece.delta.as_bytes());
+                        self.buffered += taken;
+                    }
                 }
             }
+            Body::Dropped { received, .. } => *received += taken as u64,
         }
         call.busy_ns += started.elapsed().as_nanos() as u64;
         if !piece.is_final {
             return None;
         }
-        match piece.expected {
-            Some(expected) if call.overflow.is_none() && *expected.as_bytes() != call.text[..] => {
+        match (piece.expected, &call.body) {
+            (Some(expected), Body::Text { text, .. }) if *expected.as_bytes() != text[..] => {
                 Some(Ending::Incomplete(Incomplete::StreamCorrupt))
             }
             _ => Some(Ending::Complete),
@@ -776,24 +1017,14 @@ impl Assembler {
             .partitions
             .get_mut(scope)
             .expect("a partition with calls");
-        let Some(call) = part.calls.remove(key) else {
+        let Some(call) = part.remove_call(key) else {
             return;
         };
         self.open -= 1;
-        self.buffered -= call.text.len();
-        if let Some(stream) = part.streams.get_mut(&key.stream_id) {
-            stream.calls.remove(&key.call_id);
-            stream.changed = part.epoch;
-            if stream.calls.is_empty() {
-                part.streams.remove(&key.stream_id);
-                if part.tracking {
-                    part.removed_streams.push(key.stream_id.clone());
-                }
-            }
-        }
+        self.buffered -= call.body.text().len();
         let ending = match ending {
             _ if call.reused => Ending::Reused,
-            Ending::Complete => match call.overflow {
+            Ending::Complete => match call.body.overflow() {
                 Some(overflow) => Ending::Overflow(overflow),
                 None => Ending::Complete,
             },
@@ -817,24 +1048,32 @@ impl Assembler {
             part.newly_closed.push(key.clone());
         }
         let busy_ns = call.busy_ns + started.elapsed().as_nanos() as u64;
+        let (tool, tool_version) = match call.tool {
+            Some(tool) => (tool.name.clone(), tool.version.clone()),
+            None => (None, None),
+        };
+        let Labels {
+            idempotency_key,
+            trace,
+        } = call.labels.map(|labels| *labels).unwrap_or_default();
+        let received = call.body.received();
         out.push(Closed {
             stream_id: key.stream_id.clone(),
             call_id: key.call_id.clone(),
             channel: call.channel,
-            tool: call.tool,
-            tool_version: call.tool_version,
-            idempotency_key: call.idempotency_key,
-            trace: call.trace,
-            text: if matches!(ending, Ending::Complete) {
-                call.text
-            } else {
-                Vec::new()
+            tool,
+            tool_version,
+            idempotency_key,
+            trace,
+            text: match call.body {
+                Body::Text { text, .. } if matches!(ending, Ending::Complete) => text,
+                _ => Vec::new(),
             },
             first_offset: call.first_offset,
             last_offset: call.last_offset,
             chunks: call.chunks,
             duplicates: call.duplicates,
-            received: call.received,
+            received,
             ending,
             busy_ns,
         });
@@ -876,12 +1115,12 @@ fn late_piece(closed: &ClosedCall, piece: &CallPiece) -> Late {
 }
 
 fn piece_hashes(call: &OpenCall) -> Vec<u64> {
+    let text = call.body.text();
     let mut start = 0usize;
-    call.bounds
-        .iter()
+    call.bounds()
         .take(HASHED_PIECES)
-        .map(|&end| {
-            let hash = xxh3_64(&call.text[start..end as usize]);
+        .map(|end| {
+            let hash = xxh3_64(&text[start..end as usize]);
             start = end as usize;
             hash
         })
@@ -890,11 +1129,308 @@ fn piece_hashes(call: &OpenCall) -> Vec<u64> {
 
 /// A piece that names another channel, tool, version or key than its call already has.
 fn contradicts(call: &OpenCall, piece: &CallPiece) -> bool {
-    fn differs(known: &Option<Box<str>>, given: &Option<Box<str>>) -> bool {
-        matches!((known, given), (Some(a), Some(b)) if a != b)
+    fn differs(known: Option<&str>, given: &Option<Box<str>>) -> bool {
+        matches!((known, given.as_deref()), (Some(a), Some(b)) if a != b)
     }
     piece.channel != call.channel
-        || differs(&call.tool, &piece.tool)
-        || differs(&call.tool_version, &piece.tool_version)
-        || differs(&call.idempotency_key, &piece.idempotency_key)
+        || differs(call.tool_name(), &piece.tool)
+        || differs(call.tool_version(), &piece.tool_version)
+        || differs(call.idempotency_key(), &piece.idempotency_key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(first_offset: i64) -> OpenCall {
+        OpenCall {
+            channel: Channel::ToolCall,
+            reused: false,
+            dirty: true,
+            tool: None,
+            labels: None,
+            body: Body::Text {
+                text: Vec::new(),
+                ends: ThinVec::new(),
+            },
+            first_offset,
+            last_offset: first_offset,
+            first_seen: 0,
+            chunks: 0,
+            next_seq: 0,
+            duplicates: 0,
+            written: 0,
+            written_bounds: 0,
+            busy_ns: 0,
+        }
+    }
+
+    fn ids(calls: &Calls) -> Vec<&str> {
+        calls.ids().map(|id| &**id).collect()
+    }
+
+    #[test]
+    fn a_streams_calls_keep_their_opening_order_through_removals() {
+        let mut calls = Calls::One(Arc::from("a"), call(0));
+        assert!(calls.remove("x").is_none());
+        for (offset, id) in ["b", "c", "d"].into_iter().enumerate() {
+            calls.push(Arc::from(id), call(offset as i64 + 1));
+        }
+        assert_eq!(ids(&calls), ["a", "b", "c", "d"]);
+        assert_eq!(calls.remove("c").map(|c| c.first_offset), Some(2));
+        assert_eq!(ids(&calls), ["a", "b", "d"]);
+        assert_eq!(calls.get_mut("d").map(|c| c.first_offset), Some(3));
+        assert!(calls.get_mut("c").is_none());
+        for id in ["a", "d", "b"] {
+            assert!(calls.remove(id).is_some());
+        }
+        assert!(calls.is_empty());
+        let mut one = Calls::One(Arc::from("a"), call(0));
+        assert!(one.remove("a").is_some());
+        assert!(one.is_empty() && one.remove("a").is_none());
+    }
+
+    #[test]
+    fn a_tool_is_held_once_and_pairs_no_call_names_are_swept() {
+        let mut tools = Tools::default();
+        let named =
+            |tools: &mut Tools, name: &str| tools.intern(Some(name.into()), Some("1".into()));
+        let first = named(&mut tools, "get_weather").expect("a tool");
+        let second = named(&mut tools, "get_weather").expect("a tool");
+        assert!(Arc::ptr_eq(&first, &second));
+        assert!(tools.intern(None, None).is_none());
+        let held: Vec<_> = (0..5)
+            .map(|i| named(&mut tools, &format!("kept{i}")))
+            .collect();
+        for i in 0..1_000 {
+            named(&mut tools, &format!("once{i}"));
+            assert!(tools.len() <= 2 * 8 + 16, "{} pairs held", tools.len());
+        }
+        let again = named(&mut tools, "kept3").expect("a tool");
+        assert!(Arc::ptr_eq(&again, held[3].as_ref().expect("a tool")));
+        assert!(Arc::ptr_eq(
+            &first,
+            &named(&mut tools, "get_weather").expect("a tool")
+        ));
+    }
+
+    /// The ordering rules alone, written plainly: streams least recently active first, each
+    /// with its open calls in opening order.
+    #[derive(Default)]
+    struct Model {
+        streams: Vec<(String, i64, Vec<String>)>,
+        clock: i64,
+        closed: Vec<String>,
+    }
+
+    impl Model {
+        const MAX_OPEN: usize = 4;
+        const IDLE: i64 = 50;
+
+        fn open(&self) -> usize {
+            self.streams.iter().map(|s| s.2.len()).sum()
+        }
+
+        fn close(&mut self, stream: &str, call: &str, how: &str) {
+            let Some(at) = self.streams.iter().position(|s| s.0 == stream) else {
+                return;
+            };
+            let Some(place) = self.streams[at].2.iter().position(|c| c == call) else {
+                return;
+            };
+            self.streams[at].2.remove(place);
+            if self.streams[at].2.is_empty() {
+                self.streams.remove(at);
+            }
+            self.closed.push(format!("{stream}/{call} {how}"));
+        }
+
+        fn begin(&mut self, timestamp: i64) {
+            self.clock = self.clock.max(timestamp);
+            let expired: Vec<(String, String)> = self
+                .streams
+                .iter()
+                .take_while(|s| s.1 <= self.clock - Self::IDLE)
+                .flat_map(|s| s.2.iter().map(|c| (s.0.clone(), c.clone())))
+                .collect();
+            for (stream, call) in expired {
+                self.close(&stream, &call, "Incomplete(Timeout)");
+            }
+        }
+
+        fn touch(&mut self, stream: &str) {
+            if let Some(at) = self.streams.iter().position(|s| s.0 == stream) {
+                let mut state = self.streams.remove(at);
+                state.1 = self.clock;
+                self.streams.push(state);
+            }
+        }
+
+        fn piece(&mut self, stream: &str, call: &str, last: bool) {
+            self.touch(stream);
+            let open = self
+                .streams
+                .iter()
+                .any(|s| s.0 == stream && s.2.iter().any(|c| c == call));
+            if !open {
+                if self.open() >= Self::MAX_OPEN {
+                    let (oldest, first) = (self.streams[0].0.clone(), self.streams[0].2[0].clone());
+                    self.close(&oldest, &first, "Incomplete(Evicted)");
+                }
+                match self.streams.iter().position(|s| s.0 == stream) {
+                    Some(at) => self.streams[at].2.push(call.to_owned()),
+                    None => {
+                        self.streams
+                            .push((stream.to_owned(), self.clock, vec![call.to_owned()]))
+                    }
+                }
+                self.touch(stream);
+            }
+            if last {
+                self.close(stream, call, "Complete");
+            }
+        }
+
+        fn end(&mut self, stream: &str, how: &str) {
+            let calls = match self.streams.iter().find(|s| s.0 == stream) {
+                Some(state) => state.2.clone(),
+                None => return,
+            };
+            for call in calls {
+                self.close(stream, &call, how);
+            }
+        }
+    }
+
+    /// A small generator with a printed seed (xorshift64*).
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+    }
+
+    /// Random scripts of pieces, ends, aborts and time: the reassembler evicts the oldest call
+    /// of the least recently active stream, expires idle streams whole, and removes calls from
+    /// anywhere in a stream, exactly as the plain model does; its counts hold.
+    #[test]
+    fn eviction_expiry_and_removal_follow_the_model() {
+        let limits = Limits {
+            max_call_bytes: 1_000,
+            max_call_chunks: 100,
+            max_open_calls: Model::MAX_OPEN,
+            idle_timeout_ms: Model::IDLE,
+            max_call_lifetime_ms: i64::MAX,
+            recently_closed: 8,
+        };
+        let mut seen = HashSet::new();
+        for seed in 1..=200u64 {
+            eprintln!("seed {seed}");
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut assembler = Assembler::new(limits.clone());
+            let mut model = Model::default();
+            let scope: Scope = (Arc::from("t"), 0);
+            let mut closed = Vec::new();
+            let (mut timestamp, mut fresh) = (0i64, 0u32);
+            for offset in 0..300i64 {
+                timestamp += rng.below(25) as i64;
+                let mut out = Vec::new();
+                assert!(assembler.begin_record(&scope, offset, Some(timestamp), &mut out));
+                model.begin(timestamp);
+                let stream = format!("s{}", rng.below(3));
+                let open: Vec<String> = model
+                    .streams
+                    .iter()
+                    .filter(|s| s.0 == stream)
+                    .flat_map(|s| s.2.clone())
+                    .collect();
+                let choice = rng.below(10);
+                let piece = if choice < 7 {
+                    let call = if open.is_empty() || rng.below(3) == 0 {
+                        fresh += 1;
+                        format!("c{fresh}")
+                    } else {
+                        open[rng.below(open.len() as u64) as usize].clone()
+                    };
+                    let last = rng.below(4) == 0;
+                    model.piece(&stream, &call, last);
+                    Piece::Call(CallPiece {
+                        stream_id: Arc::from(stream.as_str()),
+                        call_id: Arc::from(call.as_str()),
+                        channel: Channel::ToolCall,
+                        seq: None,
+                        tool: Some("t".into()),
+                        tool_version: None,
+                        delta: format!("{offset};"),
+                        is_final: last,
+                        idempotency_key: None,
+                        trace: None,
+                        expected: None,
+                        opens: true,
+                    })
+                } else if choice < 9 || open.is_empty() {
+                    model.end(&stream, "Incomplete(StreamEnded)");
+                    Piece::End {
+                        stream_id: Arc::from(stream.as_str()),
+                        finish: None,
+                    }
+                } else {
+                    let call = &open[rng.below(open.len() as u64) as usize];
+                    model.touch(&stream);
+                    model.close(&stream, call, "Incomplete(StreamCorrupt)");
+                    Piece::Abort {
+                        stream_id: Arc::from(stream.as_str()),
+                        call_id: Arc::from(call.as_str()),
+                    }
+                };
+                assembler.feed(&scope, offset, piece, &mut out);
+                closed.extend(
+                    out.iter()
+                        .map(|c| format!("{}/{} {:?}", c.stream_id, c.call_id, c.ending)),
+                );
+                assert_eq!(closed, model.closed, "seed {seed}, offset {offset}");
+                let part = &assembler.partitions[&scope];
+                let order: Vec<(String, Vec<String>)> = part
+                    .streams
+                    .iter()
+                    .map(|(id, s)| {
+                        (
+                            id.to_string(),
+                            s.calls.ids().map(|c| c.to_string()).collect(),
+                        )
+                    })
+                    .collect();
+                let expected: Vec<(String, Vec<String>)> = model
+                    .streams
+                    .iter()
+                    .map(|s| (s.0.clone(), s.2.clone()))
+                    .collect();
+                assert_eq!(order, expected, "seed {seed}, offset {offset}");
+                assert_eq!(part.open, model.open());
+                assert_eq!(assembler.open_calls(), model.open());
+            }
+            seen.extend(
+                closed
+                    .iter()
+                    .map(|line| line.split(' ').nth(1).map(str::to_owned)),
+            );
+        }
+        for how in ["Complete", "Incomplete(Evicted)", "Incomplete(Timeout)"] {
+            assert!(seen.contains(&Some(how.to_owned())), "no call ended {how}");
+        }
+        for how in ["Incomplete(StreamEnded)", "Incomplete(StreamCorrupt)"] {
+            assert!(seen.contains(&Some(how.to_owned())), "no call ended {how}");
+        }
+    }
+
+    /// What an open call costs beyond its text and ids (issue 13: 300 bytes in all).
+    #[test]
+    fn an_open_call_stays_small() {
+        assert!(std::mem::size_of::<OpenCall>() <= 104);
+        assert!(std::mem::size_of::<Stream>() <= 136);
+    }
 }

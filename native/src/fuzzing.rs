@@ -177,13 +177,20 @@ fn check_complete(closed: &Closed, steps: &[Step]) {
 }
 
 fn check_counts(assembler: &Assembler) {
-    let open: usize = assembler.partitions.values().map(|p| p.calls.len()).sum();
+    let open: usize = assembler
+        .partitions
+        .values()
+        .map(|p| p.calls().count())
+        .sum();
     let buffered: usize = assembler
         .partitions
         .values()
-        .flat_map(|p| p.calls.values())
-        .map(|c| c.text.len())
+        .flat_map(|p| p.calls())
+        .map(|(_, _, c)| c.body.text().len())
         .sum();
+    for part in assembler.partitions.values() {
+        assert_eq!(part.open, part.calls().count());
+    }
     assert_eq!(assembler.open_calls(), open);
     assert_eq!(assembler.buffered_bytes(), buffered);
 }

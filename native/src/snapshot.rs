@@ -15,12 +15,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use hashlink::LinkedHashMap;
 use serde::{Deserialize, Serialize};
 
-use hashlink::LinkedHashSet;
-
 use crate::assembler::{
-    Assembler, CallKey, Channel, ClosedCall, OpenCall, Overflow, Partition, Scope, Stream, Trace,
+    Assembler, Body, CallKey, Calls, Channel, ClosedCall, Labels, OpenCall, Overflow, Partition,
+    Scope, Stream, Tools, Trace,
 };
 
 const TAG: &[u8; 4] = b"CGA1";
@@ -59,18 +59,8 @@ impl StreamState {
         StreamState {
             id: id.clone(),
             last_seen: stream.last_seen,
-            calls: stream.calls.iter().cloned().collect(),
+            calls: stream.calls.ids().cloned().collect(),
         }
-    }
-
-    fn into_stream(self) -> (Arc<str>, Stream) {
-        let stream = Stream {
-            calls: self.calls.into_iter().collect::<LinkedHashSet<_>>(),
-            last_seen: self.last_seen,
-            moved: 0,
-            changed: 0,
-        };
-        (self.id, stream)
     }
 }
 
@@ -102,30 +92,30 @@ impl CallState {
     fn of(call: &OpenCall, text_from: usize, bounds_from: usize) -> Self {
         CallState {
             channel: call.channel,
-            tool: call.tool.clone(),
-            tool_version: call.tool_version.clone(),
-            idempotency_key: call.idempotency_key.clone(),
-            trace: call.trace.clone(),
+            tool: call.tool_name().map(Box::from),
+            tool_version: call.tool_version().map(Box::from),
+            idempotency_key: call.idempotency_key().map(Box::from),
+            trace: call.trace().cloned().map(Box::new),
             first_offset: call.first_offset,
             last_offset: call.last_offset,
             first_seen: call.first_seen,
             chunks: call.chunks,
             next_seq: call.next_seq,
             duplicates: call.duplicates,
-            received: call.received,
-            overflow: call.overflow,
+            received: call.body.received(),
+            overflow: call.body.overflow(),
             reused: call.reused,
             text_from: text_from as u32,
-            text: call.text[text_from..].to_vec(),
+            text: call.body.text()[text_from..].to_vec(),
             bounds_from: bounds_from as u32,
-            bounds: call.bounds[bounds_from..].to_vec(),
+            bounds: call.bounds().skip(bounds_from).collect(),
         }
     }
 
     /// Apply onto the call as restored so far (`None`: the call is new here).
-    fn apply(self, previous: Option<OpenCall>) -> Result<OpenCall, String> {
-        let (mut text, mut bounds) = match previous {
-            Some(call) => (call.text, call.bounds),
+    fn apply(self, previous: Option<OpenCall>, tools: &mut Tools) -> Result<OpenCall, String> {
+        let (mut text, mut bounds) = match &previous {
+            Some(call) => (call.body.text().to_vec(), call.bounds().collect()),
             None => (Vec::new(), Vec::new()),
         };
         if self.text_from as usize > text.len() || self.bounds_from as usize > bounds.len() {
@@ -135,28 +125,52 @@ impl CallState {
         text.extend_from_slice(&self.text);
         bounds.truncate(self.bounds_from as usize);
         bounds.extend_from_slice(&self.bounds);
-        Ok(OpenCall {
+        let body = match self.overflow {
+            Some(overflow) => Body::Dropped {
+                overflow,
+                received: self.received,
+            },
+            None if self.received == text.len() as u64
+                && bounds.len() == self.chunks as usize
+                && bounds.windows(2).all(|pair| pair[0] <= pair[1])
+                && bounds
+                    .last()
+                    .map_or(text.is_empty(), |&end| end as usize == text.len()) =>
+            {
+                let ends = bounds[..bounds.len().saturating_sub(1)].iter().copied();
+                Body::Text {
+                    text,
+                    ends: ends.collect(),
+                }
+            }
+            None => return Err("a call's text, its pieces and its size disagree".to_owned()),
+        };
+        let labels = (self.idempotency_key.is_some() || self.trace.is_some()).then(|| {
+            Box::new(Labels {
+                idempotency_key: self.idempotency_key,
+                trace: self.trace,
+            })
+        });
+        let mut call = OpenCall {
             channel: self.channel,
-            tool: self.tool,
-            tool_version: self.tool_version,
-            idempotency_key: self.idempotency_key,
-            trace: self.trace,
-            written: text.len() as u32,
-            written_bounds: bounds.len() as u32,
-            text,
-            bounds,
-            received: self.received,
+            reused: self.reused,
+            // as after a write: the next delta writes it (and its text from here on)
+            dirty: true,
+            tool: tools.intern(self.tool, self.tool_version),
+            labels,
+            written: body.text().len() as u32,
+            written_bounds: 0,
+            body,
             first_offset: self.first_offset,
             last_offset: self.last_offset,
             first_seen: self.first_seen,
             chunks: self.chunks,
             next_seq: self.next_seq,
             duplicates: self.duplicates,
-            overflow: self.overflow,
-            reused: self.reused,
-            touched: 0,
             busy_ns: 0,
-        })
+        };
+        call.written_bounds = call.pieces() as u32;
+        Ok(call)
     }
 }
 
@@ -175,14 +189,18 @@ fn decode(bytes: &[u8]) -> Result<Frame, String> {
 
 /// Mark everything in the partition as written; the next delta starts from here.
 fn mark_written(part: &mut Partition) {
-    for call in part.calls.values_mut() {
-        call.written = call.text.len() as u32;
-        call.written_bounds = call.bounds.len() as u32;
+    for stream in part.streams.values_mut() {
+        stream.moved = false;
+        stream.changed = false;
+        for call in stream.calls.values_mut() {
+            call.written = call.body.text().len() as u32;
+            call.written_bounds = call.pieces() as u32;
+            call.dirty = false;
+        }
     }
     part.removed.clear();
     part.newly_closed.clear();
     part.removed_streams.clear();
-    part.epoch += 1;
     part.tracking = true;
 }
 
@@ -192,9 +210,8 @@ pub fn write_base(assembler: &mut Assembler, scope: &Scope) -> Vec<u8> {
         clock: part.clock,
         next_offset: part.next_offset,
         calls: part
-            .calls
-            .iter()
-            .map(|(key, call)| (key.clone(), CallState::of(call, 0, 0)))
+            .calls()
+            .map(|(stream, id, call)| (key(stream, id), CallState::of(call, 0, 0)))
             .collect(),
         streams: part
             .streams
@@ -213,16 +230,14 @@ pub fn write_base(assembler: &mut Assembler, scope: &Scope) -> Vec<u8> {
 
 pub fn write_delta(assembler: &mut Assembler, scope: &Scope) -> Vec<u8> {
     let part = assembler.partitions.entry(scope.clone()).or_default();
-    let epoch = part.epoch;
     let calls = part
-        .calls
-        .iter()
-        .filter(|(_, call)| call.touched == epoch)
-        .map(|(key, call)| {
+        .calls()
+        .filter(|(_, _, call)| call.dirty)
+        .map(|(stream, id, call)| {
             // a bound that dropped the text shows as text shorter than what was written
-            let text_from = (call.written as usize).min(call.text.len());
-            let bounds_from = (call.written_bounds as usize).min(call.bounds.len());
-            (key.clone(), CallState::of(call, text_from, bounds_from))
+            let text_from = (call.written as usize).min(call.body.text().len());
+            let bounds_from = (call.written_bounds as usize).min(call.pieces());
+            (key(stream, id), CallState::of(call, text_from, bounds_from))
         })
         .collect();
     let mut last_close: HashMap<&CallKey, usize> = HashMap::new();
@@ -243,9 +258,9 @@ pub fn write_delta(assembler: &mut Assembler, scope: &Scope) -> Vec<u8> {
     let mut changed_streams = Vec::new();
     let mut moved_streams = Vec::new();
     for (id, stream) in part.streams.iter() {
-        if stream.moved == epoch {
+        if stream.moved {
             moved_streams.push(StreamState::of(id, stream));
-        } else if stream.changed == epoch {
+        } else if stream.changed {
             changed_streams.push(StreamState::of(id, stream));
         }
     }
@@ -282,13 +297,15 @@ pub fn restore(assembler: &mut Assembler, scope: &Scope, frames: &[Vec<u8>]) -> 
         next_offset,
         ..Partition::default()
     };
+    // calls and streams apart until the last frame, then each call into its stream
+    let mut open: HashMap<CallKey, OpenCall> = HashMap::new();
+    let mut order: LinkedHashMap<Arc<str>, StreamState> = LinkedHashMap::new();
     for (key, state) in calls {
-        let call = state.apply(None)?;
-        part.calls.insert(key, call);
+        let call = state.apply(None, &mut part.tools)?;
+        open.insert(key, call);
     }
     for state in streams {
-        let (id, stream) = state.into_stream();
-        part.streams.insert(id, stream);
+        order.insert(state.id.clone(), state);
     }
     for (key, entry) in closed {
         remember(&mut part, key, entry, bound);
@@ -308,42 +325,67 @@ pub fn restore(assembler: &mut Assembler, scope: &Scope, frames: &[Vec<u8>]) -> 
             return Err("a base snapshot after the first frame".to_owned());
         };
         for key in removed {
-            part.calls.remove(&key);
+            open.remove(&key);
         }
         for (key, entry) in closed {
             remember(&mut part, key, entry, bound);
         }
         for (key, state) in calls {
-            let previous = part.calls.remove(&key);
-            let call = state.apply(previous)?;
-            part.calls.insert(key, call);
+            let previous = open.remove(&key);
+            let call = state.apply(previous, &mut part.tools)?;
+            open.insert(key, call);
         }
         for id in removed_streams {
-            part.streams.remove(&id);
+            order.remove(&id);
         }
         for state in changed_streams {
-            let (id, stream) = state.into_stream();
-            match part.streams.get_mut(&id) {
-                Some(place) => *place = stream,
+            match order.get_mut(&state.id) {
+                Some(place) => *place = state,
                 None => return Err("a delta changes a stream the snapshot does not hold".into()),
             }
         }
         for state in moved_streams {
-            let (id, stream) = state.into_stream();
-            part.streams.remove(&id);
-            part.streams.insert(id, stream);
+            order.remove(&state.id);
+            order.insert(state.id.clone(), state);
         }
         part.clock = clock;
         part.next_offset = next_offset;
     }
-    let streamed: usize = part.streams.values().map(|s| s.calls.len()).sum();
-    if streamed != part.calls.len() {
+    for (id, state) in order {
+        let mut calls: Option<Calls> = None;
+        for call_id in state.calls {
+            let call = open
+                .remove(&key(&id, &call_id))
+                .ok_or("a stream names a call the snapshot does not hold")?;
+            match &mut calls {
+                None => calls = Some(Calls::One(call_id, call)),
+                Some(calls) => calls.push(call_id, call),
+            }
+            part.open += 1;
+        }
+        let calls = calls.ok_or("a stream without calls")?;
+        let stream = Stream {
+            calls,
+            last_seen: state.last_seen,
+            moved: true,
+            changed: false,
+        };
+        part.streams.insert(id, stream);
+    }
+    if !open.is_empty() {
         return Err("the snapshot's streams and calls disagree".to_owned());
     }
     part.tracking = true;
     assembler.drop_partition(scope);
     assembler.adopt(scope.clone(), part);
     Ok(())
+}
+
+fn key(stream: &Arc<str>, call: &Arc<str>) -> CallKey {
+    CallKey {
+        stream_id: stream.clone(),
+        call_id: call.clone(),
+    }
 }
 
 fn remember(part: &mut Partition, key: CallKey, entry: ClosedCall, bound: usize) {
