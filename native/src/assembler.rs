@@ -36,7 +36,7 @@
 //! changed since the last write ([`Assembler::delta`]) and rebuilt from a snapshot and the deltas
 //! after it ([`Assembler::restore`]); the serialized form lives in `snapshot.rs`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -44,6 +44,11 @@ use hashlink::LinkedHashMap;
 use serde::{Deserialize, Serialize};
 use thin_vec::ThinVec;
 use xxhash_rust::xxh3::xxh3_64;
+
+/// The assembler's hash map of partitions: hashbrown's default hasher (foldhash, seeded per
+/// map, as hashlink's maps use) instead of std's SipHash, which was a tenth of the per-record
+/// cost.
+pub(crate) type Map<K, V> = hashbrown::HashMap<K, V>;
 
 /// Pieces of a closed call whose hashes are kept to tell retransmissions from reuse.
 const HASHED_PIECES: usize = 64;
@@ -583,7 +588,7 @@ pub type Scope = (Arc<str>, i32);
 
 pub struct Assembler {
     pub limits: Limits,
-    pub(crate) partitions: HashMap<Scope, Partition>,
+    pub(crate) partitions: Map<Scope, Partition>,
     pub counters: Counters,
     open: usize,
     buffered: usize,
@@ -593,7 +598,7 @@ impl Assembler {
     pub fn new(limits: Limits) -> Self {
         Assembler {
             limits,
-            partitions: HashMap::new(),
+            partitions: Map::new(),
             counters: Counters::default(),
             open: 0,
             buffered: 0,
