@@ -7,6 +7,7 @@
 //! order, to the reassembler. A record it cannot read is a call of its own, rejected
 //! `malformed_record`, and ends every call it could belong to (`stream_corrupt`).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use blake2::{Blake2b128, Digest};
@@ -128,13 +129,13 @@ impl Chunk {
 }
 
 /// What a chunk is to the reassembler, once its identifiers passed their bound.
-enum Fed {
-    Piece(Piece),
+enum Fed<'a> {
+    Piece(Piece<'a>),
     Malformed { code: String, detail: String },
 }
 
 impl Chunk {
-    fn to_fed(&self, max_id_bytes: usize) -> Fed {
+    fn to_fed(&self, max_id_bytes: usize) -> Fed<'_> {
         let ids = [
             ("stream_id", Some(&self.stream_id)),
             ("call_id", self.call_id.as_ref()),
@@ -154,12 +155,10 @@ impl Chunk {
                 };
             }
         }
-        let stream_id: Arc<str> = Arc::from(self.stream_id.as_str());
-        let call_id = || -> Arc<str> {
-            match &self.call_id {
-                Some(id) => Arc::from(id.as_str()),
-                None => Arc::from(format!("{}:{}", self.stream_id, self.kind)),
-            }
+        let stream_id = Cow::Borrowed(self.stream_id.as_str());
+        let call_id = || match &self.call_id {
+            Some(id) => Cow::Borrowed(id.as_str()),
+            None => Cow::Owned(format!("{}:{}", self.stream_id, self.kind)),
         };
         let piece = match self.kind.as_str() {
             "end" => Piece::End {
@@ -192,13 +191,13 @@ impl Chunk {
                     call_id: call_id(),
                     channel: Channel::parse(kind).expect("checked at construction"),
                     seq: self.seq,
-                    tool: self.tool.as_deref().map(Into::into),
-                    tool_version: self.tool_version.as_deref().map(Into::into),
-                    delta: self.delta.clone(),
+                    tool: self.tool.as_deref().map(Cow::Borrowed),
+                    tool_version: self.tool_version.as_deref().map(Cow::Borrowed),
+                    delta: Cow::Borrowed(&self.delta),
                     is_final: self.is_final,
-                    idempotency_key: self.idempotency_key.as_deref().map(Into::into),
+                    idempotency_key: self.idempotency_key.as_deref().map(Cow::Borrowed),
                     trace: (!trace.is_empty()).then(|| Box::new(trace)),
-                    expected: self.expected.clone(),
+                    expected: self.expected.as_deref().map(Cow::Borrowed),
                     // an adapter names the tool on a tool call's first piece only: what
                     // follows continues a call and never opens one
                     opens: self.tool.is_some() || kind != "tool_call",
@@ -538,7 +537,7 @@ impl Assembler {
         scope: &Scope,
         offset: i64,
         key: Option<&[u8]>,
-        fed: Vec<Fed>,
+        fed: Vec<Fed<'_>>,
         out: &Bound<'_, PyList>,
     ) -> PyResult<()> {
         let mut closed = Vec::new();
@@ -569,8 +568,8 @@ impl Assembler {
                 scope,
                 offset,
                 Piece::Abort {
-                    stream_id: Arc::from(stream),
-                    call_id: Arc::from(call),
+                    stream_id: Cow::Owned(stream),
+                    call_id: Cow::Owned(call),
                 },
                 &mut closed,
             ),
@@ -691,7 +690,7 @@ impl Assembler {
             })
             .collect();
         let max_id_bytes = self.max_id_bytes;
-        let decoded: Vec<(usize, Result<Piece, Malformed>)> = py.detach(|| {
+        let decoded: Vec<(usize, Result<Piece<'_>, Malformed>)> = py.detach(|| {
             envelopes
                 .into_iter()
                 .map(|(i, value, traceparent)| {
@@ -738,14 +737,11 @@ impl Assembler {
                     let (at, piece) = decoded.next().expect("one decode per envelope");
                     debug_assert_eq!(at, index);
                     match piece {
-                        Ok(piece) => self.feed_fed(
-                            py,
-                            &scope,
-                            record.offset,
-                            key,
-                            vec![Fed::Piece(piece)],
-                            &out,
-                        )?,
+                        Ok(piece) => {
+                            let mut closed = Vec::new();
+                            self.core.feed(&scope, record.offset, piece, &mut closed);
+                            self.emit(py, &scope, closed, &out)?;
+                        }
                         Err(bad) => {
                             self.feed_malformed_envelope(py, &scope, record.offset, key, bad, &out)?
                         }
@@ -756,12 +752,15 @@ impl Assembler {
                     if let Some(stream) = key.and_then(|k| std::str::from_utf8(k).ok()) {
                         self.core.touch(&scope, stream);
                     }
-                    let chunks = decode_vendor.call1((&record.object, format))?;
+                    let chunks: Vec<Bound<'py, Chunk>> = decode_vendor
+                        .call1((&record.object, format))?
+                        .try_iter()?
+                        .map(|chunk| Ok(chunk?.cast_into::<Chunk>()?))
+                        .collect::<PyResult<_>>()?;
                     let max_id = self.max_id_bytes;
                     let mut fed = Vec::new();
-                    for chunk in chunks.try_iter()? {
-                        let chunk = chunk?;
-                        let chunk = chunk.cast::<Chunk>()?.get();
+                    for chunk in &chunks {
+                        let chunk = chunk.get();
                         let item = chunk.to_fed(max_id);
                         if let Fed::Malformed { .. } = &item {
                             if chunk.kind != "malformed" {
