@@ -20,6 +20,7 @@ use crate::assembler::{
     Trace,
 };
 use crate::envelope::{self, Malformed};
+use crate::event::hex_digits;
 use crate::snapshot;
 
 const MALFORMED_RECORD: &str = "malformed_record";
@@ -335,11 +336,11 @@ fn event_id(parts: &[&[u8]]) -> String {
         hasher.update(part);
         hasher.update([0u8]);
     }
-    hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    let mut hex = String::with_capacity(32);
+    for byte in hasher.finalize() {
+        hex.extend(hex_digits(byte).map(char::from));
+    }
+    hex
 }
 
 fn call_event_id(
