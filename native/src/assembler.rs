@@ -39,7 +39,6 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Instant;
 
 use hashlink::LinkedHashMap;
 use serde::{Deserialize, Serialize};
@@ -607,6 +606,9 @@ pub type Scope = (Arc<str>, i32);
 
 pub struct Assembler {
     pub limits: Limits,
+    /// The time charged to a call for each piece it takes (its `busy_ns`): the caller's
+    /// measure of what a record costs, set per batch (no clock read per record).
+    pub record_ns: u64,
     pub(crate) partitions: Map<Scope, Partition>,
     pub counters: Counters,
     open: usize,
@@ -617,6 +619,7 @@ impl Assembler {
     pub fn new(limits: Limits) -> Self {
         Assembler {
             limits,
+            record_ns: 0,
             partitions: Map::new(),
             counters: Counters::default(),
             open: 0,
@@ -823,7 +826,6 @@ impl Assembler {
     }
 
     fn take(&mut self, scope: &Scope, offset: i64, piece: CallPiece<'_>, out: &mut Vec<Closed>) {
-        let started = Instant::now();
         let lifetime = self.limits.max_call_lifetime_ms;
         self.touch(scope, &piece.stream_id);
         let part = self.partitions.get_mut(scope).expect("begin_record first");
@@ -873,7 +875,7 @@ impl Assembler {
         if let Some(reused) = opening {
             self.open_call(scope, &key, &piece, offset, reused, out);
         }
-        let step = self.append(scope, &key, offset, piece, started);
+        let step = self.append(scope, &key, offset, piece);
         if let Some(ending) = step {
             self.close(scope, &key, ending, out);
         }
@@ -956,7 +958,6 @@ impl Assembler {
         key: &CallKey,
         offset: i64,
         piece: CallPiece<'_>,
-        started: Instant,
     ) -> Option<Ending> {
         let limits = &self.limits;
         let part = self.partitions.get_mut(scope).expect("begin_record first");
@@ -1029,7 +1030,7 @@ impl Assembler {
             }
             Body::Dropped { received, .. } => *received += taken as u64,
         }
-        call.busy_ns += started.elapsed().as_nanos() as u64;
+        call.busy_ns += self.record_ns;
         if !piece.is_final {
             return None;
         }
@@ -1042,7 +1043,6 @@ impl Assembler {
     }
 
     fn close(&mut self, scope: &Scope, key: &CallKey, ending: Ending, out: &mut Vec<Closed>) {
-        let started = Instant::now();
         let recently_closed = self.limits.recently_closed;
         let part = self
             .partitions
@@ -1078,7 +1078,6 @@ impl Assembler {
             part.removed.push(key.clone());
             part.newly_closed.push(key.clone());
         }
-        let busy_ns = call.busy_ns + started.elapsed().as_nanos() as u64;
         let (tool, tool_version) = match call.tool {
             Some(tool) => (tool.name.clone(), tool.version.clone()),
             None => (None, None),
@@ -1106,7 +1105,7 @@ impl Assembler {
             duplicates: call.duplicates,
             received,
             ending,
-            busy_ns,
+            busy_ns: call.busy_ns,
         });
     }
 }
