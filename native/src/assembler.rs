@@ -36,14 +36,19 @@
 //! changed since the last write ([`Assembler::delta`]) and rebuilt from a snapshot and the deltas
 //! after it ([`Assembler::restore`]); the serialized form lives in `snapshot.rs`.
 
-use std::collections::{HashMap, HashSet};
+use std::borrow::Cow;
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Instant;
 
 use hashlink::LinkedHashMap;
 use serde::{Deserialize, Serialize};
 use thin_vec::ThinVec;
 use xxhash_rust::xxh3::xxh3_64;
+
+/// The assembler's hash map of partitions: hashbrown's default hasher (foldhash, seeded per
+/// map, as hashlink's maps use) instead of std's SipHash, which was a tenth of the per-record
+/// cost.
+pub(crate) type Map<K, V> = hashbrown::HashMap<K, V>;
 
 /// Pieces of a closed call whose hashes are kept to tell retransmissions from reuse.
 const HASHED_PIECES: usize = 64;
@@ -185,38 +190,38 @@ impl Trace {
     }
 }
 
-/// One piece of one call of one stream.
+/// One piece of one call of one stream; its text borrows the record it came in when it can.
 #[derive(Clone, Debug)]
-pub struct CallPiece {
-    pub stream_id: Arc<str>,
-    pub call_id: Arc<str>,
+pub struct CallPiece<'a> {
+    pub stream_id: Cow<'a, str>,
+    pub call_id: Cow<'a, str>,
     pub channel: Channel,
     pub seq: Option<u32>,
-    pub tool: Option<Box<str>>,
-    pub tool_version: Option<Box<str>>,
-    pub delta: String,
+    pub tool: Option<Cow<'a, str>>,
+    pub tool_version: Option<Cow<'a, str>>,
+    pub delta: Cow<'a, str>,
     pub is_final: bool,
-    pub idempotency_key: Option<Box<str>>,
+    pub idempotency_key: Option<Cow<'a, str>>,
     pub trace: Option<Box<Trace>>,
     /// The vendor's own final form of the whole text, checked against the assembled text.
-    pub expected: Option<String>,
+    pub expected: Option<Cow<'a, str>>,
     /// Whether this piece may open a call (an envelope; an adapter's first piece of a call).
     pub opens: bool,
 }
 
 /// What a record brings to the reassembler.
 #[derive(Clone, Debug)]
-pub enum Piece {
-    Call(CallPiece),
+pub enum Piece<'a> {
+    Call(CallPiece<'a>),
     /// The stream ended: its open calls are incomplete.
     End {
-        stream_id: Arc<str>,
+        stream_id: Cow<'a, str>,
         finish: Option<Finish>,
     },
     /// The stream's adapter met an event it could not place: this call cannot be trusted.
     Abort {
-        stream_id: Arc<str>,
-        call_id: Arc<str>,
+        stream_id: Cow<'a, str>,
+        call_id: Cow<'a, str>,
     },
 }
 
@@ -445,6 +450,15 @@ impl Calls {
         self.len() == 0
     }
 
+    /// The id of the open call `id` names.
+    pub fn id(&self, id: &str) -> Option<&Arc<str>> {
+        match self {
+            Calls::One(only, _) if **only == *id => Some(only),
+            Calls::One(..) => None,
+            Calls::Many(calls) => calls.get_key_value(id).map(|(id, _)| id),
+        }
+    }
+
     pub fn get_mut(&mut self, id: &str) -> Option<&mut OpenCall> {
         match self {
             Calls::One(only, call) if **only == *id => Some(call),
@@ -546,6 +560,15 @@ impl Partition {
             .get_mut(&key.call_id)
     }
 
+    /// An open call's key, its ids the partition's own (none allocated).
+    fn open_key(&self, stream_id: &str, call_id: &str) -> Option<CallKey> {
+        let (stream, state) = self.streams.get_key_value(stream_id)?;
+        Some(CallKey {
+            stream_id: stream.clone(),
+            call_id: state.calls.id(call_id)?.clone(),
+        })
+    }
+
     fn buffered(&self) -> usize {
         self.calls()
             .map(|(_, _, call)| call.body.text().len())
@@ -583,7 +606,10 @@ pub type Scope = (Arc<str>, i32);
 
 pub struct Assembler {
     pub limits: Limits,
-    pub(crate) partitions: HashMap<Scope, Partition>,
+    /// The time charged to a call for each piece it takes (its `busy_ns`): the caller's
+    /// measure of what a record costs, set per batch (no clock read per record).
+    pub record_ns: u64,
+    pub(crate) partitions: Map<Scope, Partition>,
     pub counters: Counters,
     open: usize,
     buffered: usize,
@@ -593,7 +619,8 @@ impl Assembler {
     pub fn new(limits: Limits) -> Self {
         Assembler {
             limits,
-            partitions: HashMap::new(),
+            record_ns: 0,
+            partitions: Map::new(),
             counters: Counters::default(),
             open: 0,
             buffered: 0,
@@ -667,7 +694,7 @@ impl Assembler {
     }
 
     /// One piece of the record at `offset` (after `begin_record`).
-    pub fn feed(&mut self, scope: &Scope, offset: i64, piece: Piece, out: &mut Vec<Closed>) {
+    pub fn feed(&mut self, scope: &Scope, offset: i64, piece: Piece<'_>, out: &mut Vec<Closed>) {
         match piece {
             Piece::Call(call) => self.take(scope, offset, call, out),
             Piece::End { stream_id, finish } => {
@@ -675,7 +702,10 @@ impl Assembler {
             }
             Piece::Abort { stream_id, call_id } => {
                 self.touch(scope, &stream_id);
-                let key = CallKey { stream_id, call_id };
+                let key = CallKey {
+                    stream_id: Arc::from(stream_id),
+                    call_id: Arc::from(call_id),
+                };
                 if self.touch_last_offset(scope, &key, offset) {
                     self.close(
                         scope,
@@ -795,16 +825,18 @@ impl Assembler {
         }
     }
 
-    fn take(&mut self, scope: &Scope, offset: i64, piece: CallPiece, out: &mut Vec<Closed>) {
-        let started = Instant::now();
-        let key = CallKey {
-            stream_id: piece.stream_id.clone(),
-            call_id: piece.call_id.clone(),
-        };
+    fn take(&mut self, scope: &Scope, offset: i64, piece: CallPiece<'_>, out: &mut Vec<Closed>) {
         let lifetime = self.limits.max_call_lifetime_ms;
-        self.touch(scope, &key.stream_id);
+        self.touch(scope, &piece.stream_id);
         let part = self.partitions.get_mut(scope).expect("begin_record first");
         let now = part.clock;
+        // the ids are allocated only for a piece that does not continue an open call
+        let key = part
+            .open_key(&piece.stream_id, &piece.call_id)
+            .unwrap_or_else(|| CallKey {
+                stream_id: Arc::from(&*piece.stream_id),
+                call_id: Arc::from(&*piece.call_id),
+            });
         let opening = match part.call_mut(&key) {
             Some(call) if now - call.first_seen >= lifetime => {
                 call.last_offset = offset;
@@ -843,7 +875,7 @@ impl Assembler {
         if let Some(reused) = opening {
             self.open_call(scope, &key, &piece, offset, reused, out);
         }
-        let step = self.append(scope, &key, offset, piece, started);
+        let step = self.append(scope, &key, offset, piece);
         if let Some(ending) = step {
             self.close(scope, &key, ending, out);
         }
@@ -853,7 +885,7 @@ impl Assembler {
         &mut self,
         scope: &Scope,
         key: &CallKey,
-        piece: &CallPiece,
+        piece: &CallPiece<'_>,
         offset: i64,
         reused: bool,
         out: &mut Vec<Closed>,
@@ -925,8 +957,7 @@ impl Assembler {
         scope: &Scope,
         key: &CallKey,
         offset: i64,
-        piece: CallPiece,
-        started: Instant,
+        piece: CallPiece<'_>,
     ) -> Option<Ending> {
         let limits = &self.limits;
         let part = self.partitions.get_mut(scope).expect("begin_record first");
@@ -956,15 +987,16 @@ impl Assembler {
         call.next_seq += 1;
         call.chunks += 1;
         if call.tool_name().is_none() && piece.tool.is_some() {
-            call.tool = tools.intern(piece.tool, piece.tool_version);
+            let version = piece.tool_version.map(Box::from);
+            call.tool = tools.intern(piece.tool.map(Box::from), version);
         } else if call.tool_version().is_none() && piece.tool_version.is_some() {
             let name = call.tool_name().map(Box::from);
-            call.tool = tools.intern(name, piece.tool_version);
+            call.tool = tools.intern(name, piece.tool_version.map(Box::from));
         }
         if piece.idempotency_key.is_some() || piece.trace.is_some() {
             let labels = call.labels.get_or_insert_with(Box::default);
             if labels.idempotency_key.is_none() {
-                labels.idempotency_key = piece.idempotency_key;
+                labels.idempotency_key = piece.idempotency_key.map(Box::from);
             }
             if labels.trace.is_none() {
                 labels.trace = piece.trace;
@@ -998,7 +1030,7 @@ impl Assembler {
             }
             Body::Dropped { received, .. } => *received += taken as u64,
         }
-        call.busy_ns += started.elapsed().as_nanos() as u64;
+        call.busy_ns += self.record_ns;
         if !piece.is_final {
             return None;
         }
@@ -1011,7 +1043,6 @@ impl Assembler {
     }
 
     fn close(&mut self, scope: &Scope, key: &CallKey, ending: Ending, out: &mut Vec<Closed>) {
-        let started = Instant::now();
         let recently_closed = self.limits.recently_closed;
         let part = self
             .partitions
@@ -1047,7 +1078,6 @@ impl Assembler {
             part.removed.push(key.clone());
             part.newly_closed.push(key.clone());
         }
-        let busy_ns = call.busy_ns + started.elapsed().as_nanos() as u64;
         let (tool, tool_version) = match call.tool {
             Some(tool) => (tool.name.clone(), tool.version.clone()),
             None => (None, None),
@@ -1075,7 +1105,7 @@ impl Assembler {
             duplicates: call.duplicates,
             received,
             ending,
-            busy_ns,
+            busy_ns: call.busy_ns,
         });
     }
 }
@@ -1088,7 +1118,7 @@ enum Late {
     Reuse,
 }
 
-fn late_piece(closed: &ClosedCall, piece: &CallPiece) -> Late {
+fn late_piece(closed: &ClosedCall, piece: &CallPiece<'_>) -> Late {
     let hash = xxh3_64(piece.delta.as_bytes());
     match piece.seq {
         Some(seq) if seq < closed.chunks => match closed.hashes.get(seq as usize) {
@@ -1128,8 +1158,8 @@ fn piece_hashes(call: &OpenCall) -> Vec<u64> {
 }
 
 /// A piece that names another channel, tool, version or key than its call already has.
-fn contradicts(call: &OpenCall, piece: &CallPiece) -> bool {
-    fn differs(known: Option<&str>, given: &Option<Box<str>>) -> bool {
+fn contradicts(call: &OpenCall, piece: &CallPiece<'_>) -> bool {
+    fn differs(known: Option<&str>, given: &Option<Cow<'_, str>>) -> bool {
         matches!((known, given.as_deref()), (Some(a), Some(b)) if a != b)
     }
     piece.channel != call.channel
@@ -1359,13 +1389,13 @@ mod tests {
                     let last = rng.below(4) == 0;
                     model.piece(&stream, &call, last);
                     Piece::Call(CallPiece {
-                        stream_id: Arc::from(stream.as_str()),
-                        call_id: Arc::from(call.as_str()),
+                        stream_id: stream.clone().into(),
+                        call_id: call.clone().into(),
                         channel: Channel::ToolCall,
                         seq: None,
                         tool: Some("t".into()),
                         tool_version: None,
-                        delta: format!("{offset};"),
+                        delta: format!("{offset};").into(),
                         is_final: last,
                         idempotency_key: None,
                         trace: None,
@@ -1375,7 +1405,7 @@ mod tests {
                 } else if choice < 9 || open.is_empty() {
                     model.end(&stream, "Incomplete(StreamEnded)");
                     Piece::End {
-                        stream_id: Arc::from(stream.as_str()),
+                        stream_id: stream.clone().into(),
                         finish: None,
                     }
                 } else {
@@ -1383,8 +1413,8 @@ mod tests {
                     model.touch(&stream);
                     model.close(&stream, call, "Incomplete(StreamCorrupt)");
                     Piece::Abort {
-                        stream_id: Arc::from(stream.as_str()),
-                        call_id: Arc::from(call.as_str()),
+                        stream_id: stream.clone().into(),
+                        call_id: call.clone().into(),
                     }
                 };
                 assembler.feed(&scope, offset, piece, &mut out);

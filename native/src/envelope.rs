@@ -15,10 +15,10 @@
 //!
 //! Pure Rust and no Python: `lib.rs` runs it on a whole batch with the interpreter released.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
-use std::sync::Arc;
 
-use jiter::{Jiter, NumberAny, NumberInt, Peek};
+use jiter::{Jiter, JsonValue, NumberAny, NumberInt, Peek};
 
 use crate::assembler::{CallPiece, Channel, Finish, Piece, Trace};
 use crate::json;
@@ -31,55 +31,104 @@ pub struct Malformed {
     pub call_id: Option<String>,
 }
 
-/// A field's value as the envelope rules need to see it.
+/// A field's value as the envelope rules need to see it; a string without escapes borrows the
+/// record's bytes.
 #[derive(Clone, Debug, PartialEq)]
-enum Value {
+enum Value<'a> {
     Null,
     Bool(bool),
     Int(i64),
-    Str(String),
+    Str(Cow<'a, str>),
     /// A number that is not an integer, an array or an object: never right for a known field.
     Other,
 }
 
-const FIELDS: [&str; 14] = [
-    "stream_id",
-    "call_id",
-    "seq",
-    "kind",
-    "tool",
-    "tool_version",
-    "delta",
-    "final",
-    "idempotency_key",
-    "finish_reason",
-    "trace_id",
-    "run_id",
-    "step_id",
-    "attempt",
-];
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Field {
+    StreamId,
+    CallId,
+    Seq,
+    Kind,
+    Tool,
+    ToolVersion,
+    Delta,
+    Final,
+    IdempotencyKey,
+    FinishReason,
+    TraceId,
+    RunId,
+    StepId,
+    Attempt,
+}
+
+impl Field {
+    const COUNT: usize = 14;
+
+    fn named(name: &str) -> Option<Field> {
+        Some(match name {
+            "stream_id" => Field::StreamId,
+            "call_id" => Field::CallId,
+            "seq" => Field::Seq,
+            "kind" => Field::Kind,
+            "tool" => Field::Tool,
+            "tool_version" => Field::ToolVersion,
+            "delta" => Field::Delta,
+            "final" => Field::Final,
+            "idempotency_key" => Field::IdempotencyKey,
+            "finish_reason" => Field::FinishReason,
+            "trace_id" => Field::TraceId,
+            "run_id" => Field::RunId,
+            "step_id" => Field::StepId,
+            "attempt" => Field::Attempt,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Field::StreamId => "stream_id",
+            Field::CallId => "call_id",
+            Field::Seq => "seq",
+            Field::Kind => "kind",
+            Field::Tool => "tool",
+            Field::ToolVersion => "tool_version",
+            Field::Delta => "delta",
+            Field::Final => "final",
+            Field::IdempotencyKey => "idempotency_key",
+            Field::FinishReason => "finish_reason",
+            Field::TraceId => "trace_id",
+            Field::RunId => "run_id",
+            Field::StepId => "step_id",
+            Field::Attempt => "attempt",
+        }
+    }
+}
+
 const KINDS: &str = "['end', 'error', 'refusal', 'text', 'tool_call']";
 
-/// Decode one envelope record. `traceparent` comes from the record's header.
-pub fn decode(
-    text: &[u8],
+/// Decode one envelope record. `traceparent` comes from the record's header. The piece borrows
+/// the record's text where it can.
+pub fn decode<'a>(
+    text: &'a [u8],
     traceparent: Option<&str>,
     max_id_bytes: usize,
-) -> Result<Piece, Malformed> {
-    let mut fields = read_fields(text).map_err(|message| Malformed {
+) -> Result<Piece<'a>, Malformed> {
+    let values = read_fields(text).map_err(|message| Malformed {
         message,
         stream_id: None,
         call_id: None,
     })?;
     Fields {
-        values: &mut fields,
+        values,
         max_id_bytes,
     }
     .piece(traceparent)
 }
 
-fn read_fields(text: &[u8]) -> Result<Vec<Option<Value>>, String> {
-    let mut values: Vec<Option<Value>> = vec![None; FIELDS.len()];
+type Values<'a> = [Option<Value<'a>>; Field::COUNT];
+
+fn read_fields(text: &[u8]) -> Result<Values<'_>, String> {
+    let mut values = Values::default();
     let mut jiter = Jiter::new(text);
     let not_json = |e: jiter::JiterError| format!("record is not JSON: {e}");
     if jiter.peek().map_err(not_json)? != Peek::Object {
@@ -87,20 +136,21 @@ fn read_fields(text: &[u8]) -> Result<Vec<Option<Value>>, String> {
     }
     // a hash set: a record of many distinct unknown fields costs linear time, not quadratic
     let mut unknown: HashSet<String> = HashSet::new();
-    let mut key = jiter.known_object().map_err(not_json)?.map(str::to_owned);
+    let mut key = jiter.known_object().map_err(not_json)?.map(Key::of);
     while let Some(name) = key {
-        match FIELDS.iter().position(|f| *f == name) {
-            Some(index) => {
-                if values[index].is_some() {
-                    return Err(format!("envelope has the field {name:?} twice"));
+        match name {
+            Key::Known(field) => {
+                let slot = &mut values[field as usize];
+                if slot.is_some() {
+                    return Err(format!("envelope has the field {:?} twice", field.name()));
                 }
-                values[index] = Some(
+                *slot = Some(
                     read_value(&mut jiter, text)
-                        .map_err(|e| format!("envelope field {name:?}: {e}"))?,
+                        .map_err(|e| format!("envelope field {:?}: {e}", field.name()))?,
                 );
             }
             // an unknown field's name is the producer's text: it is never echoed
-            None => {
+            Key::Unknown(name) => {
                 if unknown.contains(&name) {
                     return Err("envelope has an unknown field twice".to_owned());
                 }
@@ -109,13 +159,28 @@ fn read_fields(text: &[u8]) -> Result<Vec<Option<Value>>, String> {
                 unknown.insert(name);
             }
         }
-        key = jiter.next_key().map_err(not_json)?.map(str::to_owned);
+        key = jiter.next_key().map_err(not_json)?.map(Key::of);
     }
     jiter.finish().map_err(not_json)?;
     Ok(values)
 }
 
-fn read_value<'j>(jiter: &mut Jiter<'j>, text: &'j [u8]) -> Result<Value, String> {
+/// An object key: a known field, or the name of an unknown one (kept to refuse it twice).
+enum Key {
+    Known(Field),
+    Unknown(String),
+}
+
+impl Key {
+    fn of(name: &str) -> Key {
+        match Field::named(name) {
+            Some(field) => Key::Known(field),
+            None => Key::Unknown(name.to_owned()),
+        }
+    }
+}
+
+fn read_value<'j>(jiter: &mut Jiter<'j>, text: &'j [u8]) -> Result<Value<'j>, String> {
     let peek = jiter.peek().map_err(|e| e.to_string())?;
     Ok(match peek {
         Peek::Null => {
@@ -123,7 +188,11 @@ fn read_value<'j>(jiter: &mut Jiter<'j>, text: &'j [u8]) -> Result<Value, String
             Value::Null
         }
         Peek::True | Peek::False => Value::Bool(jiter.known_bool(peek).map_err(|e| e.to_string())?),
-        Peek::String => Value::Str(jiter.known_str().map_err(|e| e.to_string())?.to_owned()),
+        // the one string read that can borrow the input (`known_str` borrows the decoder)
+        Peek::String => match jiter.known_value(peek).map_err(|e| e.to_string())? {
+            JsonValue::Str(text) => Value::Str(text),
+            _ => unreachable!("a string was peeked"),
+        },
         _ if peek.is_num() => match jiter.known_number(peek).map_err(|e| e.to_string())? {
             NumberAny::Int(NumberInt::Int(i)) => Value::Int(i),
             _ => Value::Other,
@@ -147,73 +216,76 @@ fn check_strict<'j>(jiter: &mut Jiter<'j>, text: &'j [u8]) -> Result<(), String>
 }
 
 struct Fields<'a> {
-    values: &'a mut [Option<Value>],
+    values: Values<'a>,
     max_id_bytes: usize,
 }
 
-impl Fields<'_> {
-    fn take(&mut self, name: &str) -> Value {
-        let index = FIELDS
-            .iter()
-            .position(|f| *f == name)
-            .expect("a known field");
-        self.values[index].take().unwrap_or(Value::Null)
+impl<'a> Fields<'a> {
+    fn take(&mut self, field: Field) -> Value<'a> {
+        self.values[field as usize].take().unwrap_or(Value::Null)
     }
 
     /// An optional string field, at most `max_id_bytes` long.
-    fn id(&mut self, name: &str) -> Result<Option<String>, String> {
-        match self.take(name) {
+    fn id(&mut self, field: Field) -> Result<Option<Cow<'a, str>>, String> {
+        match self.take(field) {
             Value::Null => Ok(None),
             Value::Str(s) if s.len() > self.max_id_bytes => Err(format!(
-                "envelope field {name:?} is longer than {} bytes",
+                "envelope field {:?} is longer than {} bytes",
+                field.name(),
                 self.max_id_bytes
             )),
             Value::Str(s) => Ok(Some(s)),
-            _ => Err(format!("envelope field {name:?} must be a string or null")),
+            _ => Err(format!(
+                "envelope field {:?} must be a string or null",
+                field.name()
+            )),
         }
     }
 
-    fn required_id(&mut self, name: &str, what: &str) -> Result<String, String> {
-        match self.id(name) {
+    /// A non-empty string field; `channel` names the envelope in the message (None: any).
+    fn required_id(
+        &mut self,
+        field: Field,
+        channel: Option<Channel>,
+    ) -> Result<Cow<'a, str>, String> {
+        match self.id(field) {
             Ok(Some(s)) if !s.is_empty() => Ok(s),
-            Ok(_) => Err(format!("{what} needs a non-empty string {name:?}")),
+            Ok(_) => {
+                let what = match channel {
+                    Some(channel) => format!("a '{}' envelope", channel.as_str()),
+                    None => "envelope".to_owned(),
+                };
+                Err(format!(
+                    "{what} needs a non-empty string {:?}",
+                    field.name()
+                ))
+            }
             Err(e) => Err(e),
         }
     }
 
-    fn piece(mut self, traceparent: Option<&str>) -> Result<Piece, Malformed> {
+    fn piece(mut self, traceparent: Option<&str>) -> Result<Piece<'a>, Malformed> {
         let fail = |message: String, stream: Option<&str>, call: Option<&str>| Malformed {
             message,
             stream_id: stream.map(str::to_owned),
             call_id: call.map(str::to_owned),
         };
         let stream_id = self
-            .required_id("stream_id", "envelope")
+            .required_id(Field::StreamId, None)
             .map_err(|m| fail(m, None, None))?;
-        let stream = Some(stream_id.as_str());
-        let kind = match self.take("kind") {
+        let stream = Some(&*stream_id);
+        let bad_kind = || format!("envelope 'kind' must be one of {KINDS}");
+        let kind = match self.take(Field::Kind) {
             Value::Str(kind) if kind == "end" => None,
             Value::Str(kind) => match Channel::parse(&kind) {
-                Some(Channel::McpResult) | None => {
-                    return Err(fail(
-                        format!("envelope 'kind' must be one of {KINDS}"),
-                        stream,
-                        None,
-                    ))
-                }
+                Some(Channel::McpResult) | None => return Err(fail(bad_kind(), stream, None)),
                 Some(channel) => Some(channel),
             },
-            _ => {
-                return Err(fail(
-                    format!("envelope 'kind' must be one of {KINDS}"),
-                    stream,
-                    None,
-                ))
-            }
+            _ => return Err(fail(bad_kind(), stream, None)),
         };
         let trace = self.trace(traceparent).map_err(|m| fail(m, stream, None))?;
         let Some(channel) = kind else {
-            let finish = match self.take("finish_reason") {
+            let finish = match self.take(Field::FinishReason) {
                 Value::Null => None,
                 Value::Str(name) if Finish::parse(&name).is_some() => Finish::parse(&name),
                 _ => {
@@ -225,17 +297,13 @@ impl Fields<'_> {
                     ));
                 }
             };
-            return Ok(Piece::End {
-                stream_id: Arc::from(stream_id),
-                finish,
-            });
+            return Ok(Piece::End { stream_id, finish });
         };
-        let what = format!("a '{}' envelope", channel.as_str());
         let call_id = self
-            .required_id("call_id", &what)
+            .required_id(Field::CallId, Some(channel))
             .map_err(|m| fail(m, stream, None))?;
-        let call = Some(call_id.as_str());
-        let seq = match self.take("seq") {
+        let call = Some(&*call_id);
+        let seq = match self.take(Field::Seq) {
             Value::Null => None,
             Value::Int(seq) if (0..=i64::from(u32::MAX)).contains(&seq) => Some(seq as u32),
             _ => {
@@ -246,8 +314,8 @@ impl Fields<'_> {
                 ))
             }
         };
-        let delta = match self.take("delta") {
-            Value::Null => String::new(),
+        let delta = match self.take(Field::Delta) {
+            Value::Null => Cow::Borrowed(""),
             Value::Str(delta) => delta,
             _ => {
                 return Err(fail(
@@ -257,7 +325,7 @@ impl Fields<'_> {
                 ))
             }
         };
-        let is_final = match self.take("final") {
+        let is_final = match self.take(Field::Final) {
             Value::Null => false,
             Value::Bool(b) => b,
             _ => {
@@ -268,10 +336,10 @@ impl Fields<'_> {
                 ))
             }
         };
-        let tool = self.id("tool").map_err(|m| fail(m, stream, call))?;
-        let tool_version = match self.take("tool_version") {
+        let tool = self.id(Field::Tool).map_err(|m| fail(m, stream, call))?;
+        let tool_version = match self.take(Field::ToolVersion) {
             Value::Null => None,
-            Value::Int(v) => Some(v.to_string()),
+            Value::Int(v) => Some(Cow::Owned(v.to_string())),
             Value::Str(v) if v.len() <= self.max_id_bytes => Some(v),
             Value::Str(_) => {
                 return Err(fail(
@@ -292,18 +360,18 @@ impl Fields<'_> {
             }
         };
         let idempotency_key = self
-            .id("idempotency_key")
+            .id(Field::IdempotencyKey)
             .map_err(|m| fail(m, stream, call))?;
         Ok(Piece::Call(CallPiece {
-            stream_id: Arc::from(stream_id),
-            call_id: Arc::from(call_id),
+            stream_id,
+            call_id,
             channel,
             seq,
-            tool: tool.map(Into::into),
-            tool_version: tool_version.map(Into::into),
+            tool,
+            tool_version,
             delta,
             is_final,
-            idempotency_key: idempotency_key.map(Into::into),
+            idempotency_key,
             trace,
             expected: None,
             opens: true,
@@ -311,15 +379,15 @@ impl Fields<'_> {
     }
 
     fn trace(&mut self, traceparent: Option<&str>) -> Result<Option<Box<Trace>>, String> {
-        let attempt = match self.take("attempt") {
+        let attempt = match self.take(Field::Attempt) {
             Value::Null => None,
             Value::Int(a) if (1..=i64::from(u32::MAX)).contains(&a) => Some(a as u32),
             _ => return Err("envelope field 'attempt' must be an integer >= 1".to_owned()),
         };
         let trace = Trace {
-            trace_id: self.id("trace_id")?.map(Into::into),
-            run_id: self.id("run_id")?.map(Into::into),
-            step_id: self.id("step_id")?.map(Into::into),
+            trace_id: self.id(Field::TraceId)?.map(Into::into),
+            run_id: self.id(Field::RunId)?.map(Into::into),
+            step_id: self.id(Field::StepId)?.map(Into::into),
             traceparent: traceparent.map(Into::into),
             attempt,
         };
@@ -331,7 +399,7 @@ impl Fields<'_> {
 mod tests {
     use super::*;
 
-    fn call(text: &str) -> CallPiece {
+    fn call(text: &str) -> CallPiece<'_> {
         match decode(text.as_bytes(), None, 64) {
             Ok(Piece::Call(piece)) => piece,
             other => panic!("not a call piece: {other:?}"),

@@ -7,7 +7,9 @@
 //! order, to the reassembler. A record it cannot read is a call of its own, rejected
 //! `malformed_record`, and ends every call it could belong to (`stream_corrupt`).
 
+use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Instant;
 
 use blake2::{Blake2b128, Digest};
 use pyo3::exceptions::PyValueError;
@@ -19,6 +21,7 @@ use crate::assembler::{
     Trace,
 };
 use crate::envelope::{self, Malformed};
+use crate::event::hex_digits;
 use crate::snapshot;
 
 const MALFORMED_RECORD: &str = "malformed_record";
@@ -128,13 +131,13 @@ impl Chunk {
 }
 
 /// What a chunk is to the reassembler, once its identifiers passed their bound.
-enum Fed {
-    Piece(Piece),
+enum Fed<'a> {
+    Piece(Piece<'a>),
     Malformed { code: String, detail: String },
 }
 
 impl Chunk {
-    fn to_fed(&self, max_id_bytes: usize) -> Fed {
+    fn to_fed(&self, max_id_bytes: usize) -> Fed<'_> {
         let ids = [
             ("stream_id", Some(&self.stream_id)),
             ("call_id", self.call_id.as_ref()),
@@ -154,12 +157,10 @@ impl Chunk {
                 };
             }
         }
-        let stream_id: Arc<str> = Arc::from(self.stream_id.as_str());
-        let call_id = || -> Arc<str> {
-            match &self.call_id {
-                Some(id) => Arc::from(id.as_str()),
-                None => Arc::from(format!("{}:{}", self.stream_id, self.kind)),
-            }
+        let stream_id = Cow::Borrowed(self.stream_id.as_str());
+        let call_id = || match &self.call_id {
+            Some(id) => Cow::Borrowed(id.as_str()),
+            None => Cow::Owned(format!("{}:{}", self.stream_id, self.kind)),
         };
         let piece = match self.kind.as_str() {
             "end" => Piece::End {
@@ -192,13 +193,13 @@ impl Chunk {
                     call_id: call_id(),
                     channel: Channel::parse(kind).expect("checked at construction"),
                     seq: self.seq,
-                    tool: self.tool.as_deref().map(Into::into),
-                    tool_version: self.tool_version.as_deref().map(Into::into),
-                    delta: self.delta.clone(),
+                    tool: self.tool.as_deref().map(Cow::Borrowed),
+                    tool_version: self.tool_version.as_deref().map(Cow::Borrowed),
+                    delta: Cow::Borrowed(&self.delta),
                     is_final: self.is_final,
-                    idempotency_key: self.idempotency_key.as_deref().map(Into::into),
+                    idempotency_key: self.idempotency_key.as_deref().map(Cow::Borrowed),
                     trace: (!trace.is_empty()).then(|| Box::new(trace)),
-                    expected: self.expected.clone(),
+                    expected: self.expected.as_deref().map(Cow::Borrowed),
                     // an adapter names the tool on a tool call's first piece only: what
                     // follows continues a call and never opens one
                     opens: self.tool.is_some() || kind != "tool_call",
@@ -336,11 +337,11 @@ fn event_id(parts: &[&[u8]]) -> String {
         hasher.update(part);
         hasher.update([0u8]);
     }
-    hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    let mut hex = String::with_capacity(32);
+    for byte in hasher.finalize() {
+        hex.extend(hex_digits(byte).map(char::from));
+    }
+    hex
 }
 
 fn call_event_id(
@@ -384,9 +385,24 @@ struct Record<'py> {
     timestamp: Option<i64>,
     object: Bound<'py, PyAny>,
     value: Option<Bound<'py, PyBytes>>,
-    key: Option<Vec<u8>>,
+    key: Option<RecordKey<'py>>,
     format: Option<String>,
     traceparent: Option<String>,
+}
+
+/// A record's key: the bytes object itself (read without a copy), or any other bytes-like.
+enum RecordKey<'py> {
+    Bytes(Bound<'py, PyBytes>),
+    Other(Vec<u8>),
+}
+
+impl RecordKey<'_> {
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            RecordKey::Bytes(bytes) => bytes.as_bytes(),
+            RecordKey::Other(bytes) => bytes,
+        }
+    }
 }
 
 impl Assembler {
@@ -538,7 +554,7 @@ impl Assembler {
         scope: &Scope,
         offset: i64,
         key: Option<&[u8]>,
-        fed: Vec<Fed>,
+        fed: Vec<Fed<'_>>,
         out: &Bound<'_, PyList>,
     ) -> PyResult<()> {
         let mut closed = Vec::new();
@@ -569,8 +585,8 @@ impl Assembler {
                 scope,
                 offset,
                 Piece::Abort {
-                    stream_id: Arc::from(stream),
-                    call_id: Arc::from(call),
+                    stream_id: Cow::Owned(stream),
+                    call_id: Cow::Owned(call),
                 },
                 &mut closed,
             ),
@@ -595,10 +611,12 @@ fn read_record<'py>(py: Python<'py>, object: Bound<'py, PyAny>) -> PyResult<Reco
         Some(value.cast_into::<PyBytes>()?)
     };
     let key = object.getattr(pyo3::intern!(py, "key"))?;
-    let key: Option<Vec<u8>> = if key.is_none() {
+    let key = if key.is_none() {
         None
+    } else if let Ok(bytes) = key.cast::<PyBytes>() {
+        Some(RecordKey::Bytes(bytes.clone()))
     } else {
-        Some(key.extract()?)
+        Some(RecordKey::Other(key.extract()?))
     };
     let headers = object.getattr(pyo3::intern!(py, "headers"))?;
     let mut format = None;
@@ -675,6 +693,7 @@ impl Assembler {
         records: &Bound<'py, PyAny>,
         decode_vendor: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
+        let started = Instant::now();
         let scope = Self::scope(topic, partition);
         let records: Vec<Record<'py>> = records
             .try_iter()?
@@ -691,7 +710,7 @@ impl Assembler {
             })
             .collect();
         let max_id_bytes = self.max_id_bytes;
-        let decoded: Vec<(usize, Result<Piece, Malformed>)> = py.detach(|| {
+        let decoded: Vec<(usize, Result<Piece<'_>, Malformed>)> = py.detach(|| {
             envelopes
                 .into_iter()
                 .map(|(i, value, traceparent)| {
@@ -709,6 +728,9 @@ impl Assembler {
                 })
                 .collect()
         });
+        // a call's assembly time: its records' share of reading and decoding their batch, the
+        // bulk of the native work per record (one clock read pair per batch)
+        self.core.record_ns = (started.elapsed().as_nanos() / records.len().max(1) as u128) as u64;
         let mut decoded = decoded.into_iter().peekable();
         let out = PyList::empty(py);
         for (index, record) in records.iter().enumerate() {
@@ -723,7 +745,7 @@ impl Assembler {
                 }
                 continue;
             }
-            let key = record.key.as_deref();
+            let key = record.key.as_ref().map(RecordKey::as_bytes);
             if record.value.is_none() {
                 let bad = Malformed {
                     message: "record has no value (a tombstone is not a chunk)".to_owned(),
@@ -738,14 +760,11 @@ impl Assembler {
                     let (at, piece) = decoded.next().expect("one decode per envelope");
                     debug_assert_eq!(at, index);
                     match piece {
-                        Ok(piece) => self.feed_fed(
-                            py,
-                            &scope,
-                            record.offset,
-                            key,
-                            vec![Fed::Piece(piece)],
-                            &out,
-                        )?,
+                        Ok(piece) => {
+                            let mut closed = Vec::new();
+                            self.core.feed(&scope, record.offset, piece, &mut closed);
+                            self.emit(py, &scope, closed, &out)?;
+                        }
                         Err(bad) => {
                             self.feed_malformed_envelope(py, &scope, record.offset, key, bad, &out)?
                         }
@@ -756,12 +775,15 @@ impl Assembler {
                     if let Some(stream) = key.and_then(|k| std::str::from_utf8(k).ok()) {
                         self.core.touch(&scope, stream);
                     }
-                    let chunks = decode_vendor.call1((&record.object, format))?;
+                    let chunks: Vec<Bound<'py, Chunk>> = decode_vendor
+                        .call1((&record.object, format))?
+                        .try_iter()?
+                        .map(|chunk| Ok(chunk?.cast_into::<Chunk>()?))
+                        .collect::<PyResult<_>>()?;
                     let max_id = self.max_id_bytes;
                     let mut fed = Vec::new();
-                    for chunk in chunks.try_iter()? {
-                        let chunk = chunk?;
-                        let chunk = chunk.cast::<Chunk>()?.get();
+                    for chunk in &chunks {
+                        let chunk = chunk.get();
                         let item = chunk.to_fed(max_id);
                         if let Fed::Malformed { .. } = &item {
                             if chunk.kind != "malformed" {
@@ -806,7 +828,9 @@ impl Assembler {
             return Ok(out);
         }
         self.emit(py, &scope, closed, &out)?;
+        let started = Instant::now();
         let fed = chunks.iter().map(|c| c.to_fed(self.max_id_bytes)).collect();
+        self.core.record_ns = started.elapsed().as_nanos() as u64;
         self.feed_fed(py, &scope, offset, None, fed, &out)?;
         Ok(out)
     }

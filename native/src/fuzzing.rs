@@ -10,6 +10,7 @@
 //! exactly the pieces it took, in order; and a partition written out (base or deltas) and
 //! restored at any point decides the rest of the script exactly as the original does.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::assembler::{
@@ -43,7 +44,7 @@ fn limits() -> Limits {
 /// One step of a script: a record (its timestamp and piece), or a write of the state.
 #[derive(Clone, Debug)]
 enum Step {
-    Record(i64, Piece),
+    Record(i64, Piece<'static>),
     Write { full: bool },
 }
 
@@ -55,8 +56,8 @@ fn script(data: &[u8]) -> Vec<Step> {
     let mut bytes = data.chunks(3);
     while let Some(&[op, arg, more]) = bytes.next() {
         clock += i64::from(more % 4) * 20;
-        let stream: Arc<str> = Arc::from(STREAMS[usize::from(arg % 3)]);
-        let call: Arc<str> = Arc::from(CALLS[usize::from(arg / 3 % 3)]);
+        let stream = Cow::Borrowed(STREAMS[usize::from(arg % 3)]);
+        let call = Cow::Borrowed(CALLS[usize::from(arg / 3 % 3)]);
         let piece = match op % 8 {
             0..=3 => Piece::Call(CallPiece {
                 stream_id: stream,
@@ -73,7 +74,7 @@ fn script(data: &[u8]) -> Vec<Step> {
                 is_final: op & 0x40 != 0,
                 idempotency_key: None,
                 trace: None,
-                expected: (op & 0x80 != 0).then(|| "ab".to_owned()),
+                expected: (op & 0x80 != 0).then_some(Cow::Borrowed("ab")),
                 opens: op & 0x08 == 0 || op & 0x20 != 0,
             }),
             4 | 5 => Piece::End {
@@ -155,7 +156,7 @@ fn check_complete(closed: &Closed, steps: &[Step]) {
         let Step::Record(_, Piece::Call(piece)) = &steps[offset as usize] else {
             continue;
         };
-        if piece.stream_id != closed.stream_id || piece.call_id != closed.call_id {
+        if *piece.stream_id != *closed.stream_id || *piece.call_id != *closed.call_id {
             continue;
         }
         match piece.seq {

@@ -412,17 +412,23 @@ mod tests {
         }
     }
 
-    fn piece(stream: &str, call: &str, seq: Option<u32>, delta: &str, last: bool) -> Piece {
+    fn piece(
+        stream: &str,
+        call: &str,
+        seq: Option<u32>,
+        delta: &str,
+        last: bool,
+    ) -> Piece<'static> {
         Piece::Call(CallPiece {
-            stream_id: Arc::from(stream),
-            call_id: Arc::from(call),
+            stream_id: stream.to_owned().into(),
+            call_id: call.to_owned().into(),
             channel: Channel::ToolCall,
             seq,
             tool: (seq == Some(0)).then(|| "t".into()),
             tool_version: None,
             idempotency_key: None,
             trace: None,
-            delta: delta.to_owned(),
+            delta: delta.to_owned().into(),
             is_final: last,
             expected: None,
             opens: true,
@@ -430,7 +436,7 @@ mod tests {
     }
 
     /// The calls each record closes, as (stream, call, ending, text) lines.
-    fn run(assembler: &mut Assembler, scope: &Scope, records: &[(i64, Piece)]) -> Vec<String> {
+    fn run(assembler: &mut Assembler, scope: &Scope, records: &[(i64, Piece<'_>)]) -> Vec<String> {
         let mut lines = Vec::new();
         for (offset, piece) in records {
             let mut out: Vec<Closed> = Vec::new();
@@ -450,7 +456,7 @@ mod tests {
         lines
     }
 
-    fn workload() -> Vec<(i64, Piece)> {
+    fn workload() -> Vec<(i64, Piece<'static>)> {
         let mut records = Vec::new();
         let mut offset = 0;
         for round in 0..6u32 {
@@ -475,7 +481,7 @@ mod tests {
         records.push((
             offset + 2,
             Piece::End {
-                stream_id: Arc::from("a"),
+                stream_id: "a".into(),
                 finish: None,
             },
         ));
