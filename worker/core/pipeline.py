@@ -91,6 +91,26 @@ _CHANNEL_CODES: Mapping[str, Code] = {
 _PARSE_PHASES: Mapping[str, Phase] = {Code.TOO_DEEP: Phase.LIMITS}
 
 
+# The enum members the chain names, as module names: on Python 3.11 `Phase.LIMITS` is looked up
+# through EnumType.__getattr__'s hook, about 900 instructions each (more than most phases' own
+# work, and a call passes a dozen); a module name is a plain global lookup.
+_ASSEMBLY = Phase.ASSEMBLY
+_CLASSIFICATION = Phase.RESPONSE_CLASSIFICATION
+_LIMITS = Phase.LIMITS
+_REPAIR = Phase.REPAIR
+_JSON_PARSE = Phase.JSON_PARSE
+_SCHEMA_VALIDATION = Phase.SCHEMA_VALIDATION
+_BUSINESS_VALIDATION = Phase.BUSINESS_VALIDATION
+_IDEMPOTENCY = Phase.IDEMPOTENCY
+_NORMALIZATION = Phase.NORMALIZATION
+_TOOL_OUTPUT_VALIDATION = Phase.TOOL_OUTPUT_VALIDATION
+_ACCEPTED = Outcome.ACCEPTED
+_REJECTED = Outcome.REJECTED
+_INCOMPLETE = Outcome.INCOMPLETE
+_MCP_RESULT = ChunkKind.MCP_RESULT
+_NO_KEY = IdempotencyPolicy.NONE
+
+
 def _violations(found: Iterable[Any]) -> Iterator[Violation]:
     """What a rule returned, each item checked: it goes into the event and the feedback as is,
     so anything but a `Violation` of strings is the rule's bug (raised here: `rule_error`)."""
@@ -119,12 +139,12 @@ class Gate:
         self._plugins = plugins
         self._limits = limits
         # what the call being judged has reached: the phase running and its effective key
-        self._phase = Phase.ASSEMBLY
+        self._phase = _ASSEMBLY
         self._key: str | None = None
 
     def judge(self, call: AssembledCall) -> Verdict:
         """The verdict on one call. Never raises: a bug judging it is its own rejection."""
-        self._phase = Phase.ASSEMBLY
+        self._phase = _ASSEMBLY
         self._key = call.idempotency_key
         try:
             return self._judge(call)
@@ -142,15 +162,15 @@ class Gate:
                 self._phase,
                 Code.INTERNAL_ERROR,
                 (Violation("", "internal_error", message),),
-                {Phase.ASSEMBLY: call.assembly_us},
+                {_ASSEMBLY: call.assembly_us},
             )
 
     def _judge(self, call: AssembledCall) -> Verdict:
-        phases: dict[str, int] = {Phase.ASSEMBLY: call.assembly_us}
+        phases: dict[str, int] = {_ASSEMBLY: call.assembly_us}
         if call.incomplete is not None:
             return Verdict(
-                Outcome.INCOMPLETE,
-                phase=Phase.ASSEMBLY,
+                _INCOMPLETE,
+                phase=_ASSEMBLY,
                 reason=IncompleteReason(call.incomplete),
                 retryable=call.incomplete in RETRYABLE_INCOMPLETE,
                 idempotency_key=call.idempotency_key,
@@ -158,63 +178,63 @@ class Gate:
             )
         if call.assembly_error is not None:
             code = Code(call.assembly_error)
-            phase = Phase.LIMITS if code in _LIMIT_CODES else Phase.ASSEMBLY
+            phase = _LIMITS if code in _LIMIT_CODES else _ASSEMBLY
             detail = call.assembly_detail or code.value
             return self._rejected(call, phase, code, (Violation("", code, detail),), phases)
 
         started = perf_counter_ns()
-        self._phase = Phase.RESPONSE_CLASSIFICATION
+        self._phase = _CLASSIFICATION
         channel_code = _CHANNEL_CODES.get(call.channel)
         now = perf_counter_ns()
-        phases[Phase.RESPONSE_CLASSIFICATION] = (now - started) // 1000
+        phases[_CLASSIFICATION] = (now - started) // 1000
         if channel_code is not None:
-            return self._rejected(call, Phase.RESPONSE_CLASSIFICATION, channel_code, (), phases)
+            return self._rejected(call, _CLASSIFICATION, channel_code, (), phases)
 
-        self._phase = Phase.LIMITS
+        self._phase = _LIMITS
         limits = self._limits
         text = call.arguments
         depth = depth_over(text, limits.max_depth)
         started, now = now, perf_counter_ns()
-        phases[Phase.LIMITS] = (now - started) // 1000
+        phases[_LIMITS] = (now - started) // 1000
         if depth is not None:
             message = f"the arguments nest {depth} levels deep; the limit is {limits.max_depth}"
             violation = Violation("", "maxDepth", message)
-            return self._rejected(call, Phase.LIMITS, Code.TOO_DEEP, (violation,), phases)
+            return self._rejected(call, _LIMITS, Code.TOO_DEEP, (violation,), phases)
 
-        self._phase = Phase.REPAIR
+        self._phase = _REPAIR
         text, repair = strip_fence(text)
         repairs = (repair,) if repair is not None else ()
         started, now = now, perf_counter_ns()
-        phases[Phase.REPAIR] = (now - started) // 1000
+        phases[_REPAIR] = (now - started) // 1000
 
-        self._phase = Phase.JSON_PARSE
+        self._phase = _JSON_PARSE
         value = parse_json(text, limits.max_depth)
         started, now = now, perf_counter_ns()
-        phases[Phase.JSON_PARSE] = (now - started) // 1000
+        phases[_JSON_PARSE] = (now - started) // 1000
         if type(value) is not dict:
             if isinstance(value, ParseError):
                 code = Code(value.code)
                 violation = Violation(value.path, value.code, value.message)
-                phase = _PARSE_PHASES.get(code, Phase.JSON_PARSE)
+                phase = _PARSE_PHASES.get(code, _JSON_PARSE)
                 return self._rejected(call, phase, code, (violation,), phases, repairs=repairs)
             violation = Violation("", "type", "the arguments must be a JSON object")
             return self._rejected(
-                call, Phase.JSON_PARSE, Code.ROOT_NOT_OBJECT, (violation,), phases, repairs=repairs
+                call, _JSON_PARSE, Code.ROOT_NOT_OBJECT, (violation,), phases, repairs=repairs
             )
 
-        self._phase = Phase.SCHEMA_VALIDATION
+        self._phase = _SCHEMA_VALIDATION
         tool = call.tool
         contract = self.registry.resolve(tool, call.tool_version) if tool else None
         if not isinstance(contract, Contract):
             started, now = now, perf_counter_ns()
-            phases[Phase.SCHEMA_VALIDATION] = (now - started) // 1000
+            phases[_SCHEMA_VALIDATION] = (now - started) // 1000
             failure = contract or LookupFailure(Code.UNKNOWN_TOOL, "the call names no tool")
             violation = Violation("", failure.code, failure.message)
             return self._rejected(
-                call, Phase.SCHEMA_VALIDATION, failure.code, (violation,), phases, repairs=repairs
+                call, _SCHEMA_VALIDATION, failure.code, (violation,), phases, repairs=repairs
             )
         schema = contract.ref
-        if call.channel == ChunkKind.MCP_RESULT:
+        if call.channel == _MCP_RESULT:
             return self._judge_tool_result(
                 call, message=value, contract=contract, phases=phases, started=now, repairs=repairs
             )
@@ -225,7 +245,7 @@ class Gate:
         key = call.idempotency_key
         named = meta.idempotency_key_argument
         mismatch = False
-        if meta.idempotency is IdempotencyPolicy.NONE:
+        if meta.idempotency is _NO_KEY:
             key = None  # the contract takes no key: none is checked, none is carried
         elif named is not None:
             argument_key = value.get(named)
@@ -238,11 +258,11 @@ class Gate:
 
         violations = contract.check(value)
         started, now = now, perf_counter_ns()
-        phases[Phase.SCHEMA_VALIDATION] = (now - started) // 1000
+        phases[_SCHEMA_VALIDATION] = (now - started) // 1000
         if violations:
             return self._rejected(
                 call,
-                Phase.SCHEMA_VALIDATION,
+                _SCHEMA_VALIDATION,
                 Code.SCHEMA_VIOLATION,
                 violations,
                 phases,
@@ -251,7 +271,7 @@ class Gate:
                 repairs=repairs,
             )
 
-        self._phase = Phase.BUSINESS_VALIDATION
+        self._phase = _BUSINESS_VALIDATION
         rules = self._plugins.rules_for(schema.id)
         if rules:
             context = RuleContext(schema, key)
@@ -261,12 +281,12 @@ class Gate:
                     found.extend(_violations(rule(value, context)))
                 except Exception as exc:  # a plugin's bug is this call's rule_error
                     started, now = now, perf_counter_ns()
-                    phases[Phase.BUSINESS_VALIDATION] = (now - started) // 1000
+                    phases[_BUSINESS_VALIDATION] = (now - started) // 1000
                     name = getattr(rule, "__name__", "rule")
                     message = f"rule {name} failed: {type(exc).__name__}"
                     return self._rejected(
                         call,
-                        Phase.BUSINESS_VALIDATION,
+                        _BUSINESS_VALIDATION,
                         Code.RULE_ERROR,
                         (Violation("", "rule_error", message),),
                         phases,
@@ -275,11 +295,11 @@ class Gate:
                         repairs=repairs,
                     )
             started, now = now, perf_counter_ns()
-            phases[Phase.BUSINESS_VALIDATION] = (now - started) // 1000
+            phases[_BUSINESS_VALIDATION] = (now - started) // 1000
             if found:
                 return self._rejected(
                     call,
-                    Phase.BUSINESS_VALIDATION,
+                    _BUSINESS_VALIDATION,
                     Code.BUSINESS_RULE,
                     tuple(found),
                     phases,
@@ -288,15 +308,15 @@ class Gate:
                     repairs=repairs,
                 )
 
-        self._phase = Phase.IDEMPOTENCY
+        self._phase = _IDEMPOTENCY
         if mismatch:
             started, now = now, perf_counter_ns()
-            phases[Phase.IDEMPOTENCY] = (now - started) // 1000
+            phases[_IDEMPOTENCY] = (now - started) // 1000
             message = f"the envelope's idempotency key differs from argument {named!r}"
             violation = Violation(f"/{named}", "idempotency_key", message)
             return self._rejected(
                 call,
-                Phase.IDEMPOTENCY,
+                _IDEMPOTENCY,
                 Code.IDEMPOTENCY_KEY_MISMATCH,
                 (violation,),
                 phases,
@@ -308,12 +328,12 @@ class Gate:
         if key is None:
             if meta.needs_key:
                 started, now = now, perf_counter_ns()
-                phases[Phase.IDEMPOTENCY] = (now - started) // 1000
+                phases[_IDEMPOTENCY] = (now - started) // 1000
                 message = "this tool has side effects and needs an idempotency key"
                 violation = Violation("", "idempotency_key", message)
                 return self._rejected(
                     call,
-                    Phase.IDEMPOTENCY,
+                    _IDEMPOTENCY,
                     Code.IDEMPOTENCY_KEY_MISSING,
                     (violation,),
                     phases,
@@ -324,9 +344,9 @@ class Gate:
         else:
             digest = request_digest(schema, value)
             started, now = now, perf_counter_ns()
-            phases[Phase.IDEMPOTENCY] = (now - started) // 1000
+            phases[_IDEMPOTENCY] = (now - started) // 1000
 
-        self._phase = Phase.NORMALIZATION
+        self._phase = _NORMALIZATION
         arguments_json = text
         adapter = self._plugins.adapter_for(schema)
         if adapter is not None:
@@ -334,11 +354,11 @@ class Gate:
                 arguments_json = orjson.dumps(adapter(value))
             except Exception as exc:  # a plugin's bug is this call's adapter_error
                 started, now = now, perf_counter_ns()
-                phases[Phase.NORMALIZATION] = (now - started) // 1000
+                phases[_NORMALIZATION] = (now - started) // 1000
                 message = f"adapter for version {schema.version} failed: {type(exc).__name__}"
                 return self._rejected(
                     call,
-                    Phase.NORMALIZATION,
+                    _NORMALIZATION,
                     Code.ADAPTER_ERROR,
                     (Violation("", "adapter_error", message),),
                     phases,
@@ -347,9 +367,9 @@ class Gate:
                     repairs=repairs,
                 )
             started, now = now, perf_counter_ns()
-            phases[Phase.NORMALIZATION] = (now - started) // 1000
+            phases[_NORMALIZATION] = (now - started) // 1000
         return Verdict(
-            Outcome.ACCEPTED,
+            _ACCEPTED,
             schema=schema,
             arguments_json=arguments_json,
             repairs=repairs,
@@ -369,23 +389,23 @@ class Gate:
         started: int,
         repairs: tuple[RepairKind, ...],
     ) -> Verdict:
-        self._phase = Phase.TOOL_OUTPUT_VALIDATION
+        self._phase = _TOOL_OUTPUT_VALIDATION
         finding = check_tool_result(message, contract.output_check, self._limits.max_depth)
-        phases[Phase.TOOL_OUTPUT_VALIDATION] = (perf_counter_ns() - started) // 1000
+        phases[_TOOL_OUTPUT_VALIDATION] = (perf_counter_ns() - started) // 1000
         schema = contract.ref
         if finding is None:
             return Verdict(
-                Outcome.ACCEPTED,
+                _ACCEPTED,
                 schema=schema,
                 arguments_json=orjson.dumps(message.get("result")),
                 repairs=repairs,
                 idempotency_key=call.idempotency_key,
                 phases_us=phases,
             )
-        if finding.outcome is Outcome.INCOMPLETE:
+        if finding.outcome is _INCOMPLETE:
             return Verdict(
-                Outcome.INCOMPLETE,
-                phase=Phase.TOOL_OUTPUT_VALIDATION,
+                _INCOMPLETE,
+                phase=_TOOL_OUTPUT_VALIDATION,
                 reason=finding.reason,
                 schema=schema,
                 repairs=repairs,
@@ -395,7 +415,7 @@ class Gate:
         assert finding.code is not None
         return self._rejected(
             call,
-            Phase.TOOL_OUTPUT_VALIDATION,
+            _TOOL_OUTPUT_VALIDATION,
             finding.code,
             finding.violations,
             phases,
@@ -439,7 +459,7 @@ class Gate:
             arguments=arguments,
         )
         return Verdict(
-            Outcome.REJECTED,
+            _REJECTED,
             phase=phase,
             code=code,
             schema=schema,

@@ -6,7 +6,7 @@ The registry (`worker.schemas.registry`) builds these once at start-up; the chai
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -49,11 +49,12 @@ class ContractMeta:
     idempotency: IdempotencyPolicy = IdempotencyPolicy.OPTIONAL
     #: the top-level argument that carries the call's idempotency key, if the contract has one
     idempotency_key_argument: str | None = None
+    #: a call of this tool without an idempotency key is rejected (set once, read per call)
+    needs_key: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def needs_key(self) -> bool:
-        """A call of this tool without an idempotency key is rejected."""
-        return self.side_effects or self.idempotency is IdempotencyPolicy.REQUIRED
+    def __post_init__(self) -> None:
+        needs_key = self.side_effects or self.idempotency is IdempotencyPolicy.REQUIRED
+        object.__setattr__(self, "needs_key", needs_key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -285,8 +285,7 @@ def _fast_fail_violations(
     value = error.value
     findings = Findings(limits)
     if not complete:
-        findings.found.append(bounded(path, keyword, describe(keyword, param), limits, cut=True))
-        return tuple(findings.found)
+        return (bounded(path, keyword, describe(keyword, param), limits, cut=True),)
     if keyword == "required" and isinstance(param, list) and isinstance(value, dict):
         for name in param:
             if name not in value:

@@ -297,8 +297,11 @@ class SchemaRegistry:
             return LookupFailure(Code.UNKNOWN_TOOL, "no contract is registered for this tool")
         if version is None:
             return entry.newest
-        wanted = parse_version(version)
-        contract = entry.by_version.get(wanted) if wanted is not None else None
+        # a call usually names the version as the registry keys it; any other spelling is parsed
+        contract = entry.by_version.get(version) if isinstance(version, str) else None
+        if contract is None:
+            wanted = parse_version(version)
+            contract = entry.by_version.get(wanted) if wanted is not None else None
         if contract is None:
             return LookupFailure(
                 Code.UNKNOWN_SCHEMA_VERSION,

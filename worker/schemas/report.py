@@ -50,6 +50,8 @@ _LOCAL = frozenset(
 )
 #: Keywords a subschema cannot be taken apart at: only its first error says what failed.
 _OPAQUE = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef")
+#: Where a jsonschema-rs error kind holds the schema's parameter its message names, by preference.
+_PARAMETERS = ("types", "limit", "options", "expected_value", "pattern", "multiple_of")
 _RS_KEYWORDS = {
     "falseSchema": "false",
     "oneOfNotValid": "oneOf",
@@ -82,21 +84,19 @@ def bounded(
 
 
 class Findings:
-    """Violations found so far, never more than the limit."""
+    """Violations found so far, never more than the limit (`full`: the limit is reached)."""
 
-    __slots__ = ("found", "limits")
+    __slots__ = ("found", "full", "limits")
 
     def __init__(self, limits: ViolationLimits) -> None:
         self.limits = limits
         self.found: list[Violation] = []
-
-    @property
-    def full(self) -> bool:
-        return len(self.found) >= self.limits.max_violations
+        self.full = False  # an attribute, not a property: the walk asks at every node
 
     def add(self, path: Path, keyword: str, message: str) -> None:
         if not self.full:
             self.found.append(bounded(path, keyword, message, self.limits))
+            self.full = len(self.found) >= self.limits.max_violations
 
     def extend(self, findings: Iterator[Finding]) -> None:
         for path, keyword, message in findings:
@@ -141,14 +141,11 @@ def rs_findings(
             yield [*path, str(name)], keyword, message
         return
     details = kind.as_dict()
-    param = next(
-        (
-            details[field]
-            for field in ("types", "limit", "options", "expected_value", "pattern", "multiple_of")
-            if field in details
-        ),
-        None,
-    )
+    param = None
+    for field in _PARAMETERS:  # a loop, not next(generator): an abandoned generator is costly
+        if field in details:
+            param = details[field]
+            break
     if keyword == "pattern" and isinstance(param, str):
         param = originals.get(param, param)
     yield path, keyword, describe(keyword, param)
@@ -169,6 +166,7 @@ class Reporter:
         the whole document."""
         self._document = document
         self._draft = document.draft
+        self._draft7 = document.draft is Draft.DRAFT7  # asked at every node of the walk
         self._originals = originals
         self._limits = limits
         self._registry = jsonschema_rs.Registry([(DOCUMENT, document.schema)])
@@ -214,7 +212,7 @@ class Reporter:
         own = {k: v for k, v in node.items() if k in _LOCAL}
         if "contains" in node:
             own["contains"] = self._pointer_schema((*at, "contains"))
-        if self._draft is Draft.DRAFT7:
+        if self._draft7:
             dependencies = node.get("dependencies")
             if isinstance(dependencies, dict):
                 listed = {k: v for k, v in dependencies.items() if isinstance(v, list)}
@@ -271,7 +269,7 @@ class Reporter:
         before = len(out.found)
         if at in self._document.refs:
             self._visit(self._document.refs[at], value, path, out)
-        if not (self._draft is Draft.DRAFT7 and "$ref" in node):  # draft 7: siblings ignored
+        if not (self._draft7 and "$ref" in node):  # draft 7: siblings ignored
             local = self._local_errors(at, node)
             if local is not None:
                 limit = self._limits.max_violations
@@ -310,7 +308,7 @@ class Reporter:
             branch = "then" if self._is_valid((*at, "if"), value) else "else"
             if branch in node:
                 self._visit((*at, branch), value, path, out)
-        dependent = "dependencies" if self._draft is Draft.DRAFT7 else "dependentSchemas"
+        dependent = "dependencies" if self._draft7 else "dependentSchemas"
         if isinstance(node.get(dependent), dict) and isinstance(value, dict):
             for name, sub in node[dependent].items():
                 if name in value and not isinstance(sub, list):
@@ -346,7 +344,7 @@ class Reporter:
     def _items(
         self, at: Pointer, node: dict[str, Any], value: list[Any], path: Path, out: Findings
     ) -> None:
-        if self._draft is Draft.DRAFT7:
+        if self._draft7:
             items = node.get("items")
             prefix_key, rest_key = "items", "additionalItems"
             prefix = len(items) if isinstance(items, list) else 0
