@@ -673,6 +673,22 @@ async def test_a_transaction_that_never_commits_is_given_up_within_its_timeout()
     assert_input_committed(broker)
 
 
+async def test_a_commit_that_never_returns_is_given_up_and_made_again() -> None:
+    """The client retries a commit while the coordinator is away, without a bound of its own:
+    the round gives it up after the request timeout, and a later round commits the offsets."""
+    broker = new_broker()
+    streams, calls = traffic(6)
+    produce(broker, streams)
+    worker = new_worker(broker, kafka={"request_timeout_ms": 1000})
+    await worker.start()
+    hold = broker.hold = Hold("commit")  # never released
+    await asyncio.wait_for(held_round(worker, broker, hold), timeout=5.0)
+    assert worker.stats.commit_errors == 1
+    await run_until_idle(worker, broker)
+    assert_one_verdict_per_call(broker, calls)
+    assert_input_committed(broker)
+
+
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_a_checkpoint_that_cannot_be_restored_stops_the_worker(guarantee: str) -> None:
     """Not a partition left paused for good (the rebalance listener would swallow the error):

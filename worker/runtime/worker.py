@@ -514,9 +514,12 @@ class Worker:
             request[tp] = offset
         if not request:
             return
+        # the client retries a commit for as long as the coordinator is unavailable: bounded
+        # here, as a round waits for it and a rebalance for the round
+        timeout_s = self.settings.kafka.request_timeout_ms / 1000
         try:
-            await consumer.commit(request)
-        except KafkaError as exc:
+            await asyncio.wait_for(consumer.commit(request), timeout_s)
+        except (KafkaError, TimeoutError) as exc:
             self.stats.commit_errors += 1
             self.metrics.commit_error()
             log.warning("commit failed (the next one carries these offsets): %r", exc)
