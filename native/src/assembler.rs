@@ -368,6 +368,30 @@ pub(crate) struct OpenCall {
 }
 
 impl OpenCall {
+    /// A call opened at `offset` at record time `clock`, holding nothing yet.
+    pub fn opened(channel: Channel, reused: bool, offset: i64, clock: i64, next_seq: u32) -> Self {
+        OpenCall {
+            channel,
+            reused,
+            dirty: true,
+            tool: None,
+            labels: None,
+            body: Body::Text {
+                text: Vec::new(),
+                ends: ThinVec::new(),
+            },
+            first_offset: offset,
+            last_offset: offset,
+            first_seen: clock,
+            chunks: 0,
+            next_seq,
+            duplicates: 0,
+            written: 0,
+            written_bounds: 0,
+            busy_ns: 0,
+        }
+    }
+
     pub fn tool_name(&self) -> Option<&str> {
         self.tool.as_ref().and_then(|tool| tool.name.as_deref())
     }
@@ -908,27 +932,9 @@ impl Assembler {
         }
         let part = self.partitions.get_mut(scope).expect("begin_record first");
         let clock = part.clock;
-        let call = OpenCall {
-            channel: piece.channel,
-            reused,
-            dirty: true,
-            tool: None,
-            labels: None,
-            body: Body::Text {
-                text: Vec::new(),
-                ends: ThinVec::new(),
-            },
-            first_offset: offset,
-            last_offset: offset,
-            first_seen: clock,
-            chunks: 0,
-            // a reused id is judged as its own call whatever its numbering
-            next_seq: if reused { piece.seq.unwrap_or(0) } else { 0 },
-            duplicates: 0,
-            written: 0,
-            written_bounds: 0,
-            busy_ns: 0,
-        };
+        // a reused id is judged as its own call whatever its numbering
+        let next_seq = if reused { piece.seq.unwrap_or(0) } else { 0 };
+        let call = OpenCall::opened(piece.channel, reused, offset, clock, next_seq);
         match part.streams.get_mut(&*key.stream_id) {
             Some(stream) => stream.calls.push(key.call_id.clone(), call),
             None => {
@@ -1173,26 +1179,7 @@ mod tests {
     use super::*;
 
     fn call(first_offset: i64) -> OpenCall {
-        OpenCall {
-            channel: Channel::ToolCall,
-            reused: false,
-            dirty: true,
-            tool: None,
-            labels: None,
-            body: Body::Text {
-                text: Vec::new(),
-                ends: ThinVec::new(),
-            },
-            first_offset,
-            last_offset: first_offset,
-            first_seen: 0,
-            chunks: 0,
-            next_seq: 0,
-            duplicates: 0,
-            written: 0,
-            written_bounds: 0,
-            busy_ns: 0,
-        }
+        OpenCall::opened(Channel::ToolCall, false, first_offset, 0, 0)
     }
 
     fn ids(calls: &Calls) -> Vec<&str> {
