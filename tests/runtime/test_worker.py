@@ -423,6 +423,35 @@ async def test_writes_acknowledged_to_a_deleted_topic_are_not_lost() -> None:
     assert_input_committed(broker)
 
 
+async def test_a_topic_deleted_while_its_writes_fail_holds_up_nothing_once_it_is_back() -> None:
+    """A round's events wait for a deleted topic while a later round is written in full: the
+    check sees the topic gone and rewinds, dropping the waiting events. The rounds that owed
+    them must not wait for them for ever: once the topic is back, everything is written and
+    committed."""
+    ticks = iter(range(10**9))  # each reading of the clock is a second later: retries are due
+    broker = new_broker()
+    streams, calls = traffic(1)
+    produce(broker, streams)
+    invalid = {f"bad{i}": [b"not json"] for i in range(6)}
+    produce(broker, invalid)
+    worker = new_worker(broker, lambda: float(next(ticks)), kafka={"fetch_max_records": 2})
+    await worker.start()
+    del broker.logs[ACCEPTED]
+    for _ in range(8):
+        await worker.step()
+        if "does not exist" in worker.readiness()[1]:
+            break
+    assert "does not exist" in worker.readiness()[1], "the check saw the topic gone"
+    broker.create_topic(ACCEPTED, 2)
+    await run_until_idle(worker, broker)
+    assert worker.readiness()[0]
+    assert worker.ledger.pending_records == 0
+    assert_input_committed(broker)
+    events = outcome_events(broker)
+    assert set(events) >= calls
+    assert len(events) == len(calls) + len(invalid)
+
+
 async def test_the_output_topics_must_exist_before_anything_is_produced() -> None:
     broker = new_broker()
     del broker.logs[INCOMPLETE]

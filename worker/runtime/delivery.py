@@ -70,20 +70,28 @@ class Stage(Enum):
 @dataclass(slots=True)
 class Round:
     id: int
-    outstanding: int
+    #: records sent in step 3 and not acknowledged yet, per input partition they came from
+    outstanding: dict[Partition, int]
     #: what is written in step 4, per input partition: records (key, value, headers) in order
     checkpoints: dict[Partition, list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]]
     #: what is committed in step 5: the next offset to read, per partition
     offsets: dict[Partition, int]
     stage: Stage = Stage.SENDING
-    checkpoints_outstanding: int = 0
+    #: checkpoint records sent in step 4 and not acknowledged yet, per input partition
+    checkpoints_outstanding: dict[Partition, int] = field(default_factory=dict)
     #: when the last of its records was acknowledged (the worker's clock)
     acked_at: float | None = None
 
 
 @dataclass(slots=True)
 class Ledger:
-    """Rounds in flight, oldest first, moved through the protocol's steps in order."""
+    """Rounds in flight, oldest first, moved through the protocol's steps in order.
+
+    Records and checkpoint records are counted per input partition, so forgetting a partition
+    (revoked, or rewound to its checkpoint) forgets what was still owed for it, whether the
+    outbox dropped those records or still sends them: a round never waits for a record that
+    will not be acknowledged, and a late acknowledgement of a forgotten one counts for nothing.
+    """
 
     _rounds: deque[Round] = field(default_factory=deque)
     _by_id: dict[int, Round] = field(default_factory=dict)
@@ -93,26 +101,35 @@ class Ledger:
     def open_round(
         self,
         round_id: int,
-        records: int,
+        records: Mapping[Partition, int],
         checkpoints: Mapping[Partition, list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]],
         offsets: Mapping[Partition, int],
     ) -> None:
-        """Step 3: a round's `records` were handed to the outbox (ids only ever grow)."""
-        round_ = Round(round_id, records, dict(checkpoints), dict(offsets))
-        if not records:
+        """Step 3: a round's records, counted per input partition, were handed to the outbox
+        (ids only ever grow)."""
+        outstanding = {where: count for where, count in records.items() if count}
+        round_ = Round(round_id, outstanding, dict(checkpoints), dict(offsets))
+        if not outstanding:
             round_.acked_at = float("-inf")
         self._rounds.append(round_)
         self._by_id[round_id] = round_
-        self.pending_records += records
+        self.pending_records += sum(outstanding.values())
 
-    def acknowledged(self, round_id: int, now: float, count: int = 1) -> None:
-        """`count` records of the round (step 3) were acknowledged at `now`."""
+    def acknowledged(self, round_id: int, where: Partition, now: float, count: int = 1) -> None:
+        """`count` records of the round (step 3) made from partition `where` were acknowledged
+        at `now`."""
         round_ = self._by_id.get(round_id)
         if round_ is None or round_.stage is not Stage.SENDING:
             return
-        count = min(count, round_.outstanding)
-        round_.outstanding -= count
+        owed = round_.outstanding.get(where)
+        if owed is None:
+            return  # the partition was forgotten
+        count = min(count, owed)
         self.pending_records -= count
+        if count < owed:
+            round_.outstanding[where] = owed - count
+            return
+        del round_.outstanding[where]
         if not round_.outstanding:
             round_.acked_at = now
 
@@ -131,16 +148,25 @@ class Ledger:
             if round_.outstanding or round_.acked_at is None or round_.acked_at > verified_at:
                 break
             round_.stage = Stage.CHECKPOINTING
-            round_.checkpoints_outstanding = sum(len(r) for r in round_.checkpoints.values())
+            round_.checkpoints_outstanding = {
+                where: len(frames) for where, frames in round_.checkpoints.items() if frames
+            }
             ready.append(round_)
         self._settle()
         return ready
 
-    def checkpoint_acknowledged(self, round_id: int, count: int = 1) -> None:
+    def checkpoint_acknowledged(self, round_id: int, where: Partition, count: int = 1) -> None:
+        """`count` checkpoint records of the round, of partition `where`, were acknowledged."""
         round_ = self._by_id.get(round_id)
         if round_ is None or round_.stage is not Stage.CHECKPOINTING:
             return
-        round_.checkpoints_outstanding = max(0, round_.checkpoints_outstanding - count)
+        owed = round_.checkpoints_outstanding.get(where)
+        if owed is None:
+            return  # the partition was forgotten
+        if count < owed:
+            round_.checkpoints_outstanding[where] = owed - count
+            return
+        del round_.checkpoints_outstanding[where]
         self._settle()
 
     def _settle(self) -> None:
@@ -164,19 +190,22 @@ class Ledger:
         for tp, offset in offsets.items():
             self._committable.setdefault(tp, offset)
 
-    def forget(self, partitions: Iterable[Partition]) -> None:
-        """Partitions were revoked or rewound: nothing in flight may checkpoint or commit them."""
+    def forget(self, partitions: Iterable[Partition], now: float) -> None:
+        """Partitions were revoked or rewound: nothing in flight may checkpoint or commit them,
+        and nothing still owed for them is waited for. A round that waited only for them is
+        acknowledged at `now`."""
         gone = set(partitions)
         for round_ in self._rounds:
-            for tp in gone:
-                dropped = round_.checkpoints.pop(tp, [])
-                round_.offsets.pop(tp, None)
-                if round_.stage is Stage.CHECKPOINTING:
-                    round_.checkpoints_outstanding = max(
-                        0, round_.checkpoints_outstanding - len(dropped)
-                    )
-        for tp in gone:
-            self._committable.pop(tp, None)
+            waiting = bool(round_.outstanding)
+            for where in gone:
+                self.pending_records -= round_.outstanding.pop(where, 0)
+                round_.checkpoints.pop(where, None)
+                round_.checkpoints_outstanding.pop(where, None)
+                round_.offsets.pop(where, None)
+            if waiting and not round_.outstanding:
+                round_.acked_at = now
+        for where in gone:
+            self._committable.pop(where, None)
         self._settle()
 
     @property

@@ -93,7 +93,8 @@ class Origin:
 @dataclass(slots=True)
 class RoundResult:
     id: int
-    records: int = 0
+    #: records made, per input partition they came from
+    records: dict[Partition, int] = field(default_factory=dict)
     checkpoints: dict[Partition, list[ChangelogRecord]] = field(default_factory=dict)
     offsets: dict[Partition, int] = field(default_factory=dict)
 
@@ -371,7 +372,7 @@ class Worker:
                     tp.topic, tp.partition, max(0, highwater - result.offsets[where])
                 )
             if tp.topic == self._requests:
-                result.records += self._decide_keys(result.id, tp.partition, fetched)
+                result.records[where] = self._decide_keys(result.id, tp.partition, fetched)
                 continue
             self.metrics.add_records(len(fetched))
             for emission in self.processor.feed(tp.topic, tp.partition, fetched):
@@ -386,7 +387,7 @@ class Worker:
                     )
                 )
                 self._observe(emission)
-                result.records += 1
+                result.records[where] = result.records.get(where, 0) + 1
                 self.stats.emitted += 1
             result.checkpoints[where] = self._checkpoint(tp.topic, tp.partition)
         assembler = self.processor.assembler
@@ -536,9 +537,9 @@ class Worker:
             self.stats.acknowledged += 1
             if record.topic in self._outcome_topics:
                 self.stats.events += 1
-            self.ledger.acknowledged(record.round_id, self._clock())
+            self.ledger.acknowledged(record.round_id, origin.partition, self._clock())
         elif origin.kind == CHECKPOINT:
-            self.ledger.checkpoint_acknowledged(record.round_id)
+            self.ledger.checkpoint_acknowledged(record.round_id, origin.partition)
             if origin.frame_bytes:
                 self.stats.checkpoints += 1
                 self.stats.checkpoint_bytes += origin.frame_bytes
@@ -580,7 +581,7 @@ class Worker:
                 record.topic,
                 error,
             )
-            self.ledger.acknowledged(record.round_id, self._clock())
+            self.ledger.acknowledged(record.round_id, origin.partition, self._clock())
             return None
         limits = self.settings.limits
         detail = f"{record.topic} refused the event ({type(error).__name__})"
@@ -803,7 +804,7 @@ class Worker:
                 self.processor.drop(topic, partition)
                 self._writers.pop((topic, partition), None)
             self.metrics.forget_partition(topic, partition)
-        self.ledger.forget(gone)
+        self.ledger.forget(gone, self._clock())
         self.metrics.set_idempotency_keys(len(self._owners))
         if self._outbox is not None:
             self._outbox.discard(lambda record: record.origin.partition in gone)
