@@ -66,6 +66,8 @@ class FakeBroker:
     #: transactional id -> the epoch of its newest producer (an older one is fenced)
     epochs: dict[str, int] = field(default_factory=dict)
     hold: Hold | None = None
+    #: set (and replaced) whenever sends are acknowledged
+    delivered: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def reach(self, point: str) -> None:
         """A client call passes `point`: it waits there if the test holds it."""
@@ -120,7 +122,16 @@ class FakeBroker:
                     self.append(topic, partition, key=key, value=value, headers=headers)
                 future.set_result(None)
             done += 1
+        if done:
+            self.delivered.set()
+            self.delivered = asyncio.Event()
         return done
+
+    def unsent(self, topic: str, partition: int) -> bool:
+        """A send to the topic partition waits for its acknowledgement."""
+        return any(
+            not future.done() and (t, p) == (topic, partition) for future, t, p, _ in self.pending
+        )
 
     def fail_topic(self, topic: str, error: KafkaError | None) -> None:
         if error is None:
@@ -191,6 +202,10 @@ class FakeProducer:
         await self._reach("send_batch")
         if topic not in self._broker.logs and topic not in self._broker.deleted:
             raise KafkaTimeoutError(f"no metadata for {topic}")
+        if not self.transactional:
+            # aiokafka holds one unsent batch per topic partition: the next waits for it to go
+            while self._broker.unsent(topic, partition):
+                await self._broker.delivered.wait()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self.transactional:
             if self._broker.epochs[self.transactional_id] != self._epoch:

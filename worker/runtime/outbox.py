@@ -1,8 +1,17 @@
 """The outbox: records to produce, batched per topic partition, acknowledged, retried, replaced.
 
 Records are added during a round and sent at its end with one `send_batch` per topic partition
-(no future per record); each batch's acknowledgement is reported to the `Sink` per round. What
-goes wrong is handled by kind:
+(no future per record); each batch's acknowledgement is reported to the `Sink` per round.
+
+The producer holds one unsent batch per topic partition: `send_batch` waits while the previous
+one is there, which is until the request before it is acknowledged. So each topic partition has
+a *sender* task of its own that hands its records over, oldest first, one batch after the other;
+`dispatch()` gives them what is queued and returns at once, and the next round is judged while
+they wait (the records of the rounds dispatched meanwhile go together, in the batch after the
+one waiting). `flush()` also waits until every record was handed over (a transaction commits
+only after that).
+
+What goes wrong is handled by kind:
 
 - a retriable error (a leader moved, a timeout, a topic whose metadata is not there yet): the
   batch's records are sent again after a backoff that grows per topic while that topic keeps
@@ -164,6 +173,13 @@ class Outbox:
     _partitions: dict[str, list[int]] = field(default_factory=dict)
     in_flight: int = 0
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
+    #: records given to a topic partition's sender and not handed to the producer yet
+    _waiting: dict[tuple[str, int], list[Record]] = field(default_factory=dict)
+    _senders: dict[tuple[str, int], asyncio.Task[None]] = field(default_factory=dict)
+    #: per topic partition, the records its sender took and is handing over
+    _handing: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: what a sender raised that is not the producer's error (a bug): raised by the next call
+    _sender_error: BaseException | None = None
 
     def add(self, record: Record) -> None:
         self._queued.append(record)
@@ -181,24 +197,49 @@ class Outbox:
             await self._progress.wait()
 
     def discard(self, drop: Callable[[Record], bool]) -> None:
-        """Forget queued records that no longer matter (their partition was revoked)."""
+        """Forget queued records that no longer matter (their partition was revoked); what a
+        sender is handing over already goes."""
         self._queued = [r for r in self._queued if not drop(r)]
         self._retry = [r for r in self._retry if not drop(r)]
+        for where, waiting in self._waiting.items():
+            self._waiting[where] = [r for r in waiting if not drop(r)]
 
     def clear(self) -> None:
-        """Forget everything queued (an aborted transaction)."""
+        """Forget everything queued (an aborted transaction, a rewind)."""
         self._queued = []
         self._retry = []
+        for waiting in self._waiting.values():
+            waiting.clear()
 
     @property
     def queued(self) -> int:
-        return len(self._queued) + len(self._retry)
+        """Records not handed to the producer yet."""
+        waiting = sum(len(records) for records in self._waiting.values())
+        return len(self._queued) + len(self._retry) + waiting + sum(self._handing.values())
+
+    async def close(self) -> None:
+        """Stop the senders (before the producer stops: a call pending on a stopped producer
+        never returns)."""
+        senders = list(self._senders.values())
+        for sender in senders:
+            sender.cancel()
+        await asyncio.gather(*senders, return_exceptions=True)
+        self._senders.clear()
 
     def failing_topics(self) -> list[str]:
         return [topic for topic, health in self._health.items() if health.failures]
 
     async def flush(self) -> None:
-        """Send everything queued, and every retry that is due, batched per topic partition."""
+        """`dispatch()`, then wait until every record was handed to the producer."""
+        await self.dispatch()
+        while self._senders:
+            await asyncio.wait(list(self._senders.values()))
+            self._raise_sender_error()
+
+    async def dispatch(self) -> None:
+        """Give everything queued, and every retry that is due, to its topic partition's sender.
+        Waits only for a topic's partition count, the first time the topic is written to."""
+        self._raise_sender_error()
         now = self.clock()
         due = [r for r in self._retry if now >= self._health_of(r.topic).retry_at]
         if due:
@@ -220,10 +261,36 @@ class Outbox:
                 alone.append((record.topic, partition, record))
             else:
                 groups.setdefault((record.topic, partition), []).append(record)
-        for (topic, partition), group in groups.items():
-            await self._send(topic, partition, group)
         for topic, partition, record in alone:
-            await self._send(topic, partition, [record])
+            groups.setdefault((topic, partition), []).append(record)
+        for where, group in groups.items():
+            self._waiting.setdefault(where, []).extend(group)
+            if where not in self._senders:
+                self._senders[where] = asyncio.create_task(self._sender(*where))
+
+    def _raise_sender_error(self) -> None:
+        error, self._sender_error = self._sender_error, None
+        if error is not None:
+            raise error
+
+    async def _sender(self, topic: str, partition: int) -> None:
+        """Hand the topic partition's waiting records to the producer until none are left."""
+        where = (topic, partition)
+        try:
+            while waiting := self._waiting.pop(where, None):
+                self._handing[where] = len(waiting)
+                together = [r for r in waiting if not r.alone]
+                if together:
+                    await self._send(topic, partition, together)
+                for record in waiting:
+                    if record.alone:
+                        await self._send(topic, partition, [record])
+        except Exception as exc:  # a bug: the round that dispatches next raises it
+            self._sender_error = exc
+        finally:
+            self._handing.pop(where, None)
+            self._senders.pop(where, None)
+            self._progress.set()
 
     async def _partition(self, record: Record) -> int:
         partitions = self._partitions.get(record.topic)

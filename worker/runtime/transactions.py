@@ -83,7 +83,9 @@ class Transactions:
         """Stop the partition's producer; what its open transaction holds is aborted."""
         held = self._open.pop(where, None)
         if held is not None:
-            await self._stop(held[0], timeout_s)
+            producer, outbox = held
+            await outbox.close()
+            await self._stop(producer, timeout_s)
 
     async def close_all(self, timeout_s: float) -> None:
         await asyncio.gather(*(self.close(where, timeout_s) for where in list(self._open)))

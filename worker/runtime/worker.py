@@ -292,6 +292,8 @@ class Worker:
                 pending.cancel()
         if self._transactions is not None:
             await self._transactions.close_all(timeout_s / 2)
+        if self._outbox is not None:
+            await self._outbox.close()
         producer, consumer = self._producer, self._consumer
         self._producer = self._consumer = None
         try:
@@ -465,14 +467,14 @@ class Worker:
     async def _advance(self, *, force_commit: bool = False) -> None:
         outbox = self._outbox
         assert outbox is not None
-        await outbox.flush()
+        await outbox.dispatch()
         if self.ledger.awaiting_verification():
             self._check_outputs_when_due()
         await self._apply_check()
         for round_ in self.ledger.checkpoints_to_send(self._verified_at):
             for (topic, partition), frames in round_.checkpoints.items():
                 self._add_frames(round_.id, topic, partition, frames)
-        await outbox.flush()
+        await outbox.dispatch()
         interval = self.settings.kafka.commit_interval_ms / 1000
         if force_commit or self._clock() - self._last_commit >= interval:
             await self._commit(self.ledger.take_committable())

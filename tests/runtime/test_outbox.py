@@ -1,0 +1,223 @@
+"""The outbox on an in-memory producer (`tests.runtime.fakes`), which, like aiokafka's, holds one
+unsent batch per topic partition: `dispatch()` never waits for it, and whatever happens in
+between (rounds dispatched while earlier batches wait, acknowledgements in any order, a topic
+failing for a while) every record is written once, acknowledged once, and each topic partition
+keeps the order its records were added in."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+from aiokafka.errors import KafkaError, RequestTimedOutError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.runtime.fakes import FakeBroker, FakeProducer
+from worker.runtime.outbox import Backoff, Outbox, Record
+
+pytestmark = pytest.mark.asyncio
+
+TOPICS = ("a", "b")
+PARTITIONS = 2
+
+
+@dataclass
+class Sink:
+    acknowledged_values: list[bytes] = field(default_factory=list)
+    failing: set[str] = field(default_factory=set)
+
+    def acknowledged(self, record: Record) -> None:
+        assert record.value is not None
+        self.acknowledged_values.append(record.value)
+
+    def refused(self, record: Record, error: KafkaError) -> Record | None:
+        raise AssertionError(f"nothing here is refused for good: {error!r}")
+
+    def topic_failing(self, topic: str, error: KafkaError) -> None:
+        self.failing.add(topic)
+
+    def topic_recovered(self, topic: str) -> None:
+        self.failing.discard(topic)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def new_outbox(batch_records: int) -> tuple[FakeBroker, Outbox, Sink, Clock]:
+    broker = FakeBroker(auto_deliver=False)
+    for topic in TOPICS:
+        broker.create_topic(topic, PARTITIONS)
+    sink, clock = Sink(), Clock()
+    producer = FakeProducer(broker, batch_records=batch_records)
+    outbox = Outbox(producer, sink, clock, backoff=Backoff(base_s=0.1, cap_s=0.4))
+    return broker, outbox, sink, clock
+
+
+async def settle() -> None:
+    """Let the senders run until none can move without an acknowledgement."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("round"),
+            st.lists(
+                st.tuples(st.sampled_from(TOPICS), st.integers(0, PARTITIONS - 1)), max_size=6
+            ),
+        ),
+        st.tuples(st.just("deliver"), st.integers(0, 3)),
+        st.tuples(st.just("fail"), st.sampled_from(TOPICS)),
+        st.tuples(st.just("recover"), st.sampled_from(TOPICS)),
+        st.tuples(st.just("tick"), st.just(0)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations=OPERATIONS, batch_records=st.integers(1, 4))
+async def test_every_record_is_written_and_acknowledged_once_in_order(
+    operations: list[tuple[str, object]], batch_records: int
+) -> None:
+    broker, outbox, sink, clock = new_outbox(batch_records)
+    added: list[Record] = []
+    retried = False
+    for kind, argument in operations:
+        if kind == "round":
+            assert isinstance(argument, list)
+            for topic, partition in argument:
+                value = f"{len(added)}".encode()
+                record = Record(0, topic, None, value, [], partition)
+                added.append(record)
+                outbox.add(record)
+            # never waits for an earlier batch of the same topic partition
+            await asyncio.wait_for(outbox.dispatch(), timeout=1.0)
+        elif kind == "deliver":
+            assert isinstance(argument, int)
+            broker.deliver(argument)
+        elif kind == "fail":
+            assert isinstance(argument, str)
+            broker.fail_topic(argument, RequestTimedOutError())
+            retried = True
+        elif kind == "recover":
+            assert isinstance(argument, str)
+            broker.fail_topic(argument, None)
+        else:
+            clock.now += 0.5
+        await settle()
+    for topic in TOPICS:
+        broker.fail_topic(topic, None)
+    for _ in range(len(added) + 10):  # every retry is due after the backoff's cap
+        clock.now += 0.5
+        await asyncio.wait_for(outbox.dispatch(), timeout=1.0)
+        await settle()
+        broker.deliver()
+        await settle()
+        if not outbox.queued and not outbox.in_flight:
+            break
+    assert not outbox.queued
+    assert not outbox.in_flight
+    await outbox.close()
+
+    values = sorted(record.value or b"" for record in added)
+    assert sorted(sink.acknowledged_values) == values  # each acknowledged once
+    written = [r.value for topic in TOPICS for r in broker.records(topic)]
+    assert sorted(v or b"" for v in written) == values  # each written once
+    if not retried:  # a retried batch goes behind what was sent after it
+        for topic in TOPICS:
+            for partition in range(PARTITIONS):
+                expected = [r.value for r in added if (r.topic, r.partition) == (topic, partition)]
+                assert [r.value for r in broker.logs[topic][partition]] == expected
+
+
+async def test_rounds_dispatched_while_a_batch_waits_go_together_behind_it() -> None:
+    broker, outbox, sink, _ = new_outbox(batch_records=100)
+    for round_id in range(4):
+        outbox.add(Record(round_id, "a", None, f"r{round_id}".encode(), [], 0))
+        await asyncio.wait_for(outbox.dispatch(), timeout=1.0)
+        await settle()
+    # r0 is unsent; the sender holds r1 in a batch waiting for it; r2 and r3 wait behind
+    assert [len(records) for _, _, _, records in broker.pending] == [1]
+    assert outbox.queued == 3
+    broker.deliver()
+    await settle()
+    assert [len(records) for _, _, _, records in broker.pending] == [1]
+    broker.deliver()
+    await settle()
+    assert [len(records) for _, _, _, records in broker.pending] == [2]
+    broker.deliver()
+    await settle()
+    assert sink.acknowledged_values == [b"r0", b"r1", b"r2", b"r3"]
+    assert not outbox.queued
+    assert not outbox.in_flight
+
+
+async def test_flush_returns_once_every_record_is_handed_over() -> None:
+    broker, outbox, _, _ = new_outbox(batch_records=100)
+    outbox.add(Record(0, "a", None, b"first", [], 0))
+    await outbox.dispatch()
+    await settle()
+    outbox.add(Record(1, "a", None, b"second", [], 0))
+    flushing = asyncio.ensure_future(outbox.flush())
+    await settle()
+    assert not flushing.done()  # "second" waits for "first" to go
+    broker.deliver()
+    await asyncio.wait_for(flushing, timeout=1.0)
+    assert outbox.queued == 0
+    assert outbox.in_flight == 1
+
+
+async def test_a_discarded_record_waiting_for_its_partition_is_not_sent() -> None:
+    broker, outbox, sink, _ = new_outbox(batch_records=100)
+    for value in (b"sent", b"handed over"):  # unsent; in a batch waiting for it
+        outbox.add(Record(0, "a", None, value, [], 0))
+        await outbox.dispatch()
+        await settle()
+    outbox.add(Record(1, "a", None, b"dropped", [], 0))
+    outbox.add(Record(1, "a", None, b"kept", [], 1))
+    await outbox.dispatch()
+    await settle()
+    outbox.discard(lambda record: record.value in (b"dropped", b"handed over"))
+    for _ in range(3):
+        broker.deliver()
+        await settle()
+    # what a sender handed to the producer goes, as a record in flight does
+    assert sorted(sink.acknowledged_values) == [b"handed over", b"kept", b"sent"]
+    assert not outbox.queued
+    assert not outbox.in_flight
+
+
+async def test_close_stops_a_sender_waiting_on_the_producer() -> None:
+    broker, outbox, _, _ = new_outbox(batch_records=100)
+    outbox.add(Record(0, "a", None, b"first", [], 0))
+    await outbox.dispatch()
+    outbox.add(Record(1, "a", None, b"second", [], 0))
+    await outbox.dispatch()
+    await settle()
+    await asyncio.wait_for(outbox.close(), timeout=1.0)
+    assert len(broker.pending) == 1
+
+
+async def test_a_bug_in_a_sender_is_raised_by_the_next_dispatch() -> None:
+    broker, outbox, _, _ = new_outbox(batch_records=100)
+
+    class BrokenBatch:
+        def append(self, **_: object) -> object:
+            raise ZeroDivisionError("a bug")
+
+    outbox.producer.create_batch = BrokenBatch  # type: ignore[method-assign]
+    outbox.add(Record(0, "a", None, b"x", [], 0))
+    await outbox.dispatch()
+    await settle()
+    with pytest.raises(ZeroDivisionError):
+        await outbox.dispatch()
+    assert not broker.pending
