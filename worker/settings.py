@@ -67,6 +67,13 @@ class KafkaSettings(BaseModel):
         description="the producer's wait for more records per batch; 0: each round's records "
         "are batched already",
     )
+    max_batch_bytes: int = Field(
+        256 * 1024,
+        ge=16 * 1024,
+        description="the producer's batch per topic partition; it sends one per partition per "
+        "request, so this bounds what a partition takes per round trip (keep it under the "
+        "topics' max.message.bytes)",
+    )
     topic_check_interval_ms: int = Field(
         100,
         ge=0,

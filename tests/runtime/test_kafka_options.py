@@ -52,6 +52,17 @@ def test_producer_waits_for_all_replicas(monkeypatch: pytest.MonkeyPatch) -> Non
     assert options["acks"] == "all"
     assert options["linger_ms"] == 7
     assert options["enable_idempotence"] is False
+    assert options["max_batch_size"] == 256 * 1024  # one batch per partition per request
+
+
+def test_the_batch_size_is_set_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    servers = "k1:9092"
+    settings = _settings(
+        monkeypatch, KAFKA__BOOTSTRAP_SERVERS=servers, KAFKA__MAX_BATCH_BYTES="65536"
+    )
+    assert producer_options(settings)["max_batch_size"] == 65536
+    with pytest.raises(ConfigError, match="MAX_BATCH_BYTES"):
+        _settings(monkeypatch, KAFKA__BOOTSTRAP_SERVERS=servers, KAFKA__MAX_BATCH_BYTES="1024")
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])

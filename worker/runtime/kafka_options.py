@@ -103,5 +103,6 @@ def producer_options(settings: Settings) -> dict[str, Any]:
         "acks": "all",
         "enable_idempotence": False,
         "linger_ms": settings.kafka.linger_ms,
+        "max_batch_size": settings.kafka.max_batch_bytes,
         "request_timeout_ms": settings.kafka.request_timeout_ms,
     }
