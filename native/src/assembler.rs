@@ -695,8 +695,14 @@ impl Assembler {
     }
 
     /// [`PartitionFeed::feed`] on the partition `scope` names.
-    pub fn feed(&mut self, scope: &Scope, offset: i64, piece: Piece<'_>, out: &mut Vec<Closed>) {
-        self.partition(scope).feed(offset, piece, out)
+    pub fn feed(
+        &mut self,
+        scope: &Scope,
+        offset: i64,
+        mut piece: Piece<'_>,
+        out: &mut Vec<Closed>,
+    ) {
+        self.partition(scope).feed(offset, &mut piece, out)
     }
 
     /// End of all input (offline): every open call ends `stream_ended`, partition by
@@ -802,16 +808,17 @@ impl PartitionFeed<'_> {
         }
     }
 
-    /// One piece of the record at `offset` (after `begin_record`).
-    pub fn feed(&mut self, offset: i64, piece: Piece<'_>, out: &mut Vec<Closed>) {
+    /// One piece of the record at `offset` (after `begin_record`); what the reassembler keeps
+    /// of it is taken out.
+    pub fn feed(&mut self, offset: i64, piece: &mut Piece<'_>, out: &mut Vec<Closed>) {
         match piece {
-            Piece::Call(mut call) => self.take(offset, &mut call, out),
-            Piece::End { stream_id, finish } => self.end_stream(offset, &stream_id, finish, out),
+            Piece::Call(call) => self.take(offset, call, out),
+            Piece::End { stream_id, finish } => self.end_stream(offset, stream_id, *finish, out),
             Piece::Abort { stream_id, call_id } => {
-                self.touch(&stream_id);
+                self.touch(stream_id);
                 let key = CallKey {
-                    stream_id: Arc::from(stream_id),
-                    call_id: Arc::from(call_id),
+                    stream_id: Arc::from(&**stream_id),
+                    call_id: Arc::from(&**call_id),
                 };
                 if self.touch_last_offset(&key, offset) {
                     self.close(&key, Ending::Incomplete(Incomplete::StreamCorrupt), out);

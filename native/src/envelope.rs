@@ -200,7 +200,7 @@ enum Key {
 }
 
 impl Key {
-    #[inline]
+    #[inline(always)]
     fn of(name: &str) -> Key {
         match Field::named(name) {
             Some(field) => Key::Known(field),

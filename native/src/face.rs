@@ -337,11 +337,11 @@ fn event_id(parts: &[&[u8]]) -> String {
         hasher.update(part);
         hasher.update([0u8]);
     }
-    let mut hex = String::with_capacity(32);
+    let mut hex = Vec::with_capacity(32);
     for byte in hasher.finalize() {
-        hex.extend(hex_digits(byte).map(char::from));
+        hex.extend_from_slice(&hex_digits(byte));
     }
-    hex
+    String::from_utf8(hex).expect("hex digits are ASCII")
 }
 
 fn call_event_id(
@@ -541,10 +541,15 @@ struct Batch<'py, 'a> {
 
 impl Batch<'_, '_> {
     /// The calls closed since the last emit, to `out` in the order they closed.
+    #[inline]
     fn emit(&mut self) -> PyResult<()> {
         if self.closed.is_empty() {
             return Ok(());
         }
+        self.emit_closed()
+    }
+
+    fn emit_closed(&mut self) -> PyResult<()> {
         emit(
             self.py,
             self.bounds,
@@ -604,7 +609,7 @@ impl Batch<'_, '_> {
     fn feed_fed(&mut self, offset: i64, key: Option<&[u8]>, fed: Vec<Fed<'_>>) -> PyResult<()> {
         for item in fed {
             match item {
-                Fed::Piece(piece) => self.feed.feed(offset, piece, &mut self.closed),
+                Fed::Piece(mut piece) => self.feed.feed(offset, &mut piece, &mut self.closed),
                 Fed::Malformed { code, detail } => self.malformed(offset, key, &code, &detail)?,
             }
         }
@@ -622,7 +627,7 @@ impl Batch<'_, '_> {
         match (bad.stream_id, bad.call_id) {
             (Some(stream), Some(call)) => self.feed.feed(
                 offset,
-                Piece::Abort {
+                &mut Piece::Abort {
                     stream_id: Cow::Owned(stream),
                     call_id: Cow::Owned(call),
                 },
@@ -747,7 +752,7 @@ impl Assembler {
             })
             .collect();
         let max_id_bytes = self.max_id_bytes;
-        let decoded: Vec<Option<Result<Piece<'_>, Malformed>>> = py.detach(|| {
+        let mut decoded: Vec<Option<Result<Piece<'_>, Malformed>>> = py.detach(|| {
             let mut tape = Vec::new();
             envelopes
                 .into_iter()
@@ -774,7 +779,7 @@ impl Assembler {
             return Ok(out);
         }
         let mut batch = self.batch(py, &scope, &out);
-        for (record, decoded) in records.iter().zip(decoded) {
+        for (record, decoded) in records.iter().zip(decoded.iter_mut()) {
             let fresh = batch
                 .feed
                 .begin_record(record.offset, record.timestamp, &mut batch.closed);
@@ -797,7 +802,9 @@ impl Assembler {
                     batch.feed.feed(record.offset, piece, &mut batch.closed);
                     batch.emit()?;
                 }
-                (None, Some(Err(bad))) => batch.feed_malformed_envelope(record.offset, key, bad)?,
+                (None, Some(Err(bad))) => {
+                    batch.feed_malformed_envelope(record.offset, key, bad.clone())?
+                }
                 (None, None) => unreachable!("a record with a value and no format is decoded"),
                 (Some(format), _) => {
                     // every event of a vendor stream keeps it active, pieces or not
