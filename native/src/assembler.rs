@@ -783,6 +783,14 @@ impl PartitionFeed<'_> {
             part.clock = part.clock.max(ts);
         }
         let deadline = part.clock - idle;
+        // the least recently active stream first: most records age nothing out
+        if part
+            .streams
+            .front()
+            .is_none_or(|(_, state)| state.last_seen > deadline)
+        {
+            return true;
+        }
         let mut expired = Vec::new();
         for (stream, state) in part.streams.iter() {
             if state.last_seen > deadline {
