@@ -667,9 +667,22 @@ impl Assembler {
         self.partitions.get(scope).map(|p| p.next_offset)
     }
 
-    /// A record begins: advance the partition's time and close what aged out before it.
-    /// False (and nothing changes) when the record was fed already: its offset is below the
-    /// partition's next one, as when a restored partition is fetched from an earlier offset.
+    /// The partition `scope` names (made when new), to feed it records: a batch of one
+    /// partition's records looks the partition up once.
+    pub fn partition(&mut self, scope: &Scope) -> PartitionFeed<'_> {
+        PartitionFeed {
+            part: self.partitions.entry(scope.clone()).or_default(),
+            shared: Shared {
+                limits: &self.limits,
+                record_ns: self.record_ns,
+                counters: &mut self.counters,
+                open: &mut self.open,
+                buffered: &mut self.buffered,
+            },
+        }
+    }
+
+    /// [`PartitionFeed::begin_record`] on the partition `scope` names.
     #[must_use]
     pub fn begin_record(
         &mut self,
@@ -678,87 +691,18 @@ impl Assembler {
         timestamp: Option<i64>,
         out: &mut Vec<Closed>,
     ) -> bool {
-        let idle = self.limits.idle_timeout_ms;
-        let part = self.partitions.entry(scope.clone()).or_default();
-        if offset < part.next_offset {
-            self.counters.stale_records += 1;
-            return false;
-        }
-        part.next_offset = offset + 1;
-        if let Some(ts) = timestamp {
-            part.clock = part.clock.max(ts);
-        }
-        let deadline = part.clock - idle;
-        let mut expired = Vec::new();
-        for (stream, state) in part.streams.iter() {
-            if state.last_seen > deadline {
-                break;
-            }
-            expired.extend(state.calls.ids().map(|call| CallKey {
-                stream_id: stream.clone(),
-                call_id: call.clone(),
-            }));
-        }
-        for key in expired {
-            self.close(scope, &key, Ending::Incomplete(Incomplete::Timeout), out);
-        }
-        true
+        self.partition(scope).begin_record(offset, timestamp, out)
     }
 
-    /// A record of this stream arrived: the stream is active (if it has open calls).
-    pub fn touch(&mut self, scope: &Scope, stream_id: &str) {
-        let Some(part) = self.partitions.get_mut(scope) else {
-            return;
-        };
-        let clock = part.clock;
-        if let Some(stream) = part.streams.to_back(stream_id) {
-            stream.last_seen = clock;
-            stream.moved = true;
-        }
-    }
-
-    /// One piece of the record at `offset` (after `begin_record`).
-    pub fn feed(&mut self, scope: &Scope, offset: i64, piece: Piece<'_>, out: &mut Vec<Closed>) {
-        match piece {
-            Piece::Call(call) => self.take(scope, offset, call, out),
-            Piece::End { stream_id, finish } => {
-                self.end_stream(scope, offset, &stream_id, finish, out)
-            }
-            Piece::Abort { stream_id, call_id } => {
-                self.touch(scope, &stream_id);
-                let key = CallKey {
-                    stream_id: Arc::from(stream_id),
-                    call_id: Arc::from(call_id),
-                };
-                if self.touch_last_offset(scope, &key, offset) {
-                    self.close(
-                        scope,
-                        &key,
-                        Ending::Incomplete(Incomplete::StreamCorrupt),
-                        out,
-                    );
-                }
-            }
-        }
-    }
-
-    /// Abort every open call of a stream (a record of it could not be read).
-    pub fn abort_stream(
+    /// [`PartitionFeed::feed`] on the partition `scope` names.
+    pub fn feed(
         &mut self,
         scope: &Scope,
         offset: i64,
-        stream_id: &str,
+        mut piece: Piece<'_>,
         out: &mut Vec<Closed>,
     ) {
-        for key in self.stream_calls(scope, stream_id) {
-            self.touch_last_offset(scope, &key, offset);
-            self.close(
-                scope,
-                &key,
-                Ending::Incomplete(Incomplete::StreamCorrupt),
-                out,
-            );
-        }
+        self.partition(scope).feed(offset, &mut piece, out)
     }
 
     /// End of all input (offline): every open call ends `stream_ended`, partition by
@@ -768,7 +712,9 @@ impl Assembler {
         scopes.sort();
         let mut closed = Vec::new();
         for scope in scopes {
-            let keys: Vec<CallKey> = self.partitions[&scope]
+            let mut feed = self.partition(&scope);
+            let keys: Vec<CallKey> = feed
+                .part
                 .calls()
                 .map(|(stream, call, _)| CallKey {
                     stream_id: stream.clone(),
@@ -777,12 +723,7 @@ impl Assembler {
                 .collect();
             let mut out = Vec::new();
             for key in keys {
-                self.close(
-                    &scope,
-                    &key,
-                    Ending::Incomplete(Incomplete::StreamEnded),
-                    &mut out,
-                );
+                feed.close(&key, Ending::Incomplete(Incomplete::StreamEnded), &mut out);
             }
             closed.push((scope, out));
         }
@@ -803,12 +744,107 @@ impl Assembler {
             self.buffered -= part.buffered();
         }
     }
+}
 
-    fn stream_calls(&self, scope: &Scope, stream_id: &str) -> Vec<CallKey> {
-        let Some(part) = self.partitions.get(scope) else {
-            return Vec::new();
-        };
-        let Some((stream, state)) = part.streams.get_key_value(stream_id) else {
+/// What the partitions share: the bounds, and the assembler's totals and counters.
+struct Shared<'a> {
+    limits: &'a Limits,
+    record_ns: u64,
+    counters: &'a mut Counters,
+    open: &'a mut usize,
+    buffered: &'a mut usize,
+}
+
+/// One partition, borrowed from its assembler to be fed records (see [`Assembler::partition`]).
+pub struct PartitionFeed<'a> {
+    part: &'a mut Partition,
+    shared: Shared<'a>,
+}
+
+impl PartitionFeed<'_> {
+    /// A record begins: advance the partition's time and close what aged out before it.
+    /// False (and nothing changes) when the record was fed already: its offset is below the
+    /// partition's next one, as when a restored partition is fetched from an earlier offset.
+    #[must_use]
+    pub fn begin_record(
+        &mut self,
+        offset: i64,
+        timestamp: Option<i64>,
+        out: &mut Vec<Closed>,
+    ) -> bool {
+        let idle = self.shared.limits.idle_timeout_ms;
+        let part = &mut *self.part;
+        if offset < part.next_offset {
+            self.shared.counters.stale_records += 1;
+            return false;
+        }
+        part.next_offset = offset + 1;
+        if let Some(ts) = timestamp {
+            part.clock = part.clock.max(ts);
+        }
+        let deadline = part.clock - idle;
+        // the least recently active stream first: most records age nothing out
+        if part
+            .streams
+            .front()
+            .is_none_or(|(_, state)| state.last_seen > deadline)
+        {
+            return true;
+        }
+        let mut expired = Vec::new();
+        for (stream, state) in part.streams.iter() {
+            if state.last_seen > deadline {
+                break;
+            }
+            expired.extend(state.calls.ids().map(|call| CallKey {
+                stream_id: stream.clone(),
+                call_id: call.clone(),
+            }));
+        }
+        for key in expired {
+            self.close(&key, Ending::Incomplete(Incomplete::Timeout), out);
+        }
+        true
+    }
+
+    /// A record of this stream arrived: the stream is active (if it has open calls).
+    pub fn touch(&mut self, stream_id: &str) {
+        let clock = self.part.clock;
+        if let Some(stream) = self.part.streams.to_back(stream_id) {
+            stream.last_seen = clock;
+            stream.moved = true;
+        }
+    }
+
+    /// One piece of the record at `offset` (after `begin_record`); what the reassembler keeps
+    /// of it is taken out.
+    pub fn feed(&mut self, offset: i64, piece: &mut Piece<'_>, out: &mut Vec<Closed>) {
+        match piece {
+            Piece::Call(call) => self.take(offset, call, out),
+            Piece::End { stream_id, finish } => self.end_stream(offset, stream_id, *finish, out),
+            Piece::Abort { stream_id, call_id } => {
+                self.touch(stream_id);
+                let key = CallKey {
+                    stream_id: Arc::from(&**stream_id),
+                    call_id: Arc::from(&**call_id),
+                };
+                if self.touch_last_offset(&key, offset) {
+                    self.close(&key, Ending::Incomplete(Incomplete::StreamCorrupt), out);
+                }
+            }
+        }
+    }
+
+    /// Abort every open call of a stream (a record of it could not be read).
+    pub fn abort_stream(&mut self, offset: i64, stream_id: &str, out: &mut Vec<Closed>) {
+        for key in self.stream_calls(stream_id) {
+            self.touch_last_offset(&key, offset);
+            self.close(&key, Ending::Incomplete(Incomplete::StreamCorrupt), out);
+        }
+    }
+
+    fn stream_calls(&self, stream_id: &str) -> Vec<CallKey> {
+        let Some((stream, state)) = self.part.streams.get_key_value(stream_id) else {
             return Vec::new();
         };
         state
@@ -821,11 +857,8 @@ impl Assembler {
             .collect()
     }
 
-    fn touch_last_offset(&mut self, scope: &Scope, key: &CallKey, offset: i64) -> bool {
-        let Some(part) = self.partitions.get_mut(scope) else {
-            return false;
-        };
-        match part.call_mut(key) {
+    fn touch_last_offset(&mut self, key: &CallKey, offset: i64) -> bool {
+        match self.part.call_mut(key) {
             Some(call) => {
                 call.last_offset = offset;
                 true
@@ -836,101 +869,113 @@ impl Assembler {
 
     fn end_stream(
         &mut self,
-        scope: &Scope,
         offset: i64,
         stream_id: &str,
         finish: Option<Finish>,
         out: &mut Vec<Closed>,
     ) {
         let reason = Incomplete::after(finish);
-        for key in self.stream_calls(scope, stream_id) {
-            self.touch_last_offset(scope, &key, offset);
-            self.close(scope, &key, Ending::Incomplete(reason), out);
+        for key in self.stream_calls(stream_id) {
+            self.touch_last_offset(&key, offset);
+            self.close(&key, Ending::Incomplete(reason), out);
         }
     }
 
-    fn take(&mut self, scope: &Scope, offset: i64, piece: CallPiece<'_>, out: &mut Vec<Closed>) {
-        let lifetime = self.limits.max_call_lifetime_ms;
-        self.touch(scope, &piece.stream_id);
-        let part = self.partitions.get_mut(scope).expect("begin_record first");
-        let now = part.clock;
-        // the ids are allocated only for a piece that does not continue an open call
-        let key = part
-            .open_key(&piece.stream_id, &piece.call_id)
-            .unwrap_or_else(|| CallKey {
-                stream_id: Arc::from(&*piece.stream_id),
-                call_id: Arc::from(&*piece.call_id),
-            });
-        let opening = match part.call_mut(&key) {
-            Some(call) if now - call.first_seen >= lifetime => {
+    fn take(&mut self, offset: i64, piece: &mut CallPiece<'_>, out: &mut Vec<Closed>) {
+        let lifetime = self.shared.limits.max_call_lifetime_ms;
+        let Partition {
+            streams,
+            tools,
+            clock,
+            ..
+        } = &mut *self.part;
+        let now = *clock;
+        // the stream is active; most pieces continue an open call, found with this one lookup
+        let open = match streams.to_back(&*piece.stream_id) {
+            Some(stream) => {
+                stream.last_seen = now;
+                stream.moved = true;
+                stream.calls.get_mut(&piece.call_id)
+            }
+            None => None,
+        };
+        if let Some(call) = open {
+            let ending = if now - call.first_seen >= lifetime {
                 call.last_offset = offset;
-                self.close(
-                    scope,
-                    &key,
-                    Ending::Incomplete(Incomplete::MaxLifetime),
-                    out,
-                );
-                self.counters.late_chunks += 1;
+                self.shared.counters.late_chunks += 1;
+                Some(Ending::Incomplete(Incomplete::MaxLifetime))
+            } else {
+                self.shared.append(tools, call, offset, piece)
+            };
+            if let Some(ending) = ending {
+                let key = self
+                    .part
+                    .open_key(&piece.stream_id, &piece.call_id)
+                    .expect("an open call");
+                self.close(&key, ending, out);
+            }
+            return;
+        }
+        // the ids are allocated only for a piece that does not continue an open call
+        let key = CallKey {
+            stream_id: Arc::from(&*piece.stream_id),
+            call_id: Arc::from(&*piece.call_id),
+        };
+        let reused = match self
+            .part
+            .closed
+            .get(&key)
+            .map(|closed| late_piece(closed, piece))
+        {
+            Some(Late::Retransmission) => {
+                self.shared.counters.duplicate_chunks += 1;
                 return;
             }
-            Some(_) => None,
-            None => match part
-                .closed
-                .get(&key)
-                .map(|closed| late_piece(closed, &piece))
-            {
-                Some(Late::Retransmission) => {
-                    self.counters.duplicate_chunks += 1;
-                    return;
-                }
-                Some(Late::Tail) => {
-                    self.counters.late_chunks += 1;
-                    return;
-                }
-                Some(Late::Reuse) => Some(true),
-                None if piece.opens => Some(false),
-                None => {
-                    // the continuation of a call judged and forgotten
-                    self.counters.late_chunks += 1;
-                    return;
-                }
-            },
+            Some(Late::Tail) => {
+                self.shared.counters.late_chunks += 1;
+                return;
+            }
+            Some(Late::Reuse) => true,
+            None if piece.opens => false,
+            None => {
+                // the continuation of a call judged and forgotten
+                self.shared.counters.late_chunks += 1;
+                return;
+            }
         };
-        if let Some(reused) = opening {
-            self.open_call(scope, &key, &piece, offset, reused, out);
-        }
-        let step = self.append(scope, &key, offset, piece);
-        if let Some(ending) = step {
-            self.close(scope, &key, ending, out);
+        self.open_call(&key, piece, offset, reused, out);
+        let Partition { streams, tools, .. } = &mut *self.part;
+        let call = streams
+            .get_mut(&*key.stream_id)
+            .and_then(|stream| stream.calls.get_mut(&key.call_id))
+            .expect("opened above");
+        if let Some(ending) = self.shared.append(tools, call, offset, piece) {
+            self.close(&key, ending, out);
         }
     }
 
     fn open_call(
         &mut self,
-        scope: &Scope,
         key: &CallKey,
         piece: &CallPiece<'_>,
         offset: i64,
         reused: bool,
         out: &mut Vec<Closed>,
     ) {
-        let oldest = {
-            let part = &self.partitions[scope];
-            if part.open >= self.limits.max_open_calls {
-                part.streams.front().and_then(|(stream, state)| {
-                    state.calls.ids().next().map(|call| CallKey {
-                        stream_id: stream.clone(),
-                        call_id: call.clone(),
-                    })
+        let oldest = if self.part.open >= self.shared.limits.max_open_calls {
+            self.part.streams.front().and_then(|(stream, state)| {
+                state.calls.ids().next().map(|call| CallKey {
+                    stream_id: stream.clone(),
+                    call_id: call.clone(),
                 })
-            } else {
-                None
-            }
+            })
+        } else {
+            None
         };
         if let Some(oldest) = oldest {
-            self.close(scope, &oldest, Ending::Incomplete(Incomplete::Evicted), out);
+            self.close(&oldest, Ending::Incomplete(Incomplete::Evicted), out);
         }
-        let part = self.partitions.get_mut(scope).expect("begin_record first");
+        let part = &mut *self.part;
         let clock = part.clock;
         // a reused id is judged as its own call whatever its numbering
         let next_seq = if reused { piece.seq.unwrap_or(0) } else { 0 };
@@ -954,111 +999,17 @@ impl Assembler {
         stream.last_seen = clock;
         stream.moved = true;
         part.open += 1;
-        self.open += 1;
+        *self.shared.open += 1;
     }
 
-    /// Take a piece into its open call; the ending when the piece ends the call.
-    fn append(
-        &mut self,
-        scope: &Scope,
-        key: &CallKey,
-        offset: i64,
-        piece: CallPiece<'_>,
-    ) -> Option<Ending> {
-        let limits = &self.limits;
-        let part = self.partitions.get_mut(scope).expect("begin_record first");
-        let Partition { streams, tools, .. } = part;
-        let call = streams
-            .get_mut(&*key.stream_id)
-            .and_then(|stream| stream.calls.get_mut(&key.call_id))
-            .expect("opened above");
-        call.last_offset = offset;
-        call.dirty = true;
-        if contradicts(call, &piece) {
-            return Some(Ending::Incomplete(Incomplete::StreamCorrupt));
-        }
-        if let Some(seq) = piece.seq {
-            if seq < call.next_seq {
-                if !call.repeats(seq, piece.delta.as_bytes()) {
-                    return Some(Ending::Incomplete(Incomplete::StreamCorrupt));
-                }
-                call.duplicates += 1;
-                self.counters.duplicate_chunks += 1;
-                return None;
-            }
-            if seq > call.next_seq {
-                return Some(Ending::Incomplete(Incomplete::SequenceGap));
-            }
-        }
-        call.next_seq += 1;
-        call.chunks += 1;
-        if call.tool_name().is_none() && piece.tool.is_some() {
-            let version = piece.tool_version.map(Box::from);
-            call.tool = tools.intern(piece.tool.map(Box::from), version);
-        } else if call.tool_version().is_none() && piece.tool_version.is_some() {
-            let name = call.tool_name().map(Box::from);
-            call.tool = tools.intern(name, piece.tool_version.map(Box::from));
-        }
-        if piece.idempotency_key.is_some() || piece.trace.is_some() {
-            let labels = call.labels.get_or_insert_with(Box::default);
-            if labels.idempotency_key.is_none() {
-                labels.idempotency_key = piece.idempotency_key.map(Box::from);
-            }
-            if labels.trace.is_none() {
-                labels.trace = piece.trace;
-            }
-        }
-        let taken = piece.delta.len();
-        match &mut call.body {
-            Body::Text { text, ends } => {
-                let overflow = if text.len() + taken > limits.max_call_bytes {
-                    Some(Overflow::TooLarge)
-                } else if call.chunks > limits.max_call_chunks {
-                    Some(Overflow::TooManyChunks)
-                } else {
-                    None
-                };
-                match overflow {
-                    Some(overflow) => {
-                        self.buffered -= text.len();
-                        let received = (text.len() + taken) as u64;
-                        call.body = Body::Dropped { overflow, received };
-                    }
-                    None => {
-                        if call.chunks > 1 {
-                            // the previous piece is no longer the last
-                            ends.push(text.len() as u32);
-                        }
-                        text.extend_from_slice(piece.delta.as_bytes());
-                        self.buffered += taken;
-                    }
-                }
-            }
-            Body::Dropped { received, .. } => *received += taken as u64,
-        }
-        call.busy_ns += self.record_ns;
-        if !piece.is_final {
-            return None;
-        }
-        match (piece.expected, &call.body) {
-            (Some(expected), Body::Text { text, .. }) if *expected.as_bytes() != text[..] => {
-                Some(Ending::Incomplete(Incomplete::StreamCorrupt))
-            }
-            _ => Some(Ending::Complete),
-        }
-    }
-
-    fn close(&mut self, scope: &Scope, key: &CallKey, ending: Ending, out: &mut Vec<Closed>) {
-        let recently_closed = self.limits.recently_closed;
-        let part = self
-            .partitions
-            .get_mut(scope)
-            .expect("a partition with calls");
+    fn close(&mut self, key: &CallKey, ending: Ending, out: &mut Vec<Closed>) {
+        let recently_closed = self.shared.limits.recently_closed;
+        let part = &mut *self.part;
         let Some(call) = part.remove_call(key) else {
             return;
         };
-        self.open -= 1;
-        self.buffered -= call.body.text().len();
+        *self.shared.open -= 1;
+        *self.shared.buffered -= call.body.text().len();
         let ending = match ending {
             _ if call.reused => Ending::Reused,
             Ending::Complete => match call.body.overflow() {
@@ -1113,6 +1064,92 @@ impl Assembler {
             ending,
             busy_ns: call.busy_ns,
         });
+    }
+}
+
+impl Shared<'_> {
+    /// Take a piece into its open call; the ending when the piece ends the call.
+    fn append(
+        &mut self,
+        tools: &mut Tools,
+        call: &mut OpenCall,
+        offset: i64,
+        piece: &mut CallPiece<'_>,
+    ) -> Option<Ending> {
+        call.last_offset = offset;
+        call.dirty = true;
+        if contradicts(call, piece) {
+            return Some(Ending::Incomplete(Incomplete::StreamCorrupt));
+        }
+        if let Some(seq) = piece.seq {
+            if seq < call.next_seq {
+                if !call.repeats(seq, piece.delta.as_bytes()) {
+                    return Some(Ending::Incomplete(Incomplete::StreamCorrupt));
+                }
+                call.duplicates += 1;
+                self.counters.duplicate_chunks += 1;
+                return None;
+            }
+            if seq > call.next_seq {
+                return Some(Ending::Incomplete(Incomplete::SequenceGap));
+            }
+        }
+        call.next_seq += 1;
+        call.chunks += 1;
+        if call.tool_name().is_none() && piece.tool.is_some() {
+            let version = piece.tool_version.as_deref().map(Box::from);
+            call.tool = tools.intern(piece.tool.as_deref().map(Box::from), version);
+        } else if call.tool_version().is_none() && piece.tool_version.is_some() {
+            let name = call.tool_name().map(Box::from);
+            call.tool = tools.intern(name, piece.tool_version.as_deref().map(Box::from));
+        }
+        if piece.idempotency_key.is_some() || piece.trace.is_some() {
+            let labels = call.labels.get_or_insert_with(Box::default);
+            if labels.idempotency_key.is_none() {
+                labels.idempotency_key = piece.idempotency_key.as_deref().map(Box::from);
+            }
+            if labels.trace.is_none() {
+                labels.trace = piece.trace.take();
+            }
+        }
+        let taken = piece.delta.len();
+        match &mut call.body {
+            Body::Text { text, ends } => {
+                let overflow = if text.len() + taken > self.limits.max_call_bytes {
+                    Some(Overflow::TooLarge)
+                } else if call.chunks > self.limits.max_call_chunks {
+                    Some(Overflow::TooManyChunks)
+                } else {
+                    None
+                };
+                match overflow {
+                    Some(overflow) => {
+                        *self.buffered -= text.len();
+                        let received = (text.len() + taken) as u64;
+                        call.body = Body::Dropped { overflow, received };
+                    }
+                    None => {
+                        if call.chunks > 1 {
+                            // the previous piece is no longer the last
+                            ends.push(text.len() as u32);
+                        }
+                        text.extend_from_slice(piece.delta.as_bytes());
+                        *self.buffered += taken;
+                    }
+                }
+            }
+            Body::Dropped { received, .. } => *received += taken as u64,
+        }
+        call.busy_ns += self.record_ns;
+        if !piece.is_final {
+            return None;
+        }
+        match (&piece.expected, &call.body) {
+            (Some(expected), Body::Text { text, .. }) if *expected.as_bytes() != text[..] => {
+                Some(Ending::Incomplete(Incomplete::StreamCorrupt))
+            }
+            _ => Some(Ending::Complete),
+        }
     }
 }
 

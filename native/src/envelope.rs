@@ -18,7 +18,7 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 
-use jiter::{Jiter, JsonValue, NumberAny, NumberInt, Peek};
+use jiter::{Jiter, NumberAny, NumberInt, Peek};
 
 use crate::assembler::{CallPiece, Channel, Finish, Piece, Trace};
 use crate::json;
@@ -113,13 +113,25 @@ pub fn decode<'a>(
     traceparent: Option<&str>,
     max_id_bytes: usize,
 ) -> Result<Piece<'a>, Malformed> {
-    let values = read_fields(text).map_err(|message| Malformed {
+    decode_with(text, traceparent, max_id_bytes, &mut Vec::new())
+}
+
+/// [`decode`] with a buffer for unescaping strings that the caller keeps from one record to the
+/// next (a batch decodes its records through one).
+pub fn decode_with<'a>(
+    text: &'a [u8],
+    traceparent: Option<&str>,
+    max_id_bytes: usize,
+    tape: &mut Vec<u8>,
+) -> Result<Piece<'a>, Malformed> {
+    let mut values = Values::default();
+    read_fields(text, tape, &mut values).map_err(|message| Malformed {
         message,
         stream_id: None,
         call_id: None,
     })?;
     Fields {
-        values,
+        values: &mut values,
         max_id_bytes,
     }
     .piece(traceparent)
@@ -127,15 +139,32 @@ pub fn decode<'a>(
 
 type Values<'a> = [Option<Value<'a>>; Field::COUNT];
 
-fn read_fields(text: &[u8]) -> Result<Values<'_>, String> {
-    let mut values = Values::default();
-    let mut jiter = Jiter::new(text);
+fn read_fields<'a>(
+    text: &'a [u8],
+    tape: &mut Vec<u8>,
+    values: &mut Values<'a>,
+) -> Result<(), String> {
+    let mut jiter = Jiter::with_tape(text, std::mem::take(tape));
+    let read = read_object(&mut jiter, text, values);
+    *tape = jiter.into_tape();
+    read
+}
+
+fn read_object<'a>(
+    jiter: &mut Jiter<'a>,
+    text: &'a [u8],
+    values: &mut Values<'a>,
+) -> Result<(), String> {
+    // checked once here rather than string by string (a record that is not all UTF-8 is
+    // refused by the parse, which says where)
+    let whole = std::str::from_utf8(text).ok();
     let not_json = |e: jiter::JiterError| format!("record is not JSON: {e}");
     if jiter.peek().map_err(not_json)? != Peek::Object {
         return Err("envelope must be a JSON object".to_owned());
     }
-    // a hash set: a record of many distinct unknown fields costs linear time, not quadratic
-    let mut unknown: HashSet<String> = HashSet::new();
+    // a hash set (made at the first): a record of many distinct unknown fields costs linear
+    // time, not quadratic
+    let mut unknown: Option<HashSet<String>> = None;
     let mut key = jiter.known_object().map_err(not_json)?.map(Key::of);
     while let Some(name) = key {
         match name {
@@ -145,24 +174,23 @@ fn read_fields(text: &[u8]) -> Result<Values<'_>, String> {
                     return Err(format!("envelope has the field {:?} twice", field.name()));
                 }
                 *slot = Some(
-                    read_value(&mut jiter, text)
+                    read_value(jiter, text, whole)
                         .map_err(|e| format!("envelope field {:?}: {e}", field.name()))?,
                 );
             }
             // an unknown field's name is the producer's text: it is never echoed
             Key::Unknown(name) => {
+                let unknown = unknown.get_or_insert_with(HashSet::new);
                 if unknown.contains(&name) {
                     return Err("envelope has an unknown field twice".to_owned());
                 }
-                check_strict(&mut jiter, text)
-                    .map_err(|e| format!("an unknown envelope field: {e}"))?;
+                check_strict(jiter, text).map_err(|e| format!("an unknown envelope field: {e}"))?;
                 unknown.insert(name);
             }
         }
         key = jiter.next_key().map_err(not_json)?.map(Key::of);
     }
-    jiter.finish().map_err(not_json)?;
-    Ok(values)
+    jiter.finish().map_err(not_json)
 }
 
 /// An object key: a known field, or the name of an unknown one (kept to refuse it twice).
@@ -172,6 +200,7 @@ enum Key {
 }
 
 impl Key {
+    #[inline(always)]
     fn of(name: &str) -> Key {
         match Field::named(name) {
             Some(field) => Key::Known(field),
@@ -180,7 +209,12 @@ impl Key {
     }
 }
 
-fn read_value<'j>(jiter: &mut Jiter<'j>, text: &'j [u8]) -> Result<Value<'j>, String> {
+/// `whole`: the record's text as a `str`, when all of it is UTF-8 (its strings borrow from it).
+fn read_value<'j>(
+    jiter: &mut Jiter<'j>,
+    text: &'j [u8],
+    whole: Option<&'j str>,
+) -> Result<Value<'j>, String> {
     let peek = jiter.peek().map_err(|e| e.to_string())?;
     Ok(match peek {
         Peek::Null => {
@@ -188,11 +222,16 @@ fn read_value<'j>(jiter: &mut Jiter<'j>, text: &'j [u8]) -> Result<Value<'j>, St
             Value::Null
         }
         Peek::True | Peek::False => Value::Bool(jiter.known_bool(peek).map_err(|e| e.to_string())?),
-        // the one string read that can borrow the input (`known_str` borrows the decoder)
-        Peek::String => match jiter.known_value(peek).map_err(|e| e.to_string())? {
-            JsonValue::Str(text) => Value::Str(text),
-            _ => unreachable!("a string was peeked"),
-        },
+        Peek::String => {
+            // the string's first byte, after its quote
+            let at = jiter.current_index() + 1;
+            let decoded = jiter.known_str().map_err(|e| e.to_string())?;
+            // a string without escapes is decoded as the input's own bytes: borrowed, not copied
+            let borrowed = whole
+                .and_then(|whole| whole.get(at..at + decoded.len()))
+                .filter(|raw| std::ptr::eq(raw.as_bytes(), decoded.as_bytes()));
+            Value::Str(borrowed.map_or_else(|| Cow::Owned(decoded.to_owned()), Cow::Borrowed))
+        }
         _ if peek.is_num() => match jiter.known_number(peek).map_err(|e| e.to_string())? {
             NumberAny::Int(NumberInt::Int(i)) => Value::Int(i),
             _ => Value::Other,
@@ -215,12 +254,12 @@ fn check_strict<'j>(jiter: &mut Jiter<'j>, text: &'j [u8]) -> Result<(), String>
     json::check_value(jiter, text, MAX_FIELD_DEPTH).map_err(|failure| failure.message)
 }
 
-struct Fields<'a> {
-    values: Values<'a>,
+struct Fields<'v, 'a> {
+    values: &'v mut Values<'a>,
     max_id_bytes: usize,
 }
 
-impl<'a> Fields<'a> {
+impl<'a> Fields<'_, 'a> {
     fn take(&mut self, field: Field) -> Value<'a> {
         self.values[field as usize].take().unwrap_or(Value::Null)
     }
@@ -379,6 +418,10 @@ impl<'a> Fields<'a> {
     }
 
     fn trace(&mut self, traceparent: Option<&str>) -> Result<Option<Box<Trace>>, String> {
+        const FIELDS: [Field; 4] = [Field::Attempt, Field::TraceId, Field::RunId, Field::StepId];
+        if traceparent.is_none() && FIELDS.iter().all(|f| self.values[*f as usize].is_none()) {
+            return Ok(None); // most records carry none of them
+        }
         let attempt = match self.take(Field::Attempt) {
             Value::Null => None,
             Value::Int(a) if (1..=i64::from(u32::MAX)).contains(&a) => Some(a as u32),

@@ -17,8 +17,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::assembler::{
-    Assembler as Core, CallPiece, Channel, Closed, Ending, Finish, Limits, Overflow, Piece, Scope,
-    Trace,
+    Assembler as Core, CallPiece, Channel, Closed, Ending, Finish, Limits, Overflow, PartitionFeed,
+    Piece, Scope, Trace,
 };
 use crate::envelope::{self, Malformed};
 use crate::event::hex_digits;
@@ -337,11 +337,11 @@ fn event_id(parts: &[&[u8]]) -> String {
         hasher.update(part);
         hasher.update([0u8]);
     }
-    let mut hex = String::with_capacity(32);
+    let mut hex = Vec::with_capacity(32);
     for byte in hasher.finalize() {
-        hex.extend(hex_digits(byte).map(char::from));
+        hex.extend_from_slice(&hex_digits(byte));
     }
-    hex
+    String::from_utf8(hex).expect("hex digits are ASCII")
 }
 
 fn call_event_id(
@@ -410,89 +410,160 @@ impl Assembler {
         (Arc::from(topic), partition)
     }
 
-    fn to_python(
-        &self,
-        py: Python<'_>,
-        scope: &Scope,
-        closed: Closed,
-    ) -> PyResult<Py<AssembledCall>> {
-        let text = |s: &Option<Box<str>>| s.as_deref().map(|s| PyString::new(py, s).unbind());
-        let trace = closed.trace.as_deref().cloned().unwrap_or_default();
-        let (incomplete, error, detail) = match &closed.ending {
-            Ending::Complete => (None, None, None),
-            Ending::Incomplete(reason) => (Some(reason.as_str()), None, None),
-            Ending::Overflow(Overflow::TooLarge) => (
-                None,
-                Some("too_large"),
-                Some(format!(
-                    "the call exceeded {} bytes",
-                    self.core.limits.max_call_bytes
-                )),
-            ),
-            Ending::Overflow(Overflow::TooManyChunks) => (
-                None,
-                Some("too_many_chunks"),
-                Some(format!(
-                    "the call exceeded {} chunks",
-                    self.core.limits.max_call_chunks
-                )),
-            ),
-            Ending::Reused => (
-                None,
-                Some("call_id_reused"),
-                Some("the call id was already used by another call of this stream".to_owned()),
-            ),
-        };
-        let id = call_event_id(
-            &scope.0,
-            scope.1,
-            closed.first_offset,
-            &closed.stream_id,
-            &closed.call_id,
-        );
-        Py::new(
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            max_call_bytes: self.core.limits.max_call_bytes,
+            max_call_chunks: self.core.limits.max_call_chunks,
+            max_id_bytes: self.max_id_bytes,
+            max_detail_bytes: self.max_detail_bytes,
+        }
+    }
+
+    /// One partition's records about to be fed, the calls they close going to `out`.
+    fn batch<'py, 'a>(
+        &'a mut self,
+        py: Python<'py>,
+        scope: &'a Scope,
+        out: &'a Bound<'py, PyList>,
+    ) -> Batch<'py, 'a> {
+        let bounds = self.bounds();
+        Batch {
             py,
-            AssembledCall {
-                stream_id: PyString::new(py, &closed.stream_id).unbind(),
-                call_id: PyString::new(py, &closed.call_id).unbind(),
-                tool: text(&closed.tool),
-                arguments: PyBytes::new(py, &closed.text).unbind(),
-                channel: PyString::intern(py, closed.channel.as_str()).unbind(),
-                tool_version: text(&closed.tool_version),
-                idempotency_key: text(&closed.idempotency_key),
-                trace_id: text(&trace.trace_id),
-                run_id: text(&trace.run_id),
-                step_id: text(&trace.step_id),
-                traceparent: text(&trace.traceparent),
-                attempt: trace.attempt,
-                topic: PyString::new(py, &scope.0).unbind(),
-                partition: scope.1,
-                first_offset: closed.first_offset,
-                last_offset: closed.last_offset,
-                chunks: closed.chunks,
-                duplicate_chunks: closed.duplicates,
-                nbytes: closed.received,
-                incomplete: incomplete.map(|s| PyString::intern(py, s).unbind()),
-                assembly_error: error.map(|s| PyString::intern(py, s).unbind()),
-                assembly_detail: detail.map(|s| PyString::new(py, &s).unbind()),
-                assembly_us: closed.busy_ns / 1000,
-                event_id: PyString::new(py, &id).unbind(),
-            },
+            scope,
+            feed: self.core.partition(scope),
+            bounds,
+            out,
+            closed: Vec::new(),
+        }
+    }
+}
+
+/// The bounds the calls handed to Python are made with.
+#[derive(Clone, Copy)]
+struct Bounds {
+    max_call_bytes: usize,
+    max_call_chunks: u32,
+    max_id_bytes: usize,
+    max_detail_bytes: usize,
+}
+
+fn to_python(
+    py: Python<'_>,
+    bounds: Bounds,
+    scope: &Scope,
+    closed: Closed,
+) -> PyResult<Py<AssembledCall>> {
+    let text = |s: &Option<Box<str>>| s.as_deref().map(|s| PyString::new(py, s).unbind());
+    let trace = closed.trace.as_deref().cloned().unwrap_or_default();
+    let (incomplete, error, detail) = match &closed.ending {
+        Ending::Complete => (None, None, None),
+        Ending::Incomplete(reason) => (Some(reason.as_str()), None, None),
+        Ending::Overflow(Overflow::TooLarge) => (
+            None,
+            Some("too_large"),
+            Some(format!("the call exceeded {} bytes", bounds.max_call_bytes)),
+        ),
+        Ending::Overflow(Overflow::TooManyChunks) => (
+            None,
+            Some("too_many_chunks"),
+            Some(format!(
+                "the call exceeded {} chunks",
+                bounds.max_call_chunks
+            )),
+        ),
+        Ending::Reused => (
+            None,
+            Some("call_id_reused"),
+            Some("the call id was already used by another call of this stream".to_owned()),
+        ),
+    };
+    let id = call_event_id(
+        &scope.0,
+        scope.1,
+        closed.first_offset,
+        &closed.stream_id,
+        &closed.call_id,
+    );
+    Py::new(
+        py,
+        AssembledCall {
+            stream_id: PyString::new(py, &closed.stream_id).unbind(),
+            call_id: PyString::new(py, &closed.call_id).unbind(),
+            tool: text(&closed.tool),
+            arguments: PyBytes::new(py, &closed.text).unbind(),
+            channel: PyString::intern(py, closed.channel.as_str()).unbind(),
+            tool_version: text(&closed.tool_version),
+            idempotency_key: text(&closed.idempotency_key),
+            trace_id: text(&trace.trace_id),
+            run_id: text(&trace.run_id),
+            step_id: text(&trace.step_id),
+            traceparent: text(&trace.traceparent),
+            attempt: trace.attempt,
+            topic: PyString::new(py, &scope.0).unbind(),
+            partition: scope.1,
+            first_offset: closed.first_offset,
+            last_offset: closed.last_offset,
+            chunks: closed.chunks,
+            duplicate_chunks: closed.duplicates,
+            nbytes: closed.received,
+            incomplete: incomplete.map(|s| PyString::intern(py, s).unbind()),
+            assembly_error: error.map(|s| PyString::intern(py, s).unbind()),
+            assembly_detail: detail.map(|s| PyString::new(py, &s).unbind()),
+            assembly_us: closed.busy_ns / 1000,
+            event_id: PyString::new(py, &id).unbind(),
+        },
+    )
+}
+
+fn emit(
+    py: Python<'_>,
+    bounds: Bounds,
+    scope: &Scope,
+    closed: impl IntoIterator<Item = Closed>,
+    out: &Bound<'_, PyList>,
+) -> PyResult<()> {
+    for call in closed {
+        out.append(to_python(py, bounds, scope, call)?)?;
+    }
+    Ok(())
+}
+
+/// One partition's records being fed: the calls they close go to `out`, in order.
+struct Batch<'py, 'a> {
+    py: Python<'py>,
+    scope: &'a Scope,
+    feed: PartitionFeed<'a>,
+    bounds: Bounds,
+    out: &'a Bound<'py, PyList>,
+    /// Calls closed and not yet emitted.
+    closed: Vec<Closed>,
+}
+
+impl Batch<'_, '_> {
+    /// The calls closed since the last emit, to `out` in the order they closed.
+    #[inline]
+    fn emit(&mut self) -> PyResult<()> {
+        if self.closed.is_empty() {
+            return Ok(());
+        }
+        self.emit_closed()
+    }
+
+    fn emit_closed(&mut self) -> PyResult<()> {
+        emit(
+            self.py,
+            self.bounds,
+            self.scope,
+            self.closed.drain(..),
+            self.out,
         )
     }
 
     /// A record that could not be read: a rejected call of its own.
-    fn malformed(
-        &self,
-        py: Python<'_>,
-        scope: &Scope,
-        offset: i64,
-        key: Option<&[u8]>,
-        code: &str,
-        detail: &str,
-    ) -> PyResult<Py<AssembledCall>> {
+    fn malformed(&self, offset: i64, key: Option<&[u8]>, code: &str, detail: &str) -> PyResult<()> {
+        let (py, scope) = (self.py, self.scope);
         let stream = String::from_utf8_lossy(key.unwrap_or_default());
-        let stream = cut(&stream, self.max_id_bytes);
+        let stream = cut(&stream, self.bounds.max_id_bytes);
         let call_id = format!("record:{}:{}:{}", scope.0, scope.1, offset);
         let id = event_id(&[
             scope.0.as_bytes(),
@@ -500,7 +571,7 @@ impl Assembler {
             offset.to_string().as_bytes(),
             b"record",
         ]);
-        Py::new(
+        let call = Py::new(
             py,
             AssembledCall {
                 stream_id: PyString::new(py, stream).unbind(),
@@ -525,79 +596,51 @@ impl Assembler {
                 incomplete: None,
                 assembly_error: Some(PyString::intern(py, code).unbind()),
                 assembly_detail: Some(
-                    PyString::new(py, cut(detail, self.max_detail_bytes)).unbind(),
+                    PyString::new(py, cut(detail, self.bounds.max_detail_bytes)).unbind(),
                 ),
                 assembly_us: 0,
                 event_id: PyString::new(py, &id).unbind(),
             },
-        )
-    }
-
-    fn emit(
-        &self,
-        py: Python<'_>,
-        scope: &Scope,
-        closed: Vec<Closed>,
-        out: &Bound<'_, PyList>,
-    ) -> PyResult<()> {
-        for call in closed {
-            out.append(self.to_python(py, scope, call)?)?;
-        }
-        Ok(())
+        )?;
+        self.out.append(call)
     }
 
     /// Feed the pieces of one record; a record that is not what it says is its own call.
-    #[allow(clippy::too_many_arguments)]
-    fn feed_fed(
-        &mut self,
-        py: Python<'_>,
-        scope: &Scope,
-        offset: i64,
-        key: Option<&[u8]>,
-        fed: Vec<Fed<'_>>,
-        out: &Bound<'_, PyList>,
-    ) -> PyResult<()> {
-        let mut closed = Vec::new();
+    fn feed_fed(&mut self, offset: i64, key: Option<&[u8]>, fed: Vec<Fed<'_>>) -> PyResult<()> {
         for item in fed {
             match item {
-                Fed::Piece(piece) => self.core.feed(scope, offset, piece, &mut closed),
-                Fed::Malformed { code, detail } => {
-                    out.append(self.malformed(py, scope, offset, key, &code, &detail)?)?;
-                }
+                Fed::Piece(mut piece) => self.feed.feed(offset, &mut piece, &mut self.closed),
+                Fed::Malformed { code, detail } => self.malformed(offset, key, &code, &detail)?,
             }
         }
-        self.emit(py, scope, closed, out)
+        self.emit()
     }
 
     fn feed_malformed_envelope(
         &mut self,
-        py: Python<'_>,
-        scope: &Scope,
         offset: i64,
         key: Option<&[u8]>,
         bad: Malformed,
-        out: &Bound<'_, PyList>,
     ) -> PyResult<()> {
-        out.append(self.malformed(py, scope, offset, key, MALFORMED_RECORD, &bad.message)?)?;
-        let mut closed = Vec::new();
+        self.malformed(offset, key, MALFORMED_RECORD, &bad.message)?;
+        let closed = &mut self.closed;
         match (bad.stream_id, bad.call_id) {
-            (Some(stream), Some(call)) => self.core.feed(
-                scope,
+            (Some(stream), Some(call)) => self.feed.feed(
                 offset,
-                Piece::Abort {
+                &mut Piece::Abort {
                     stream_id: Cow::Owned(stream),
                     call_id: Cow::Owned(call),
                 },
-                &mut closed,
+                closed,
             ),
-            (Some(stream), None) => self.core.abort_stream(scope, offset, &stream, &mut closed),
+            (Some(stream), None) => self.feed.abort_stream(offset, &stream, closed),
             (None, _) => {
                 if let Some(stream) = key.and_then(|k| std::str::from_utf8(k).ok()) {
-                    self.core.abort_stream(scope, offset, stream, &mut closed);
+                    self.feed.abort_stream(offset, stream, closed);
                 }
             }
         }
-        self.emit(py, scope, closed, out)
+        self.emit()
     }
 }
 
@@ -695,26 +738,27 @@ impl Assembler {
     ) -> PyResult<Bound<'py, PyList>> {
         let started = Instant::now();
         let scope = Self::scope(topic, partition);
-        let records: Vec<Record<'py>> = records
-            .try_iter()?
-            .map(|object| read_record(py, object?))
-            .collect::<PyResult<_>>()?;
-        let envelopes: Vec<(usize, &[u8], Option<&str>)> = records
+        let mut read = Vec::with_capacity(records.len().unwrap_or(0));
+        for object in records.try_iter()? {
+            read.push(read_record(py, object?)?);
+        }
+        let records = read;
+        // each canonical envelope's text and traceparent (a record's own objects stay here)
+        let envelopes: Vec<Option<(&[u8], Option<&str>)>> = records
             .iter()
-            .enumerate()
-            .filter(|(_, r)| r.format.is_none())
-            .filter_map(|(i, r)| {
-                r.value
-                    .as_ref()
-                    .map(|v| (i, v.as_bytes(), r.traceparent.as_deref()))
+            .map(|r| match (&r.value, &r.format) {
+                (Some(value), None) => Some((value.as_bytes(), r.traceparent.as_deref())),
+                _ => None,
             })
             .collect();
         let max_id_bytes = self.max_id_bytes;
-        let decoded: Vec<(usize, Result<Piece<'_>, Malformed>)> = py.detach(|| {
+        let mut decoded: Vec<Option<Result<Piece<'_>, Malformed>>> = py.detach(|| {
+            let mut tape = Vec::new();
             envelopes
                 .into_iter()
-                .map(|(i, value, traceparent)| {
-                    let decoded = match traceparent {
+                .map(|envelope| {
+                    let (value, traceparent) = envelope?;
+                    Some(match traceparent {
                         Some(tp) if tp.len() > max_id_bytes => Err(Malformed {
                             message: format!(
                                 "header 'traceparent' is longer than {max_id_bytes} bytes"
@@ -722,28 +766,26 @@ impl Assembler {
                             stream_id: None,
                             call_id: None,
                         }),
-                        _ => envelope::decode(value, traceparent, max_id_bytes),
-                    };
-                    (i, decoded)
+                        _ => envelope::decode_with(value, traceparent, max_id_bytes, &mut tape),
+                    })
                 })
                 .collect()
         });
         // a call's assembly time: its records' share of reading and decoding their batch, the
         // bulk of the native work per record (one clock read pair per batch)
         self.core.record_ns = (started.elapsed().as_nanos() / records.len().max(1) as u128) as u64;
-        let mut decoded = decoded.into_iter().peekable();
         let out = PyList::empty(py);
-        for (index, record) in records.iter().enumerate() {
-            let mut closed = Vec::new();
-            let fresh =
-                self.core
-                    .begin_record(&scope, record.offset, record.timestamp, &mut closed);
-            self.emit(py, &scope, closed, &out)?;
+        if records.is_empty() {
+            return Ok(out);
+        }
+        let mut batch = self.batch(py, &scope, &out);
+        for (record, decoded) in records.iter().zip(decoded.iter_mut()) {
+            let fresh = batch
+                .feed
+                .begin_record(record.offset, record.timestamp, &mut batch.closed);
+            batch.emit()?;
             if !fresh {
-                if record.format.is_none() && record.value.is_some() {
-                    decoded.next(); // fed before: its decode goes unused
-                }
-                continue;
+                continue; // fed before: its decode goes unused
             }
             let key = record.key.as_ref().map(RecordKey::as_bytes);
             if record.value.is_none() {
@@ -752,55 +794,46 @@ impl Assembler {
                     stream_id: None,
                     call_id: None,
                 };
-                self.feed_malformed_envelope(py, &scope, record.offset, key, bad, &out)?;
+                batch.feed_malformed_envelope(record.offset, key, bad)?;
                 continue;
             }
-            match &record.format {
-                None => {
-                    let (at, piece) = decoded.next().expect("one decode per envelope");
-                    debug_assert_eq!(at, index);
-                    match piece {
-                        Ok(piece) => {
-                            let mut closed = Vec::new();
-                            self.core.feed(&scope, record.offset, piece, &mut closed);
-                            self.emit(py, &scope, closed, &out)?;
-                        }
-                        Err(bad) => {
-                            self.feed_malformed_envelope(py, &scope, record.offset, key, bad, &out)?
-                        }
-                    }
+            match (&record.format, decoded) {
+                (None, Some(Ok(piece))) => {
+                    batch.feed.feed(record.offset, piece, &mut batch.closed);
+                    batch.emit()?;
                 }
-                Some(format) => {
+                (None, Some(Err(bad))) => {
+                    batch.feed_malformed_envelope(record.offset, key, bad.clone())?
+                }
+                (None, None) => unreachable!("a record with a value and no format is decoded"),
+                (Some(format), _) => {
                     // every event of a vendor stream keeps it active, pieces or not
                     if let Some(stream) = key.and_then(|k| std::str::from_utf8(k).ok()) {
-                        self.core.touch(&scope, stream);
+                        batch.feed.touch(stream);
                     }
                     let chunks: Vec<Bound<'py, Chunk>> = decode_vendor
                         .call1((&record.object, format))?
                         .try_iter()?
                         .map(|chunk| Ok(chunk?.cast_into::<Chunk>()?))
                         .collect::<PyResult<_>>()?;
-                    let max_id = self.max_id_bytes;
                     let mut fed = Vec::new();
                     for chunk in &chunks {
                         let chunk = chunk.get();
-                        let item = chunk.to_fed(max_id);
+                        let item = chunk.to_fed(max_id_bytes);
                         if let Fed::Malformed { .. } = &item {
                             if chunk.kind != "malformed" {
                                 // an identifier past its bound: the stream cannot be trusted
-                                let mut aborted = Vec::new();
-                                self.core.abort_stream(
-                                    &scope,
+                                batch.feed.abort_stream(
                                     record.offset,
                                     &chunk.stream_id,
-                                    &mut aborted,
+                                    &mut batch.closed,
                                 );
-                                self.emit(py, &scope, aborted, &out)?;
+                                batch.emit()?;
                             }
                         }
                         fed.push(item);
                     }
-                    self.feed_fed(py, &scope, record.offset, key, fed, &out)?;
+                    batch.feed_fed(record.offset, key, fed)?;
                 }
             }
         }
@@ -820,26 +853,27 @@ impl Assembler {
     ) -> PyResult<Bound<'py, PyList>> {
         let scope = Self::scope(topic, partition);
         let out = PyList::empty(py);
-        let mut closed = Vec::new();
-        if !self
-            .core
-            .begin_record(&scope, offset, timestamp, &mut closed)
-        {
-            return Ok(out);
-        }
-        self.emit(py, &scope, closed, &out)?;
         let started = Instant::now();
         let fed = chunks.iter().map(|c| c.to_fed(self.max_id_bytes)).collect();
         self.core.record_ns = started.elapsed().as_nanos() as u64;
-        self.feed_fed(py, &scope, offset, None, fed, &out)?;
+        let mut batch = self.batch(py, &scope, &out);
+        if !batch
+            .feed
+            .begin_record(offset, timestamp, &mut batch.closed)
+        {
+            return Ok(out);
+        }
+        batch.emit()?;
+        batch.feed_fed(offset, None, fed)?;
         Ok(out)
     }
 
     /// End of all input (offline): every open call ends `stream_ended`.
     fn flush<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
+        let bounds = self.bounds();
         for (scope, closed) in self.core.flush() {
-            self.emit(py, &scope, closed, &out)?;
+            emit(py, bounds, &scope, closed, &out)?;
         }
         Ok(out)
     }
