@@ -76,7 +76,7 @@ def feedback_path(path: str, declared: frozenset[str], arguments: Any = NO_ARGUM
             continue
         shown.append(escape(token) if token in declared else UNDECLARED)
         node = node.get(token, NO_ARGUMENTS) if isinstance(node, dict) else NO_ARGUMENTS
-    return "".join("/" + token for token in shown) + (CUT if cut else "")
+    return "/" + "/".join(shown) + (CUT if cut else "")
 
 
 def _is_index(token: str, length: int) -> bool:
