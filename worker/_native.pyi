@@ -3,6 +3,17 @@
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Protocol, final
 
+from worker.model import (
+    Code,
+    Feedback,
+    IncompleteReason,
+    Outcome,
+    Phase,
+    RepairKind,
+    SchemaRef,
+    Violation,
+)
+
 # -- strict JSON (native/src/json.rs) -------------------------------------------------------------
 
 @final
@@ -189,7 +200,49 @@ class Assembler:
     @property
     def stale_records(self) -> int: ...
 
-# -- the outcome event (native/src/event.rs) ------------------------------------------------------
+# -- the verdict and its outcome event (native/src/event.rs) ---------------------------------------
 
-def encode_event(call: AssembledCall, verdict: Any, max_bytes: int) -> bytes | None:
-    """The event of `call` judged as `verdict` (read by attribute), None past `max_bytes`."""
+@final
+class Verdict:
+    """The chain's decision for one call (`worker.model.Verdict`; documented there)."""
+
+    outcome: Final[Outcome]
+    phase: Final[Phase | None]
+    code: Final[Code | None]
+    reason: Final[IncompleteReason | None]
+    schema: Final[SchemaRef | None]
+    arguments_json: Final[bytes | None]
+    violations: Final[tuple[Violation, ...]]
+    repairs: Final[tuple[RepairKind, ...]]
+    retryable: Final[bool]
+    retry_feedback: Final[dict[str, Any] | None]
+    feedback_json: Final[bytes | None]
+    requires_approval: Final[bool]
+    idempotency_key: Final[str | None]
+    idempotency_digest: Final[bytes | None]
+    duplicate_of: Final[str | None]
+    phases_us: Final[dict[str, int]]
+    def __init__(
+        self,
+        outcome: Outcome,
+        *,
+        phase: Phase | None = None,
+        code: Code | None = None,
+        reason: IncompleteReason | None = None,
+        schema: SchemaRef | None = None,
+        arguments_json: bytes | None = None,
+        violations: tuple[Violation, ...] = (),
+        repairs: tuple[RepairKind, ...] = (),
+        retryable: bool = False,
+        feedback: Feedback | None = None,
+        requires_approval: bool = False,
+        idempotency_key: str | None = None,
+        idempotency_digest: bytes | None = None,
+        duplicate_of: str | None = None,
+        phases_us: dict[str, int] | None = None,
+    ) -> None: ...
+    @property
+    def arguments(self) -> Any: ...
+
+def encode_event(call: AssembledCall, verdict: Verdict, max_bytes: int) -> bytes | None:
+    """The event of `call` judged as `verdict`, None past `max_bytes`."""

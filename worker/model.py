@@ -1,26 +1,25 @@
 """The values that flow through callgate: chunks in, assembled calls, verdicts out.
 
-`Chunk` and `AssembledCall` are the native core's own types (`worker._native`), re-exported
-here. The enums are `str` enums whose values are the wire names used in outcome events and as
+`Chunk`, `AssembledCall` and `Verdict` are the native core's own types (`worker._native`),
+re-exported here: the outcome event is written from a verdict's fields by the native core.
+The enums are `str` enums whose values are the wire names used in outcome events and as
 Prometheus label values, so they are shared, never re-spelled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import orjson
-
-from worker._native import AssembledCall, Chunk
+from worker._native import AssembledCall, Chunk, Verdict
 
 __all__ = [
     "AssembledCall",
     "Chunk",
     "ChunkKind",
     "Code",
+    "Feedback",
     "FinishReason",
     "IncompleteReason",
     "Outcome",
@@ -156,81 +155,10 @@ class SchemaRef:
     version: str
 
 
-class Verdict:
-    """The chain's decision for one call. `phase`/`code` name the first phase that failed.
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """A rejection's retry feedback: its fields, and the JSON text of them the event embeds
+    (encoded once, by `worker.core.feedback.build_feedback`, which bounds its size)."""
 
-    An accepted verdict carries `arguments_json`, the arguments as the JSON text the event
-    embeds (validated as is, or re-encoded by a version adapter). `idempotency_key` is the
-    call's effective key; an accepted verdict with `idempotency_digest` set is pending the
-    decision of the key's owner. `duplicate_of` names the event of the first acceptance of the
-    key, on a `duplicate` or `idempotency_conflict` rejection.
-    """
-
-    __slots__ = (
-        "arguments_json",
-        "code",
-        "duplicate_of",
-        "idempotency_digest",
-        "idempotency_key",
-        "outcome",
-        "phase",
-        "phases_us",
-        "reason",
-        "repairs",
-        "requires_approval",
-        "retry_feedback",
-        "retryable",
-        "schema",
-        "violations",
-    )
-
-    def __init__(
-        self,
-        outcome: Outcome,
-        *,
-        phase: Phase | None = None,
-        code: Code | None = None,
-        reason: IncompleteReason | None = None,
-        schema: SchemaRef | None = None,
-        arguments_json: bytes | None = None,
-        violations: tuple[Violation, ...] = (),
-        repairs: tuple[RepairKind, ...] = (),
-        retryable: bool = False,
-        retry_feedback: Mapping[str, Any] | None = None,
-        requires_approval: bool = False,
-        idempotency_key: str | None = None,
-        idempotency_digest: bytes | None = None,
-        duplicate_of: str | None = None,
-        phases_us: Mapping[str, int] | None = None,
-    ) -> None:
-        self.outcome = outcome
-        self.phase = phase
-        self.code = code
-        self.reason = reason
-        self.schema = schema
-        self.arguments_json = arguments_json
-        self.violations = violations
-        self.repairs = repairs
-        self.retryable = retryable
-        self.retry_feedback = retry_feedback
-        self.requires_approval = requires_approval
-        self.idempotency_key = idempotency_key
-        self.idempotency_digest = idempotency_digest
-        self.duplicate_of = duplicate_of
-        self.phases_us: Mapping[str, int] = phases_us if phases_us is not None else {}
-
-    @property
-    def feedback_json(self) -> bytes | None:
-        """`retry_feedback` as the JSON text the event embeds."""
-        return None if self.retry_feedback is None else orjson.dumps(self.retry_feedback)
-
-    @property
-    def arguments(self) -> Any:
-        """The accepted arguments as a value (for tests and tools; the event embeds the text)."""
-        return None if self.arguments_json is None else orjson.loads(self.arguments_json)
-
-    def __repr__(self) -> str:
-        fields = (
-            f"{name}={getattr(self, name)!r}" for name in ("outcome", "phase", "code", "reason")
-        )
-        return f"Verdict({', '.join(fields)})"
+    fields: dict[str, Any]
+    json: bytes

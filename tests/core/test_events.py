@@ -104,7 +104,7 @@ def verdicts(draw: st.DrawFn) -> Verdict:
         violations=found,
         repairs=repairs,
         retryable=retryable,
-        retry_feedback=build_feedback(
+        feedback=build_feedback(
             code,
             schema,
             found,
@@ -186,7 +186,7 @@ def test_a_rejection_with_too_many_violations_drops_them_and_says_so() -> None:
         schema=REF,
         violations=found,
         retryable=True,
-        retry_feedback=build_feedback(
+        feedback=build_feedback(
             Code.SCHEMA_VIOLATION,
             REF,
             found,
@@ -277,7 +277,8 @@ def test_a_substitute_says_why_in_the_delivery_phase() -> None:
 def test_headers_let_executors_filter_without_parsing(
     outcome: Outcome, tool: str | None, schema: SchemaRef | None, expected: list[Any]
 ) -> None:
-    assert record_headers(outcome, tool, schema) == expected
+    version = schema.version if schema is not None else None
+    assert record_headers(outcome, tool, version) == expected
 
 
 def test_the_record_key_is_the_call_id() -> None:
@@ -400,7 +401,7 @@ def test_the_owners_rejection_is_what_the_gate_would_write_for_it(
         violations=found,
         repairs=tuple(repairs),
         retryable=False,
-        retry_feedback=build_feedback(
+        feedback=build_feedback(
             code, schema, found, retryable=False, budget_exhausted=False, max_bytes=MAX_FEEDBACK
         ),
         idempotency_key=key,

@@ -56,7 +56,7 @@ def feedback(violations: tuple[Violation, ...], arguments: Any) -> dict[str, Any
         max_bytes=1 << 20,
         declared=DECLARED,
         arguments=arguments,
-    )
+    ).fields
 
 
 def tokens(path: str) -> list[str]:
@@ -158,10 +158,43 @@ def test_without_a_schema_every_key_is_undeclared(arguments: Any) -> None:
         budget_exhausted=False,
         max_bytes=4096,
         arguments=arguments,
-    )
+    ).fields
     expected = "/0" if arguments is not NO_ARGUMENTS else f"/{UNDECLARED}"
     assert shown["violations"][0]["path"] == f"/{UNDECLARED}" + expected
 
 
 def test_the_placeholder_is_a_single_pointer_token() -> None:
     assert escape(UNDECLARED) == UNDECLARED
+
+
+texts = st.text(st.characters(codec="utf-8"), max_size=40)
+
+
+@settings(FIXED, max_examples=300)
+@given(
+    found=st.lists(st.builds(Violation, texts, texts, texts), max_size=12),
+    max_bytes=st.integers(256, 2048),
+    omitted=st.integers(0, 5),
+    exhausted=st.booleans(),
+)
+def test_the_feedback_is_encoded_once_within_its_bound(
+    found: list[Violation], max_bytes: int, omitted: int, exhausted: bool
+) -> None:
+    """The JSON text the event embeds is the fields' encoding, within the bound whenever a
+    violation is shown, and every violation left out is counted."""
+    feedback = build_feedback(
+        Code.SCHEMA_VIOLATION,
+        REF,
+        tuple(found),
+        retryable=True,
+        budget_exhausted=exhausted,
+        max_bytes=max_bytes,
+        omitted=omitted,
+    )
+    assert feedback.json == orjson.dumps(feedback.fields)
+    shown = feedback.fields["violations"]
+    assert len(feedback.json) <= max_bytes or not shown
+    left_out = omitted + len(found) - len(shown)
+    assert feedback.fields.get("violations_omitted", 0) == left_out
+    if left_out:  # said last, after everything it qualifies
+        assert list(feedback.fields)[-1] == "violations_omitted"

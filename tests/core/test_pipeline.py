@@ -1267,11 +1267,11 @@ def test_feedback_on_any_mcp_message_holds_nothing_of_it(message: dict[str, Any]
 def test_every_retryable_code_has_an_instruction_of_its_own() -> None:
     default = build_feedback(
         Code.INTERNAL_ERROR, None, (), retryable=False, budget_exhausted=False, max_bytes=4096
-    )["instruction"]
+    ).fields["instruction"]
     for code in RETRYABLE:
         feedback = build_feedback(
             code, None, (), retryable=True, budget_exhausted=False, max_bytes=4096
-        )
+        ).fields
         assert feedback["instruction"] != default, code
 
 

@@ -68,6 +68,7 @@ def consistent(verdict: Verdict, the_call: AssembledCall) -> None:
         assert (verdict.phase, verdict.code, verdict.reason) == (None, None, None)
         assert verdict.violations == ()
         assert verdict.retry_feedback is None
+        assert verdict.feedback_json is None
         assert verdict.arguments_json is not None
         assert verdict.schema is not None
         orjson.loads(verdict.arguments_json)
@@ -83,6 +84,7 @@ def consistent(verdict: Verdict, the_call: AssembledCall) -> None:
         assert verdict.retry_feedback["error_type"] == verdict.code.value
         assert verdict.retry_feedback["retryable"] is verdict.retryable
         assert len(orjson.dumps(verdict.retry_feedback)) <= MAX_FEEDBACK
+        assert verdict.feedback_json == orjson.dumps(verdict.retry_feedback)
     else:
         assert verdict.reason is not None
         assert verdict.code is None

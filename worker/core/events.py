@@ -8,7 +8,7 @@ shows every field). This module adds what surrounds it:
   feedback's; an event that still does not fit, or an accepted one that does not fit at all
   (a version adapter grew the arguments), is replaced by a rejection `event_too_large`.
 - `record_key` / `record_headers`: key `call_id`, headers `outcome`, `tool`, `schema-version`,
-  so executors filter without parsing.
+  so executors filter without parsing (each list of headers built once, and shared).
 - the idempotency request (the accepted event waiting for its key's owner) and the rejections
   the owner derives from it (`duplicate`, `idempotency_conflict`).
 """
@@ -16,6 +16,7 @@ shows every field). This module adds what surrounds it:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -62,7 +63,6 @@ def encode_written(
 
 def _without_violations(verdict: Verdict, max_feedback_bytes: int) -> Verdict:
     assert verdict.code is not None
-    omitted = len(verdict.violations)
     feedback = build_feedback(
         verdict.code,
         verdict.schema,
@@ -72,8 +72,8 @@ def _without_violations(verdict: Verdict, max_feedback_bytes: int) -> Verdict:
             verdict.retry_feedback and verdict.retry_feedback.get("retry_budget_exhausted")
         ),
         max_bytes=max_feedback_bytes,
+        omitted=len(verdict.violations),
     )
-    feedback["violations_omitted"] = omitted
     return Verdict(
         Outcome.REJECTED,
         phase=verdict.phase,
@@ -82,7 +82,7 @@ def _without_violations(verdict: Verdict, max_feedback_bytes: int) -> Verdict:
         violations=(),
         repairs=verdict.repairs,
         retryable=verdict.retryable,
-        retry_feedback=feedback,
+        feedback=feedback,
         idempotency_key=verdict.idempotency_key,
         phases_us=verdict.phases_us,
     )
@@ -100,7 +100,7 @@ def substitute_rejection(
         schema=verdict.schema,
         violations=violations,
         retryable=False,
-        retry_feedback=build_feedback(
+        feedback=build_feedback(
             code,
             verdict.schema,
             violations,
@@ -117,11 +117,14 @@ def record_key(call: AssembledCall) -> bytes:
     return call.call_id.encode()
 
 
-def record_headers(outcome: str, tool: str | None, schema: SchemaRef | None) -> Headers:
+@lru_cache(maxsize=1024)
+def record_headers(outcome: str, tool: str | None, version: str | None) -> Headers:
+    """The headers of an event of `tool` at schema `version` (None: no contract). Built once
+    per combination (the last 1,024 kept) and shared by every record: never change one."""
     return [
         ("outcome", outcome.encode()),
         ("tool", (tool or "").encode()),
-        ("schema-version", schema.version.encode() if schema else b""),
+        ("schema-version", version.encode() if version is not None else b""),
     ]
 
 
@@ -216,7 +219,7 @@ def idempotency_rejection(
     ]
     fields["retry_feedback"] = build_feedback(
         code, ref, violations, retryable=False, budget_exhausted=False, max_bytes=max_feedback_bytes
-    )
+    ).fields
     fields["retryable"] = False
     fields["duplicate_of"] = first_event_id
     fields.pop("arguments", None)

@@ -7,7 +7,7 @@ schema declares that name (`Contract.declared_names`); any other key, which the 
 fed it chose (`/password=hunter2`), is replaced by `UNDECLARED`. Array indices stay, where the
 arguments show a position is one. The event's own violations keep the real path (for operators).
 It is bounded in size: violations are dropped from the end, and the count of dropped ones is
-said, until the encoded object fits.
+said, until the encoded object fits; the encoding that fits is the one the event embeds.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from worker.model import Code, SchemaRef, Violation
+from worker.model import Code, Feedback, SchemaRef, Violation
 from worker.schemas.contract import CUT
 from worker.schemas.drafts import escape
 
@@ -76,7 +76,7 @@ def feedback_path(path: str, declared: frozenset[str], arguments: Any = NO_ARGUM
             continue
         shown.append(escape(token) if token in declared else UNDECLARED)
         node = node.get(token, NO_ARGUMENTS) if isinstance(node, dict) else NO_ARGUMENTS
-    return "".join("/" + token for token in shown) + (CUT if cut else "")
+    return "/" + "/".join(shown) + (CUT if cut else "")
 
 
 def _is_index(token: str, length: int) -> bool:
@@ -94,10 +94,12 @@ def build_feedback(
     max_bytes: int,
     declared: frozenset[str] = frozenset(),
     arguments: Any = NO_ARGUMENTS,
-) -> dict[str, Any]:
+    omitted: int = 0,
+) -> Feedback:
     """The feedback for a rejection. `declared`: the property names the contract's schema
     declares (`Contract.declared_names`; none known: every object key is `UNDECLARED`);
-    `arguments`: the parsed arguments, which tell array indices from object keys."""
+    `arguments`: the parsed arguments, which tell array indices from object keys; `omitted`:
+    violations the caller left out already (counted in `violations_omitted`)."""
     feedback: dict[str, Any] = {
         "error_type": code.value,
         "schema": {"id": schema.id, "version": schema.version} if schema else None,
@@ -115,8 +117,12 @@ def build_feedback(
     if budget_exhausted:
         feedback["retry_budget_exhausted"] = True
         feedback["instruction"] = "The retry budget for this call is spent; do not retry."
+    if omitted:
+        feedback["violations_omitted"] = omitted
     shown = feedback["violations"]
-    while shown and len(orjson.dumps(feedback)) > max_bytes:
+    encoded = orjson.dumps(feedback)
+    while shown and len(encoded) > max_bytes:
         shown.pop()
-        feedback["violations_omitted"] = len(violations) - len(shown)
-    return feedback
+        feedback["violations_omitted"] = omitted + len(violations) - len(shown)
+        encoded = orjson.dumps(feedback)
+    return Feedback(feedback, encoded)

@@ -466,7 +466,7 @@ class Gate:
             violations=violations,
             repairs=repairs,
             retryable=retryable,
-            retry_feedback=feedback,
+            feedback=feedback,
             idempotency_key=self._key,
             phases_us=phases,
         )

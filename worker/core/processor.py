@@ -99,7 +99,8 @@ class Processor:
             return Emission(
                 Route.IDEMPOTENCY, verdict.idempotency_key.encode(), request, [], call, verdict
             )
-        headers = record_headers(verdict.outcome, call.tool, schema)
+        version = schema.version if schema is not None else None
+        headers = record_headers(verdict.outcome, call.tool, version)
         return Emission(_ROUTES[verdict.outcome], record_key(call), value, headers, call, verdict)
 
     # -- partitions ---------------------------------------------------------------------------

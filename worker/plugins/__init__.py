@@ -40,14 +40,14 @@ Adapter = Callable[[Mapping[str, Any]], dict[str, Any]]
 
 class Plugins:
     def __init__(self) -> None:
-        self._rules: dict[str, list[Rule]] = {}
+        self._rules: dict[str, tuple[Rule, ...]] = {}
         self._adapters: dict[tuple[str, str], Adapter] = {}
 
     def rule(self, schema_id: str) -> Callable[[Rule], Rule]:
         """Decorator: run this rule on every schema-valid call of `schema_id`."""
 
         def add(rule: Rule) -> Rule:
-            self._rules.setdefault(schema_id, []).append(rule)
+            self._rules[schema_id] = (*self._rules.get(schema_id, ()), rule)
             return rule
 
         return add
@@ -64,7 +64,7 @@ class Plugins:
         return add
 
     def rules_for(self, schema_id: str) -> tuple[Rule, ...]:
-        return tuple(self._rules.get(schema_id, ()))
+        return self._rules.get(schema_id, ())
 
     def adapter_for(self, ref: SchemaRef) -> Adapter | None:
         return self._adapters.get((ref.id, ref.version))

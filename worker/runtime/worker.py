@@ -418,7 +418,9 @@ class Worker:
         count = 0
         for decided in self._owners.decide(partition, fetched):
             resolution = decided.resolution
-            headers = record_headers(resolution.outcome, resolution.tool, resolution.schema)
+            schema = resolution.schema
+            version = schema.version if schema is not None else None
+            headers = record_headers(resolution.outcome, resolution.tool, version)
             topic = self._topic_of[resolution.outcome]
             event = resolution.event
             self._add(
@@ -599,7 +601,11 @@ class Worker:
             rejected,
             call.call_id.encode(),
             value,
-            record_headers(Outcome.REJECTED, call.tool, substitute.schema),
+            record_headers(
+                Outcome.REJECTED,
+                call.tool,
+                substitute.schema.version if substitute.schema is not None else None,
+            ),
             None,
             Origin(OUTPUT, origin.partition),
         )

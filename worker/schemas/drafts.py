@@ -127,7 +127,7 @@ def escape(token: str | int) -> str:
 
 def pointer(parts: tuple[str | int, ...] | list[str | int]) -> str:
     """An RFC 6901 JSON Pointer from its reference tokens."""
-    return "".join("/" + escape(p) for p in parts)
+    return "".join(["/" + escape(p) for p in parts])
 
 
 def children(node: dict[str, Any], draft: Draft) -> Iterator[tuple[tuple[str | int, ...], Any]]:
