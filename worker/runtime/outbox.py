@@ -248,7 +248,6 @@ class Outbox:
         if not records:
             return
         groups: dict[tuple[str, int], list[Record]] = {}
-        alone: list[tuple[str, int, Record]] = []
         for record in records:
             partition = record.partition
             if partition is None:
@@ -257,12 +256,7 @@ class Outbox:
                 except KafkaError as exc:
                     self._failed([record], exc)
                     continue
-            if record.alone:
-                alone.append((record.topic, partition, record))
-            else:
-                groups.setdefault((record.topic, partition), []).append(record)
-        for topic, partition, record in alone:
-            groups.setdefault((topic, partition), []).append(record)
+            groups.setdefault((record.topic, partition), []).append(record)
         for where, group in groups.items():
             self._waiting.setdefault(where, []).extend(group)
             if where not in self._senders:
