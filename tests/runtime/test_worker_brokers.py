@@ -2,12 +2,18 @@
 
 The same scenarios run on both where the broker can: every call judged once, a worker stopped
 with calls open and another one resuming them from the changelog, and (Apache Kafka only, the
-embedded broker has no transactions) exactly-once rounds read with `read_committed`.
+embedded broker has no transactions) exactly-once rounds read with `read_committed`. Apache
+Kafka only as well: an outcome topic deleted while the worker writes to it, and created again
+(tansu acknowledges writes to a deleted topic, so its writes never fail there).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,6 +29,9 @@ from aiokafka.errors import KafkaError
 from callgate_demo.broker import EmbeddedBroker
 from tests.datafiles import SCHEMAS
 from tests.support.apache_kafka import ApacheKafka
+from tests.support.outcomes import Seen, read_all, read_records, reference, without_timings
+from tests.support.traffic import IDLE_TIMEOUT_S, Feeder, mixed, step_for
+from tests.support.workers import until
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
 from worker.metrics import Metrics
 from worker.runtime.kafka import Kafka
@@ -104,8 +113,8 @@ class Run:
         finally:
             await producer.stop()
 
-    async def input_committed(self) -> bool:
-        """Whether the group committed every input partition to its end."""
+    async def input_offsets(self) -> dict[int, tuple[int, int]]:
+        """Per input partition: the group's committed offset (0 for none) and the log's end."""
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=self.group, enable_auto_commit=False
         )
@@ -113,12 +122,14 @@ class Run:
         try:
             tps = [TopicPartition(self.input, p) for p in range(PARTITIONS)]
             ends = await consumer.end_offsets(tps)
-            for tp in tps:
-                if (await consumer.committed(tp) or 0) < ends[tp]:
-                    return False
-            return True
+            return {tp.partition: (await consumer.committed(tp) or 0, ends[tp]) for tp in tps}
         finally:
             await consumer.stop()
+
+    async def input_committed(self) -> bool:
+        """Whether the group committed every input partition to its end."""
+        offsets = await self.input_offsets()
+        return all(committed >= end for committed, end in offsets.values())
 
     async def events(self, *, read_committed: bool = False) -> list[dict[str, Any]]:
         """Every event on the outcome topics now (their topics are new: offsets from 0)."""
@@ -292,6 +303,331 @@ async def test_exactly_once_rounds_are_read_once_with_read_committed(
     grouped = by_call(await run.events(read_committed=True))
     assert set(grouped) == {f"c{i}" for i in range(20)}
     assert all(len(seen) == 1 for seen in grouped.values())
+
+
+#: the seed of the generated traffic (printed; TEST_SEED sets another)
+SEED = int(os.environ.get("TEST_SEED", "20250611"))
+#: what the worker logs for each input partition it restores from its checkpoint
+RESTORED = re.compile(
+    r"(?P<topic>.+)\[(?P<partition>\d+)\]: restored from \d+ checkpoint frames; "
+    r"fetching from (?P<offset>\d+)"
+)
+
+
+def closing_offsets(
+    settings: Settings, records: list[Any]
+) -> tuple[dict[str, tuple[int, int]], int]:
+    """Per call, the input partition and offset of the record that closes it (its last chunk,
+    or the record whose time ends its idle timeout), judged one record at a time as any batching
+    judges it; and how many calls are still open after the last record."""
+    processor = build_processor(settings, build_registry(settings))
+    closing: dict[str, tuple[int, int]] = {}
+    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+        for emission in processor.feed(record.topic, record.partition, [record]):
+            closing[emission.call.call_id] = (record.partition, record.offset)
+    return closing, processor.assembler.open_calls
+
+
+def resume_points(records: list[logging.LogRecord], topic: str) -> dict[int, int]:
+    """Per partition of `topic`, the offset the worker last resumed it from, as it logged it."""
+    points: dict[int, int] = {}
+    for record in records:
+        found = RESTORED.fullmatch(record.getMessage())
+        if record.name == "callgate.worker" and found and found["topic"] == topic:
+            points[int(found["partition"])] = int(found["offset"])
+    return points
+
+
+async def admin_call(
+    bootstrap: str, *, delete: str | None = None, create: str | None = None
+) -> None:
+    """Delete one topic (until the broker no longer lists it), or create one (PARTITIONS
+    partitions); a topic error fails the test."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        if delete is not None:
+            deleted = await admin.delete_topics([delete])
+            assert [code for _, code, *_ in deleted.topic_error_codes] == [0], deleted
+
+            async def gone() -> bool:
+                return delete not in await admin.list_topics()
+
+            await until(gone, f"{delete} deleted", timeout_s=10)
+        if create is not None:
+            created = await admin.create_topics(
+                [NewTopic(create, num_partitions=PARTITIONS, replication_factor=1)]
+            )
+            assert [code for _, code, *_ in created.topic_errors] == [0], created
+    finally:
+        await admin.close()
+
+
+@pytest.mark.timeout(90)
+async def test_an_outcome_topic_deleted_while_its_writes_fail_is_judged_again_once_back(
+    apache_kafka: ApacheKafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The accepted topic is deleted while live traffic is judged into it: Apache Kafka refuses
+    the writes, the worker's topic check sees the topic gone and rewinds every partition to its
+    last checkpoint (dropping the events that wait), and fetching waits. Once the topic is
+    created again the worker judges the calls since the checkpoints again and commits resume
+    (when the ledger counted a round's records in one sum, the round kept waiting for the events
+    the rewind dropped: the worker never checkpointed or committed again).
+
+    What each call comes to is exact, by where its closing record lies in its input partition:
+    - before the checkpoint the worker resumed from: its event was acknowledged, and the topic
+      seen to exist, before the checkpoint moved past it; an accepted event went with the
+      deleted topic (no event), any other is there once;
+    - from there to the records sent after the topic was back: judged (again) once it was
+      back, so it has its event, on the right topic (the recreated one for an accepted call),
+      and every copy equals the reference's (a copy written before the rewind, or one the
+      producer still held, repeats it identically: at least once, never a different verdict);
+    - sent after the topic was back: exactly one event, the reference's.
+    And nothing is left over: the ledger idle, no lag, as many calls open as the reference has.
+    (tansu acknowledges writes to a deleted topic: the writes never fail there, so this runs on
+    Apache Kafka only.)"""
+    caplog.set_level(logging.INFO, logger="callgate.worker")
+    run = Run(apache_kafka.bootstrap_servers)
+    await run.create()
+    accepted = run.outputs["ok"]
+    topic_of = {
+        "accepted": accepted,
+        "rejected": run.outputs["no"],
+        "incomplete": run.outputs["partial"],
+    }
+    settings = run.settings(
+        kafka={
+            # a write to a deleted topic fails once the producer's retries time out
+            "request_timeout_ms": 3000,
+            "topic_check_interval_ms": 50,
+            "fetch_max_records": 100,
+        },
+        assembly={"idle_timeout_s": IDLE_TIMEOUT_S},
+    )
+    print(f"seed={SEED}")
+    traffic = mixed(run.input, 1500, seed=SEED)
+    feeder = Feeder(
+        run.bootstrap,
+        run.input,
+        PARTITIONS,
+        traffic.messages,
+        per_second=2000,
+        step_ms=step_for(traffic.messages),
+    )
+    before, during = feeder.total // 4, feeder.total * 3 // 4
+    feeder.limit(before)
+    worker = worker_for(settings)
+    metrics = worker.metrics.registry
+    await worker.start()
+    running = asyncio.create_task(worker.run())
+    feeding = asyncio.create_task(feeder.run())
+
+    def alive() -> bool:
+        return not running.done() and not (feeding.done() and feeding.exception() is not None)
+
+    def state() -> str:
+        ledger = worker.ledger
+        return (
+            f"readiness {worker.readiness()}, {ledger.pending_records} records unacknowledged "
+            f"in {ledger.rounds_in_flight} rounds, {worker.stats}"
+        )
+
+    def produce_errors() -> float:
+        return metrics.get_sample_value("callgate_produce_errors_total") or 0.0
+
+    async def checkpointed_everywhere() -> bool:
+        offsets = await run.input_offsets()
+        return feeder.held and all(committed > 0 for committed, _ in offsets.values())
+
+    async def finished() -> bool:
+        return feeder.done and worker.ledger.idle() and await run.input_committed()
+
+    try:
+        # every partition has a checkpoint (and a commit) before the topic goes
+        await until(
+            checkpointed_everywhere,
+            "a commit on every input partition",
+            timeout_s=30,
+            alive=alive,
+            interval_s=0.1,
+            context=state,
+        )
+        feeder.limit(during)
+
+        async def committing_live_traffic() -> bool:
+            offsets = await run.input_offsets()
+            return sum(committed for committed, _ in offsets.values()) > before + 300
+
+        # the topic goes while records arrive, are judged and written, and checkpoints move
+        await until(
+            committing_live_traffic,
+            "commits of live traffic",
+            timeout_s=20,
+            alive=alive,
+            interval_s=0.05,
+            context=state,
+        )
+        await admin_call(run.bootstrap, delete=accepted)
+        await until(
+            lambda: produce_errors() > 0 and f"{accepted}: does not exist" in worker.readiness()[1],
+            "failed writes to the deleted topic and the rewind",
+            timeout_s=20,
+            alive=alive,
+            context=state,
+        )
+        assert f"topic {accepted} does not exist: rewinding" in caplog.text
+        await admin_call(run.bootstrap, create=accepted)
+        await until(
+            lambda: worker.readiness()[0],
+            "the topic seen back",
+            timeout_s=20,
+            alive=alive,
+            context=state,
+        )
+        await until(lambda: feeder.held, "the traffic up to the gate", timeout_s=20, alive=alive)
+        # what is in the input now was sent before the topic was back; the rest after it
+        back = {partition: end for partition, (_, end) in (await run.input_offsets()).items()}
+        feeder.limit(None)
+        await until(
+            finished,
+            "every record judged, acknowledged and committed",
+            timeout_s=40,
+            alive=alive,
+            interval_s=0.1,
+            context=state,
+        )
+        assert worker.ledger.pending_records == 0
+        open_calls = metrics.get_sample_value("callgate_open_calls")
+        lags = [
+            metrics.get_sample_value(
+                "callgate_consumer_lag", {"topic": run.input, "partition": str(partition)}
+            )
+            for partition in range(PARTITIONS)
+        ]
+    finally:
+        worker.request_stop()
+        try:
+            await asyncio.wait_for(running, 30)
+        finally:
+            await worker.close()
+            feeding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeding
+    assert worker.ledger.idle()
+    assert lags == [0.0] * PARTITIONS
+
+    inputs = await read_records(run.bootstrap, {run.input: PARTITIONS})
+    refs = reference(settings, inputs)
+    closing, still_open = closing_offsets(settings, inputs)
+    assert open_calls == still_open
+    assert set(refs) == set(closing) == set(traffic.expected)
+    resumed = resume_points(caplog.records, run.input)
+    assert set(resumed) == set(range(PARTITIONS)), f"not every partition rewound: {resumed}"
+    assert all(resumed[p] <= back[p] for p in range(PARTITIONS)), (resumed, back)
+    events: dict[str, list[Seen]] = {}
+    for seen in await read_all(run.bootstrap, dict.fromkeys(run.outputs.values(), PARTITIONS)):
+        events.setdefault(seen.event["call_id"], []).append(seen)
+    assert set(events) <= set(refs), (
+        f"events of unknown calls: {sorted(set(events) - set(refs))[:5]}"
+    )
+    kinds = {"lost with the topic": 0, "checkpointed": 0, "judged again": 0, "sent after": 0}
+    problems: list[str] = []
+    for call, ref in sorted(refs.items()):
+        expect = traffic.expected[call]
+        outcome = ref.event["outcome"]
+        if (outcome, ref.event.get("error_code") or ref.event.get("reason")) != (
+            expect.outcome,
+            expect.code,
+        ):
+            problems.append(f"{call}: the reference judged {ref.event}, expected {expect}")
+        partition, offset = closing[call]
+        topic = topic_of[outcome]
+        got = events.get(call, [])
+        if offset < resumed[partition]:
+            kind = "lost with the topic" if topic == accepted else "checkpointed"
+            right = len(got) == (0 if topic == accepted else 1)
+        elif offset < back[partition]:
+            kind, right = "judged again", len(got) >= 1
+        else:
+            kind, right = "sent after", len(got) == 1
+        kinds[kind] += 1
+        if not right:
+            problems.append(f"{call} ({kind}, {partition}@{offset}): {len(got)} events")
+        for seen in got:
+            if seen.topic != topic or without_timings(seen.event) != without_timings(ref.event):
+                problems.append(f"{call} ({kind}): {seen} differs from the reference {ref.event}")
+    print(f"calls by where they close: {kinds}; resumed from {resumed}; back at {back}")
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:12])
+    assert all(kinds.values()), f"every case occurs: {kinds}"
+
+
+def whole_call(i: int) -> tuple[bytes, bytes]:
+    """Call `c<i>` of stream `s<i>` in one record: accepted, closed by that record."""
+    body = {
+        "stream_id": f"s{i}",
+        "call_id": f"c{i}",
+        "seq": 0,
+        "kind": "tool_call",
+        "tool": "get_weather",
+        "tool_version": "1",
+        "delta": orjson.dumps({"city": f"city{i}", "units": "celsius"}).decode(),
+        "final": True,
+    }
+    return f"s{i}".encode(), orjson.dumps(body)
+
+
+@pytest.mark.timeout(90)
+async def test_a_write_failing_because_its_topic_was_deleted_has_the_topic_checked(
+    apache_kafka: ApacheKafka,
+) -> None:
+    """Every round in flight owes events to the deleted topic: none is ever acknowledged, so
+    none waits for the check that the outcome topics exist, and only the failing writes can
+    start it. The worker must still see the topic gone and rewind (not retry a deleted topic's
+    writes for ever, saying only that they fail); once the topic is back, the calls judged
+    meanwhile are judged again, written and committed. (Apache Kafka only: tansu acknowledges
+    writes to a deleted topic.)"""
+    run = Run(apache_kafka.bootstrap_servers)
+    await run.create()
+    accepted = run.outputs["ok"]
+    settings = run.settings(kafka={"request_timeout_ms": 2000, "topic_check_interval_ms": 50})
+    worker = worker_for(settings)
+    await worker.start()
+    running = asyncio.create_task(worker.run())
+
+    def state() -> str:
+        return f"readiness {worker.readiness()}, {worker.ledger.pending_records} unacknowledged"
+
+    async def all_committed() -> bool:
+        return worker.ledger.idle() and await run.input_committed()
+
+    alive = lambda: not running.done()  # noqa: E731
+    try:
+        # checkpointed and committed before the topic goes: these events go with it
+        await run.produce([whole_call(i) for i in range(20)], timestamp_ms=1_000)
+        await until(all_committed, "the first calls committed", timeout_s=20, alive=alive)
+        await admin_call(run.bootstrap, delete=accepted)
+        # each of these rounds owes the deleted topic its events (one per record)
+        await run.produce([whole_call(i) for i in range(20, 40)], timestamp_ms=2_000)
+        await until(
+            lambda: f"{accepted}: does not exist" in worker.readiness()[1],
+            "the deleted topic seen gone",
+            timeout_s=15,
+            alive=alive,
+            context=state,
+        )
+        await admin_call(run.bootstrap, create=accepted)
+        await until(all_committed, "every call committed", timeout_s=20, alive=alive)
+    finally:
+        worker.request_stop()
+        try:
+            await asyncio.wait_for(running, 30)
+        finally:
+            await worker.close()
+    grouped = by_call(await run.events())
+    assert set(grouped) == {f"c{i}" for i in range(20, 40)}, "the first calls went with the topic"
+    for seen in grouped.values():
+        assert all(same_but_timings(event, seen[0]) for event in seen), seen
+        assert seen[0]["outcome"] == "accepted"
 
 
 class _Acknowledgements:

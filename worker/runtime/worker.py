@@ -470,7 +470,10 @@ class Worker:
         outbox = self._outbox
         assert outbox is not None
         await outbox.dispatch()
-        if self.ledger.awaiting_verification():
+        # Checkpoints wait for the check. A failing write may mean its topic was deleted: such a
+        # topic never acknowledges, and when every round in flight owes it records none waits
+        # for the check, so the failing writes start it too.
+        if self._failing or self.ledger.awaiting_verification():
             self._check_outputs_when_due()
         await self._apply_check()
         for round_ in self.ledger.checkpoints_to_send(self._verified_at):
