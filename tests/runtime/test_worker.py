@@ -177,8 +177,15 @@ async def run_until_idle(worker: Worker, broker: FakeBroker, *, rounds: int = 50
             await worker.step()
             broker.deliver()
             await worker.step()
+            await commit_settled(worker)
             return
     raise AssertionError("the worker did not settle")
+
+
+async def commit_settled(worker: Worker) -> None:
+    """The offset commit running beside the rounds, if any, has finished."""
+    if worker._committing is not None:
+        await worker._committing
 
 
 def traffic(calls: int) -> tuple[dict[str, list[bytes]], set[str]]:
@@ -222,6 +229,7 @@ async def test_nothing_is_committed_before_its_outputs_and_checkpoints_are_writt
     assert broker.committed == {}, "checkpoints sent, not acknowledged yet"
     broker.deliver()  # the checkpoints
     await worker.step()
+    await commit_settled(worker)
     assert broker.committed, "written, then committed"
 
 
@@ -450,6 +458,32 @@ async def test_a_topic_deleted_while_its_writes_fail_holds_up_nothing_once_it_is
     events = outcome_events(broker)
     assert set(events) >= calls
     assert len(events) == len(calls) + len(invalid)
+
+
+@pytest.mark.parametrize("calls", [1, 4, 9])
+async def test_a_deleted_topic_every_round_owes_is_seen_gone(calls: int) -> None:
+    """Every round in flight owes records to the deleted topic, so none is ever acknowledged in
+    full: the failing writes themselves must have the topics checked, or the worker retries
+    them for ever without seeing the topic gone (and without rewinding)."""
+    ticks = iter(range(10**9))  # each reading of the clock is a second later: checks are due
+    broker = new_broker()
+    streams, judged = traffic(calls)  # accepted calls only: every round writes to ACCEPTED
+    produce(broker, streams)
+    worker = new_worker(broker, lambda: float(next(ticks)), kafka={"fetch_max_records": 2})
+    await worker.start()
+    del broker.logs[ACCEPTED]
+    for _ in range(10):
+        await worker.step()
+        if "does not exist" in worker.readiness()[1]:
+            break
+    assert "does not exist" in worker.readiness()[1], worker.readiness()[1]
+    assert broker.committed == {}, "nothing committed past the failing writes"
+    broker.create_topic(ACCEPTED, 2)
+    await run_until_idle(worker, broker)
+    assert worker.readiness()[0]
+    assert worker.ledger.pending_records == 0
+    assert_one_verdict_per_call(broker, judged)
+    assert_input_committed(broker)
 
 
 async def test_the_output_topics_must_exist_before_anything_is_produced() -> None:
@@ -703,7 +737,7 @@ async def test_a_transaction_that_never_commits_is_given_up_within_its_timeout()
 
 async def test_a_commit_that_never_returns_is_given_up_and_made_again() -> None:
     """The client retries a commit while the coordinator is away, without a bound of its own:
-    the round gives it up after the request timeout, and a later round commits the offsets."""
+    the worker gives it up after the request timeout, and a later commit carries the offsets."""
     broker = new_broker()
     streams, calls = traffic(6)
     produce(broker, streams)
@@ -711,9 +745,43 @@ async def test_a_commit_that_never_returns_is_given_up_and_made_again() -> None:
     await worker.start()
     hold = broker.hold = Hold("commit")  # never released
     await asyncio.wait_for(held_round(worker, broker, hold), timeout=5.0)
+    await asyncio.wait_for(commit_settled(worker), timeout=5.0)
     assert worker.stats.commit_errors == 1
     await run_until_idle(worker, broker)
     assert_one_verdict_per_call(broker, calls)
+    assert_input_committed(broker)
+
+
+async def test_rounds_go_on_while_a_commit_waits_and_a_stop_waits_for_it() -> None:
+    """A commit runs beside the rounds: while the coordinator has not answered, later rounds
+    are judged, written and checkpointed, and no second commit starts. Stopping waits for the
+    commit in flight, then commits the rest: every input offset ends committed."""
+    broker = new_broker()
+    first, calls = traffic(6)
+    produce(broker, first)
+    worker = new_worker(broker, kafka={"commit_interval_ms": 0})
+    await worker.start()
+    hold = broker.hold = Hold("commit")
+    await asyncio.wait_for(held_round(worker, broker, hold), timeout=5.0)
+    committing = worker._committing
+    assert committing is not None
+    assert not committing.done()
+    assert broker.committed == {}, "the first commit is held"
+    later = {f"t{i}": weather_call(f"t{i}", f"d{i}", f"town{i}") for i in range(6)}
+    produce(broker, later)
+    for _ in range(6):
+        await asyncio.wait_for(worker.step(), timeout=1.0)
+        broker.deliver()
+    assert worker._committing is committing, "one commit in flight at a time"
+    assert_one_verdict_per_call(broker, calls | {f"d{i}" for i in range(6)})
+    worker.request_stop()
+    closing = asyncio.create_task(worker.close())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not closing.done(), "the stop waits for the commit in flight"
+    hold.release.set()
+    await asyncio.wait_for(closing, timeout=5.0)
+    assert worker.stats.commit_errors == 0
     assert_input_committed(broker)
 
 

@@ -20,7 +20,9 @@ checkpoint reflects an input offset: every record before it was fed, none after.
    checkpoints, in round order (rounds ready together are sent together, each partition's
    frames in order; a frame names its place, so a restore applies them in order regardless).
 5. When they are acknowledged, commit the round's input offsets (and the offsets of the
-   idempotency requests it decided).
+   idempotency requests it decided), at most once per `kafka.commit_interval_ms`: one commit
+   at a time, beside the rounds (no round waits for it); a revoke or a stop waits for the
+   commit in flight, then commits the rest.
 
 Why each crash point loses nothing and never yields a second, different verdict:
 - before 4: the last checkpoint is an earlier one; the partition is restored from it and the
