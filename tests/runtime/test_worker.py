@@ -182,6 +182,15 @@ async def run_until_idle(worker: Worker, broker: FakeBroker, *, rounds: int = 50
     raise AssertionError("the worker did not settle")
 
 
+async def rounds_until_seen_gone(worker: Worker, rounds: int) -> None:
+    """Rounds until the worker's check sees a deleted output topic; at most `rounds`."""
+    for _ in range(rounds):
+        await worker.step()
+        if "does not exist" in worker.readiness()[1]:
+            return
+    raise AssertionError(f"the check never saw the topic gone: {worker.readiness()[1]}")
+
+
 async def commit_settled(worker: Worker) -> None:
     """The offset commit running beside the rounds, if any, has finished."""
     if worker._committing is not None:
@@ -445,11 +454,7 @@ async def test_a_topic_deleted_while_its_writes_fail_holds_up_nothing_once_it_is
     worker = new_worker(broker, lambda: float(next(ticks)), kafka={"fetch_max_records": 2})
     await worker.start()
     del broker.logs[ACCEPTED]
-    for _ in range(8):
-        await worker.step()
-        if "does not exist" in worker.readiness()[1]:
-            break
-    assert "does not exist" in worker.readiness()[1], "the check saw the topic gone"
+    await rounds_until_seen_gone(worker, 8)
     broker.create_topic(ACCEPTED, 2)
     await run_until_idle(worker, broker)
     assert worker.readiness()[0]
@@ -472,11 +477,7 @@ async def test_a_deleted_topic_every_round_owes_is_seen_gone(calls: int) -> None
     worker = new_worker(broker, lambda: float(next(ticks)), kafka={"fetch_max_records": 2})
     await worker.start()
     del broker.logs[ACCEPTED]
-    for _ in range(10):
-        await worker.step()
-        if "does not exist" in worker.readiness()[1]:
-            break
-    assert "does not exist" in worker.readiness()[1], worker.readiness()[1]
+    await rounds_until_seen_gone(worker, 10)
     assert broker.committed == {}, "nothing committed past the failing writes"
     broker.create_topic(ACCEPTED, 2)
     await run_until_idle(worker, broker)

@@ -217,6 +217,15 @@ async def run_until(worker: Worker, done: Any, *, timeout_s: float = 60.0) -> No
         await worker.step()
 
 
+async def stop(worker: Worker, running: asyncio.Task[None]) -> None:
+    """Stop a worker whose `run()` is the task `running`, and close it (bounded)."""
+    worker.request_stop()
+    try:
+        await asyncio.wait_for(running, 30)
+    finally:
+        await worker.close()
+
+
 def by_call(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     grouped: dict[str, list[dict[str, Any]]] = {}
     for event in events:
@@ -505,11 +514,9 @@ async def test_an_outcome_topic_deleted_while_its_writes_fail_is_judged_again_on
             for partition in range(PARTITIONS)
         ]
     finally:
-        worker.request_stop()
         try:
-            await asyncio.wait_for(running, 30)
+            await stop(worker, running)
         finally:
-            await worker.close()
             feeding.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await feeding
@@ -618,11 +625,7 @@ async def test_a_write_failing_because_its_topic_was_deleted_has_the_topic_check
         await admin_call(run.bootstrap, create=accepted)
         await until(all_committed, "every call committed", timeout_s=20, alive=alive)
     finally:
-        worker.request_stop()
-        try:
-            await asyncio.wait_for(running, 30)
-        finally:
-            await worker.close()
+        await stop(worker, running)
     grouped = by_call(await run.events())
     assert set(grouped) == {f"c{i}" for i in range(20, 40)}, "the first calls went with the topic"
     for seen in grouped.values():
