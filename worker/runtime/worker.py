@@ -489,7 +489,8 @@ class Worker:
         commit runs beside the rounds, as the topic check does: a round never waits for the
         group coordinator's answer (a commit took 5-20 ms of a loaded round), and one commit is
         in flight at a time. A forced one (revoke, stop) waits for the one in flight, then
-        commits what is left, so a partition never leaves before its offsets are committed."""
+        commits what is left, so a partition's offsets are committed (or tried) before it
+        leaves."""
         committing = self._committing
         if committing is not None:
             if not committing.done() and not force:
