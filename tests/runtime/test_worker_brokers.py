@@ -602,7 +602,10 @@ async def test_a_write_failing_because_its_topic_was_deleted_has_the_topic_check
     running = asyncio.create_task(worker.run())
 
     def state() -> str:
-        return f"readiness {worker.readiness()}, {worker.ledger.pending_records} unacknowledged"
+        return (
+            f"readiness {worker.readiness()}, {worker.ledger.pending_records} unacknowledged, "
+            f"{worker.stats}"
+        )
 
     async def all_committed() -> bool:
         return worker.ledger.idle() and await run.input_committed()
@@ -623,7 +626,7 @@ async def test_a_write_failing_because_its_topic_was_deleted_has_the_topic_check
             context=state,
         )
         await admin_call(run.bootstrap, create=accepted)
-        await until(all_committed, "every call committed", timeout_s=20, alive=alive)
+        await until(all_committed, "every call committed", timeout_s=20, alive=alive, context=state)
     finally:
         await stop(worker, running)
     grouped = by_call(await run.events())
