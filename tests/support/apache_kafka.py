@@ -150,6 +150,14 @@ class ApacheKafka:
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
             "delete.topic.enable": "true",
+            # The tests write record times from 1970 (the reassembler decides by record time,
+            # not the clock): retention by age would delete their input while they run, so a
+            # rewind or a second worker would find it gone. Records are kept for ever, and the
+            # retention pass runs every second from the start, so a test that loses records to
+            # it fails every time rather than once in a few runs.
+            "log.retention.ms": "-1",
+            "log.retention.check.interval.ms": "1000",
+            "log.initial.task.delay.ms": "0",
             # the cleaner's dedupe buffer defaults to 128 MiB of the small heap
             "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
         }

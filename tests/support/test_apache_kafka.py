@@ -168,6 +168,41 @@ async def test_records_are_produced_and_consumed(apache_kafka: ApacheKafka) -> N
 
 
 @pytest.mark.asyncio
+async def test_records_from_1970_outlive_the_retention_passes(apache_kafka: ApacheKafka) -> None:
+    """The tests write record times from 1970: the broker must not delete them by age while a
+    test runs. A topic of its own with a 1 ms retention shows that a retention pass ran after
+    the writes (its record is deleted); the record on a topic with the broker's defaults stays."""
+    bootstrap = apache_kafka.bootstrap_servers
+    kept, expiring = unique("kept"), unique("expiring")
+    await create(
+        bootstrap,
+        NewTopic(kept, num_partitions=1, replication_factor=1),
+        NewTopic(
+            expiring, num_partitions=1, replication_factor=1, topic_configs={"retention.ms": "1"}
+        ),
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for topic in (kept, expiring):
+            await producer.send_and_wait(topic, b"from 1970", timestamp_ms=1_000)
+    finally:
+        await producer.stop()
+    kept_tp, expiring_tp = TopicPartition(kept, 0), TopicPartition(expiring, 0)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while (await consumer.beginning_offsets([expiring_tp]))[expiring_tp] == 0:
+            assert time.monotonic() < deadline, "no retention pass deleted the 1 ms topic's record"
+            await asyncio.sleep(0.2)
+        starts = await consumer.beginning_offsets([kept_tp])
+    finally:
+        await consumer.stop()
+    assert starts[kept_tp] == 0, "a record from 1970 was deleted by age"
+
+
+@pytest.mark.asyncio
 async def test_a_group_commit_keeps_its_metadata(apache_kafka: ApacheKafka) -> None:
     bootstrap = apache_kafka.bootstrap_servers
     topic, group = unique("meta"), unique("group")
