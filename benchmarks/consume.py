@@ -22,7 +22,10 @@ from worker.settings import load_settings
 async def consume(bootstrap: str, group: str, source: str, total: int) -> dict[str, float]:
     settings = load_settings(kafka={"bootstrap_servers": [bootstrap], "group_id": group})
     kafka = settings.kafka
-    consumer = AIOKafkaConsumer(source, **consumer_options(settings))
+    # the worker places each partition itself (no automatic reset); this baseline has no
+    # checkpoints and reads a new group from the start
+    options = {**consumer_options(settings), "auto_offset_reset": "earliest"}
+    consumer = AIOKafkaConsumer(source, **options)
     await consumer.start()
     read = first_batch = 0
     started = ended = 0.0

@@ -74,7 +74,10 @@ def _settle(pending: deque[Round], acknowledged: dict[TopicPartition, int]) -> i
 async def forward(bootstrap: str, group: str, source: str, target: str) -> None:
     settings = load_settings(kafka={"bootstrap_servers": [bootstrap], "group_id": group})
     kafka = settings.kafka
-    consumer = AIOKafkaConsumer(source, **consumer_options(settings))
+    # the worker places each partition itself (no automatic reset); this baseline has no
+    # checkpoints and reads a new group from the start
+    options = {**consumer_options(settings), "auto_offset_reset": "earliest"}
+    consumer = AIOKafkaConsumer(source, **options)
     producer = AIOKafkaProducer(**producer_options(settings))
     await producer.start()
     await consumer.start()

@@ -102,6 +102,7 @@ def test_the_series_operators_query_exist() -> None:
         "callgate_idempotency_keys_limit",
         "callgate_events_substituted_total",
         "callgate_events_dropped_total",
+        "callgate_input_records_deleted_total",
         "callgate_build_info",
     }
     # the limit is exposed only when known: a made-up one would make its alert lie
@@ -432,6 +433,8 @@ def test_gauges_and_infrastructure_counters() -> None:
     metrics.event_substituted()
     metrics.event_dropped()
     metrics.event_dropped()
+    metrics.input_records_deleted(5)
+    metrics.input_records_deleted(0)
     for name, labels, want in (
         ("callgate_records_total", {}, 8),
         ("callgate_open_calls", {}, 4),
@@ -451,6 +454,7 @@ def test_gauges_and_infrastructure_counters() -> None:
         ("callgate_idempotency_keys_limit", {}, 6_000_000),
         ("callgate_events_substituted_total", {}, 1),
         ("callgate_events_dropped_total", {}, 2),
+        ("callgate_input_records_deleted_total", {}, 5),
     ):
         assert value(metrics, name, **labels) == want, name
 

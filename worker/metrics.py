@@ -280,6 +280,12 @@ class Metrics:
             "Events refused for good with no substitute possible (see the log).",
             registry=registry,
         )
+        self._input_records_deleted = Counter(
+            PREFIX + "input_records_deleted",
+            "Input records deleted before they were judged (retention shorter than the lag): "
+            "their calls have no verdict, or one from what is left (see the log).",
+            registry=registry,
+        )
         Gauge(
             PREFIX + "build_info",
             "Always 1; the labels say which build and schema engine run.",
@@ -393,6 +399,10 @@ class Metrics:
 
     def event_dropped(self) -> None:
         self._events_dropped.inc()
+
+    def input_records_deleted(self, count: int) -> None:
+        if count > 0:
+            self._input_records_deleted.inc(count)
 
     # -- introspection -------------------------------------------------------------------------
 

@@ -267,7 +267,9 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Events substituted and dropped/s",
                 "Events a topic refused for good. Substituted: replaced by a rejection "
                 "output_refused (phase delivery) on the rejected topic. Dropped: no substitute "
-                "possible, the call has no event at all (alert CallgateEventsDropped).",
+                "possible, the call has no event at all (alert CallgateEventsDropped). Input "
+                "deleted: input records deleted (retention shorter than the lag) before they "
+                "were judged, their calls have no verdict (alert CallgateInputDeleted).",
                 (
                     Query(
                         _rate("callgate_events_substituted_total", BY_WORKER, "instance"),
@@ -276,6 +278,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                     Query(
                         _rate("callgate_events_dropped_total", BY_WORKER, "instance"),
                         "dropped {{instance}}",
+                    ),
+                    Query(
+                        _rate("callgate_input_records_deleted_total", BY_WORKER, "instance"),
+                        "input deleted {{instance}}",
                     ),
                 ),
                 unit="ops",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError, KafkaTimeoutError, ProducerFenced
+from aiokafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError, ProducerFenced
 
 from worker.runtime.topics import TopicSpec
 
@@ -68,6 +68,8 @@ class FakeBroker:
     hold: Hold | None = None
     #: set (and replaced) whenever sends are acknowledged
     delivered: asyncio.Event = field(default_factory=asyncio.Event)
+    #: (topic, partition) -> the first offset its log still has (records before were deleted)
+    starts: dict[tuple[str, int], int] = field(default_factory=dict)
 
     async def reach(self, point: str) -> None:
         """A client call passes `point`: it waits there if the test holds it."""
@@ -86,6 +88,14 @@ class FakeBroker:
         and lost."""
         del self.logs[name]
         self.deleted.add(name)
+
+    def delete_records(self, topic: str, partition: int, before: int) -> None:
+        """Delete the partition's records before offset `before` (as retention does)."""
+        where = (topic, partition)
+        self.starts[where] = max(self.starts.get(where, 0), before)
+
+    def start_of(self, tp: TopicPartition) -> int:
+        return self.starts.get((tp.topic, tp.partition), 0)
 
     def append(
         self,
@@ -313,6 +323,16 @@ class FakeConsumer:
             await self.join()
         batch: dict[TopicPartition, list[FakeRecord]] = {}
         budget = min(max_records, self._max)
+        out_of_range = {
+            tp: at
+            for tp, at in self._positions.items()
+            if tp not in self._paused
+            and not self._broker.start_of(tp)
+            <= at
+            <= len(self._broker.logs[tp.topic][tp.partition])
+        }
+        if out_of_range:  # the worker's consumer has no automatic reset
+            raise OffsetOutOfRangeError(out_of_range)
         for tp in sorted(self.assigned):
             if tp in self._paused or budget <= 0:
                 continue
@@ -343,7 +363,15 @@ class FakeConsumer:
 
     async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         for tp in partitions:
-            self._positions[tp] = 0
+            self._positions[tp] = self._broker.start_of(tp)
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self._positions[tp]
+
+    async def beginning_offsets(
+        self, partitions: list[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        return {tp: self._broker.start_of(tp) for tp in partitions}
 
     def pause(self, *partitions: TopicPartition) -> None:
         self._paused |= set(partitions)

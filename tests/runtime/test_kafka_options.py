@@ -36,7 +36,7 @@ def test_plain_consumer_commits_only_by_hand(monkeypatch: pytest.MonkeyPatch) ->
     assert options["bootstrap_servers"] == ["k1:9092", "k2:9093"]
     assert options["group_id"] == "gate"
     assert options["enable_auto_commit"] is False
-    assert options["auto_offset_reset"] == "earliest"
+    assert options["auto_offset_reset"] == "none"  # never a silent skip: Worker._skip_deleted
     assert options["session_timeout_ms"] == 6000
     assert options["heartbeat_interval_ms"] == 2000
     assert options["max_poll_records"] == 500

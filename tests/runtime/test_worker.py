@@ -197,6 +197,27 @@ async def commit_settled(worker: Worker) -> None:
         await worker._committing
 
 
+def generated(examples: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A property test over `data`: reproducible (derandomized), no deadline."""
+
+    def decorate(test: Callable[..., Any]) -> Callable[..., Any]:
+        return settings(
+            max_examples=examples,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=[HealthCheck.function_scoped_fixture],
+        )(given(data=st.data())(test))
+
+    return decorate
+
+
+def age_open_calls(broker: FakeBroker) -> None:
+    """A later record in every input partition: a call still open there times out."""
+    for partition in range(PARTITIONS):
+        end = orjson.dumps({"stream_id": f"clock{partition}", "kind": "end"})
+        broker.append(INPUT, partition, key=b"clock", value=end, timestamp=1000 + 120_000)
+
+
 def traffic(calls: int) -> tuple[dict[str, list[bytes]], set[str]]:
     streams = {f"s{i}": weather_call(f"s{i}", f"c{i}", f"city{i}") for i in range(calls)}
     return streams, {f"c{i}" for i in range(calls)}
@@ -242,13 +263,7 @@ async def test_nothing_is_committed_before_its_outputs_and_checkpoints_are_writt
     assert broker.committed, "written, then committed"
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
-@given(data=st.data())
+@generated(examples=40)
 async def test_a_crash_anywhere_replays_the_same_verdicts(data: st.DataObject) -> None:
     """Run, crash after a generated number of rounds with a generated share of the sends
     acknowledged, start a new worker on the same broker; repeat; no call is lost and every
@@ -267,10 +282,7 @@ async def test_a_crash_anywhere_replays_the_same_verdicts(data: st.DataObject) -
             streams[f"s{i}"] = weather_call(f"s{i}", f"c{i}", f"city{i}")
         calls.add(f"c{i}")
     produce(broker, streams)
-    # a later record in every partition ages the abandoned calls into their timeout
-    for partition in range(PARTITIONS):
-        end = orjson.dumps({"stream_id": f"clock{partition}", "kind": "end"})
-        broker.append(INPUT, partition, key=b"clock", value=end, timestamp=1000 + 120_000)
+    age_open_calls(broker)  # the abandoned calls time out
     for _ in range(data.draw(st.integers(0, 3))):
         worker = new_worker(broker)
         await worker.start()
@@ -291,6 +303,77 @@ async def test_a_crash_anywhere_replays_the_same_verdicts(data: st.DataObject) -
             key = event["idempotency_key"]
             assert key not in accepted_keys, f"key {key} accepted twice"
             accepted_keys[key] = event["event_id"]
+
+
+@generated(examples=40)
+async def test_input_deleted_before_it_was_judged_is_counted_exactly(data: st.DataObject) -> None:
+    """The worker lags (a generated number of small rounds), then each input partition loses
+    a generated prefix of its log (retention). Exactly the records deleted before they were
+    fetched are counted (a partition not assigned yet starts at its log's start: what was
+    deleted there is missing from its calls, but was never this worker's to lose). A call
+    none of whose records were lost is accepted once; a call that lost some gets one event,
+    never `accepted`; a call that lost all gets none; the input is committed to its end."""
+    broker = new_broker()
+    count = data.draw(st.integers(1, 12))
+    streams = {f"s{i}": weather_call(f"s{i}", f"c{i}", f"city{i}") for i in range(count)}
+    produce(broker, streams)
+    worker = new_worker(broker, kafka={"fetch_max_records": data.draw(st.integers(1, 4))})
+    await worker.start()
+    for _ in range(data.draw(st.integers(0, 6))):
+        await worker.step()
+    positions = dict(worker._consumer._positions)  # type: ignore[union-attr]
+    lost: dict[str, int] = {}  # call id -> how many of its records were deleted unread
+    deleted = 0
+    for partition in range(PARTITIONS):
+        tp = TopicPartition(INPUT, partition)
+        log = broker.logs[INPUT][partition]
+        before = data.draw(st.integers(0, len(log)), label=f"delete before, partition {partition}")
+        broker.delete_records(INPUT, partition, before)
+        # a partition not assigned yet starts at its log's start: what was deleted before is
+        # missing from its calls, but this worker never had it to lose
+        fetched = positions.get(tp)
+        for record in log[fetched or 0 : before]:
+            assert record.value is not None
+            call_id = orjson.loads(record.value)["call_id"]
+            lost[call_id] = lost.get(call_id, 0) + 1
+            deleted += fetched is not None
+    age_open_calls(broker)  # a call that lost its last record times out
+    await run_until_idle(worker, broker, rounds=200)
+    counted = worker.metrics.registry.get_sample_value("callgate_input_records_deleted_total")
+    assert counted == deleted
+    events = outcome_events(broker)
+    for i in range(count):
+        call_id = f"c{i}"
+        outcomes = [event["outcome"] for event in events.get(call_id, [])]
+        if call_id not in lost:
+            assert outcomes == ["accepted"], call_id
+        elif lost[call_id] == len(streams[f"s{i}"]):
+            assert outcomes == [], call_id
+        else:
+            assert outcomes == ["incomplete"], (call_id, lost[call_id])
+    assert_input_committed(broker)
+
+
+async def test_an_out_of_range_position_the_partition_has_moved_on_from_is_not_acted_on() -> None:
+    """The fetch that found a position out of range runs beside the rebalance listener: by the
+    time the worker acts on it, the partition may have been restored elsewhere or revoked.
+    Only a partition still at that position is moved to the log's start and counted."""
+    broker = new_broker()
+    streams, _ = traffic(6)
+    produce(broker, streams)
+    worker = new_worker(broker)
+    await worker.start()
+    await run_until_idle(worker, broker)
+    consumer = worker._consumer
+    assert consumer is not None
+    tp = TopicPartition(INPUT, 0)
+    at = await consumer.position(tp)
+    broker.delete_records(INPUT, 0, at + 1)  # nothing there yet: no record is lost
+    await worker._skip_deleted({tp: at - 1, TopicPartition("other", 0): 0})
+    assert await consumer.position(tp) == at
+    await worker._skip_deleted({tp: at})
+    assert await consumer.position(tp) == at + 1
+    assert worker.metrics.registry.get_sample_value("callgate_input_records_deleted_total") == 1
 
 
 async def test_a_keyed_duplicate_on_another_partition_is_decided_by_the_keys_owner() -> None:
@@ -561,13 +644,7 @@ async def held_round(worker: Worker, broker: FakeBroker, hold: Hold) -> None:
     raise AssertionError(f"no round reached {hold.point}")
 
 
-@settings(
-    max_examples=30,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
-@given(data=st.data())
+@generated(examples=30)
 async def test_a_rebalance_waits_for_the_round_in_progress(data: st.DataObject) -> None:
     """The consumer runs its rebalance listener in a task of its own, whenever the group
     rebalances: here while a round waits on the broker at a generated point. The partitions

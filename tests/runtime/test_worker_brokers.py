@@ -23,7 +23,7 @@ import orjson
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.errors import KafkaError
 
 from callgate_demo.broker import EmbeddedBroker
@@ -634,6 +634,69 @@ async def test_a_write_failing_because_its_topic_was_deleted_has_the_topic_check
     for seen in grouped.values():
         assert all(same_but_timings(event, seen[0]) for event in seen), seen
         assert seen[0]["outcome"] == "accepted"
+
+
+async def test_input_deleted_before_it_was_judged_is_counted_and_skipped(
+    apache_kafka: ApacheKafka,
+) -> None:
+    """Records deleted while the worker was away (retention shorter than the lag) leave its
+    checkpoints pointing before the log's start. The worker must not skip them in silence: it
+    counts exactly the records it lost, logs where, fetches from the start, and judges what is
+    left as before. A call whose first record was deleted is never accepted from what is left.
+    (Apache Kafka only: tansu cannot delete records.)"""
+    run = Run(apache_kafka.bootstrap_servers)
+    await run.create()
+    settings = run.settings()
+
+    async def judged_and_committed(worker: Worker, events: int) -> bool:
+        return (
+            worker.stats.events >= events and worker.ledger.idle() and await run.input_committed()
+        )
+
+    first = worker_for(settings)
+    await first.start()
+    running = asyncio.create_task(first.run())
+    try:
+        await run.produce([whole_call(i) for i in range(10)], timestamp_ms=1_000)
+        await until(
+            lambda: judged_and_committed(first, 10), "the first calls committed", timeout_s=20
+        )
+    finally:
+        await stop(first, running)
+    # while no worker runs: calls 10-19 begin, and their first records are deleted
+    await run.produce(call_records(20, first_half_only=True)[10:], timestamp_ms=2_000)
+    ends = {partition: end for partition, (_, end) in (await run.input_offsets()).items()}
+    admin = AIOKafkaAdminClient(bootstrap_servers=run.bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_records(
+            {TopicPartition(run.input, p): RecordsToDelete(end) for p, end in ends.items()}
+        )
+    finally:
+        await admin.close()
+    await run.produce([second_half(i) for i in range(10, 20)], timestamp_ms=3_000)
+    await run.produce([whole_call(i) for i in range(20, 30)], timestamp_ms=4_000)
+
+    second = worker_for(settings)
+    await second.start()
+    running = asyncio.create_task(second.run())
+    try:
+        await until(
+            lambda: judged_and_committed(second, 20),
+            "the calls after the deletion committed",
+            timeout_s=30,
+            alive=lambda: not running.done(),
+        )
+    finally:
+        await stop(second, running)
+    deleted = second.metrics.registry.get_sample_value("callgate_input_records_deleted_total")
+    assert deleted == 10, "exactly the deleted first records are counted"
+    grouped = by_call(await run.events())
+    for i in [*range(10), *range(20, 30)]:
+        assert [e["outcome"] for e in grouped.get(f"c{i}", [])] == ["accepted"], i
+    for i in range(10, 20):  # what is left of them: a last record whose first is gone
+        seen = [(e["outcome"], e["reason"]) for e in grouped.get(f"c{i}", [])]
+        assert seen == [("incomplete", "sequence_gap")], (i, seen)
 
 
 class _Acknowledgements:

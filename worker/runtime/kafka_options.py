@@ -72,7 +72,10 @@ def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext:
 
 
 def consumer_options(settings: Settings) -> dict[str, Any]:
-    """The group consumer: manual commits only, from the earliest offset of a new group."""
+    """The group consumer: manual commits only. The worker places every assigned partition
+    itself (after its checkpoint, else its committed offset, else its start), so there is no
+    automatic reset: a position the log no longer has raises, and the worker says what was
+    deleted before it was judged (`Worker._skip_deleted`) rather than skip it in silence."""
     kafka = settings.kafka
     if kafka.session_timeout_ms > kafka.max_poll_interval_ms:
         raise ConfigError(
@@ -83,7 +86,7 @@ def consumer_options(settings: Settings) -> dict[str, Any]:
         **connection_options(kafka),
         "group_id": kafka.group_id,
         "enable_auto_commit": False,
-        "auto_offset_reset": "earliest",
+        "auto_offset_reset": "none",
         "session_timeout_ms": kafka.session_timeout_ms,
         "heartbeat_interval_ms": max(100, kafka.session_timeout_ms // 3),
         "max_poll_interval_ms": kafka.max_poll_interval_ms,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from worker.core.events import encode, record_headers, substitute_rejection
 from worker.core.idempotency import KeyStore
@@ -316,6 +316,15 @@ class Worker:
         """Fetch one batch, judge it, send what it made, move earlier rounds along."""
         try:
             batch = await self._fetch()
+        except OffsetOutOfRangeError as exc:
+            async with self._round:
+                await self._skip_deleted(exc.args[0])
+            return
+        except NoOffsetForPartitionError as exc:
+            # a partition being assigned, not placed yet: its restore places it (a fetch runs
+            # beside the rebalance listener)
+            log.debug("fetch: %r", exc)
+            return
         except KafkaError as exc:
             log.warning("fetch failed: %r", exc)
             batch = {}
@@ -359,6 +368,49 @@ class Worker:
             return {}
         batch: Mapping[TopicPartition, list[Any]] = fetch.result()
         return batch
+
+    async def _skip_deleted(self, out_of_range: Mapping[TopicPartition, int]) -> None:
+        """Fetch positions the log no longer has: the records there were deleted before they
+        were judged (retention shorter than the lag, records deleted by hand), or the log is
+        shorter than it was (the topic was recreated). Fetching goes on from the log's start,
+        and the loss is said: the calls in the deleted records get no verdict, or one from
+        what is left of them."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        try:
+            positions = {}
+            for tp, at in out_of_range.items():
+                # a partition revoked or restored since the fetch has moved on from `at`
+                if tp in self._assignment and await consumer.position(tp) == at:
+                    positions[tp] = at
+            starts = await consumer.beginning_offsets(list(positions)) if positions else {}
+        except KafkaError as exc:  # the next fetch raises again, and this is tried again
+            log.warning("cannot read where %d partitions start: %r", len(out_of_range), exc)
+            return
+        for tp, at in positions.items():
+            start = starts[tp]
+            if at < start:
+                log.error(
+                    "%s[%d]: records %d to %d were deleted before they were judged: their "
+                    "calls get no verdict, or one from what is left; fetching from %d",
+                    tp.topic,
+                    tp.partition,
+                    at,
+                    start - 1,
+                    start,
+                )
+                self.metrics.input_records_deleted(start - at)
+            else:
+                log.error(
+                    "%s[%d]: offset %d is past the end of the log (was the topic recreated?); "
+                    "fetching from its start, %d",
+                    tp.topic,
+                    tp.partition,
+                    at,
+                    start,
+                )
+            consumer.seek(tp, start)
 
     def _judge(self, batch: Mapping[TopicPartition, list[Any]]) -> RoundResult:
         """Steps 1 and 2: the batch judged into the outbox, each input partition checkpointed."""
