@@ -158,12 +158,19 @@ class Kafka:
             return
         for response in responses:
             for _code, _message, _type, name, entries in response.resources:
-                policy = {entry[0]: entry[1] for entry in entries}.get("cleanup.policy")
-                if policy is not None and "compact" not in str(policy):
-                    raise ConfigError(
-                        f"topic {name} has cleanup.policy={policy}; it must be compact "
-                        "(it holds state that deletion by age would lose)"
-                    )
+                configs = {entry[0]: entry[1] for entry in entries}
+                policy, retention = configs.get("cleanup.policy"), configs.get("retention.ms")
+                if policy is None:
+                    continue
+                policies = {part.strip() for part in str(policy).split(",")}
+                # compact,delete also deletes by age: only a retention of -1 keeps the state
+                if "compact" in policies and ("delete" not in policies or str(retention) == "-1"):
+                    continue
+                raise ConfigError(
+                    f"topic {name} has cleanup.policy={policy} (retention.ms={retention}); it "
+                    "holds state that deletion by age would lose: it must be compact (or "
+                    "compact,delete with retention.ms=-1)"
+                )
 
     async def read_to_end(
         self, partitions: Sequence[tuple[str, int]]

@@ -1,0 +1,120 @@
+"""`Kafka.ensure_topics` on a real Apache Kafka: internal topics are created as the worker needs
+them, and an existing one that would lose state is refused with a `ConfigError` that says why.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from tests.datafiles import SCHEMAS
+from tests.support.apache_kafka import ApacheKafka
+from worker.errors import ConfigError
+from worker.runtime.kafka import Kafka
+from worker.runtime.topics import TopicSpec
+from worker.settings import Settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(60)]
+
+
+def kafka_for(bootstrap: str) -> Kafka:
+    return Kafka(
+        Settings.model_validate(
+            {"kafka": {"bootstrap_servers": [bootstrap]}, "schemas": {"dir": SCHEMAS}}
+        )
+    )
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+async def create(bootstrap: str, name: str, partitions: int, configs: dict[str, str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
+    finally:
+        await admin.close()
+
+
+async def described(bootstrap: str, name: str) -> tuple[int, dict[str, Any]]:
+    """The topic's partition count and configs."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (topic,) = await admin.describe_topics([name])
+        (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
+    finally:
+        await admin.close()
+    ((*_, entries),) = response.resources
+    return len(topic["partitions"]), {entry[0]: entry[1] for entry in entries}
+
+
+async def test_missing_internal_topics_are_created_as_needed(apache_kafka: ApacheKafka) -> None:
+    bootstrap = apache_kafka.bootstrap_servers
+    state, requests = unique("changelog"), unique("requests")
+    await kafka_for(bootstrap).ensure_topics(
+        [TopicSpec(state, 3, compacted=True), TopicSpec(requests, 2, compacted=False)]
+    )
+    partitions, configs = await described(bootstrap, state)
+    assert (partitions, configs["cleanup.policy"]) == (3, "compact")
+    partitions, configs = await described(bootstrap, requests)
+    assert (partitions, configs["cleanup.policy"]) == (2, "delete")
+    # a second start finds them as they must be
+    await kafka_for(bootstrap).ensure_topics(
+        [TopicSpec(state, 3, compacted=True), TopicSpec(requests, 2, compacted=False)]
+    )
+
+
+#: cleanup.policy and retention.ms of an existing state topic -> whether it keeps the state
+STATE_TOPIC_CONFIGS = {
+    "compact": ({"cleanup.policy": "compact"}, True),
+    "compact,delete kept for ever": (
+        {"cleanup.policy": "compact,delete", "retention.ms": "-1"},
+        True,
+    ),
+    "delete": ({"cleanup.policy": "delete"}, False),
+    "compact,delete for a week": (
+        {"cleanup.policy": "compact,delete", "retention.ms": "604800000"},
+        False,
+    ),
+    "delete,compact for a day": (
+        {"cleanup.policy": "delete,compact", "retention.ms": "86400000"},
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STATE_TOPIC_CONFIGS))
+async def test_an_existing_state_topic_that_deletes_by_age_is_refused(
+    apache_kafka: ApacheKafka, case: str
+) -> None:
+    """Checkpoints and idempotency keys live in compacted topics: one that also deletes by age
+    would lose a partition's state (a key forgotten early is accepted twice)."""
+    bootstrap = apache_kafka.bootstrap_servers
+    configs, keeps_state = STATE_TOPIC_CONFIGS[case]
+    name = unique("state")
+    await create(bootstrap, name, 1, configs)
+    ensure = kafka_for(bootstrap).ensure_topics([TopicSpec(name, 1, compacted=True)])
+    if keeps_state:
+        await ensure
+        return
+    with pytest.raises(ConfigError) as refused:
+        await ensure
+    assert f"topic {name} has cleanup.policy={configs['cleanup.policy']}" in str(refused.value)
+    assert "deletion by age would lose" in str(refused.value)
+
+
+async def test_an_existing_topic_with_too_few_partitions_is_refused(
+    apache_kafka: ApacheKafka,
+) -> None:
+    bootstrap = apache_kafka.bootstrap_servers
+    name = unique("changelog")
+    await create(bootstrap, name, 2, {"cleanup.policy": "compact"})
+    with pytest.raises(ConfigError, match=f"topic {name} has 2 partitions; it needs 3"):
+        await kafka_for(bootstrap).ensure_topics([TopicSpec(name, 3, compacted=True)])
