@@ -570,6 +570,38 @@ async def test_a_deleted_topic_every_round_owes_is_seen_gone(calls: int) -> None
     assert_input_committed(broker)
 
 
+@pytest.mark.parametrize("state", ["changelog", "keys"])
+async def test_a_deleted_state_topic_stops_the_worker_and_says_what_went_with_it(
+    state: str,
+) -> None:
+    """The checkpoints and the remembered keys live only in their topics: once one is deleted
+    (here as the embedded broker does, its writes still acknowledged) no rewind can bring them
+    back. The worker stops with a StateError naming the topic, before committing anything past
+    what it wrote there since."""
+    broker = new_broker()
+    broker.auto_deliver = False
+    streams, _ = traffic(6)
+    produce(broker, {name: records[:1] for name, records in streams.items()})
+    worker = new_worker(broker)
+    await worker.start()
+    await worker.step()
+    broker.deliver()
+    committed = dict(broker.committed)
+    topic = changelog_topic(GROUP, INPUT) if state == "changelog" else keys_topic(GROUP)
+    broker.delete_topic_but_acknowledge_writes(topic)
+    produce(broker, {name: records[1:] for name, records in streams.items()})
+    for _ in range(20):
+        await worker.step()
+        broker.deliver()
+        if worker.stopping:
+            break
+    assert worker.stopping, worker.readiness()
+    with pytest.raises(StateError, match=f"internal topics deleted: {topic};"):
+        await worker.run()
+    assert broker.committed == committed, "nothing committed once the state was gone"
+    await worker.close()
+
+
 async def test_the_output_topics_must_exist_before_anything_is_produced() -> None:
     broker = new_broker()
     del broker.logs[INCOMPLETE]

@@ -33,6 +33,7 @@ from tests.support.outcomes import Seen, read_all, read_records, reference, with
 from tests.support.traffic import IDLE_TIMEOUT_S, Feeder, mixed, step_for
 from tests.support.workers import until
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
+from worker.errors import StateError
 from worker.metrics import Metrics
 from worker.runtime.kafka import Kafka
 from worker.runtime.outbox import FENCED, Record
@@ -697,6 +698,32 @@ async def test_input_deleted_before_it_was_judged_is_counted_and_skipped(
     for i in range(10, 20):  # what is left of them: a last record whose first is gone
         seen = [(e["outcome"], e["reason"]) for e in grouped.get(f"c{i}", [])]
         assert seen == [("incomplete", "sequence_gap")], (i, seen)
+
+
+async def test_a_deleted_changelog_stops_the_worker(apache_kafka: ApacheKafka) -> None:
+    """On Apache Kafka the checkpoints written to a deleted changelog fail; the failing writes
+    start the topic check, which sees a state topic gone: the worker stops with a StateError
+    naming it (its checkpoints cannot come back), rather than retry those writes for ever."""
+    run = Run(apache_kafka.bootstrap_servers)
+    await run.create()
+    settings = run.settings(kafka={"request_timeout_ms": 2000, "topic_check_interval_ms": 50})
+    worker = worker_for(settings)
+    await worker.start()
+    running = asyncio.create_task(worker.run())
+    changelog = changelog_topic(run.group, run.input)
+    try:
+        await run.produce(call_records(6, first_half_only=True), timestamp_ms=1_000)
+        await until(lambda: worker.stats.checkpoints > 0, "a checkpoint written", timeout_s=20)
+        await admin_call(run.bootstrap, delete=changelog)
+        await run.produce([second_half(i) for i in range(6)], timestamp_ms=2_000)
+        done, _ = await asyncio.wait((running,), timeout=30)
+        assert done, f"the worker did not stop: {worker.readiness()}"
+        with pytest.raises(StateError, match=f"internal topics deleted: {changelog};"):
+            running.result()
+    finally:
+        if not running.done():
+            await stop(worker, running)
+        await worker.close()
 
 
 class _Acknowledgements:

@@ -131,6 +131,8 @@ class Worker:
         }
         self._outcome_topics = frozenset((topics.accepted, topics.rejected, topics.incomplete))
         self._checked_topics = [*sorted(self._outcome_topics), self._requests]
+        #: the compacted topics of this group's state (changelogs are added by start())
+        self._state_topics = [self._keys]
         self._exactly_once = settings.delivery.guarantee == "exactly_once"
         self._consumer: Any = None
         #: at_least_once: one producer and its outbox; exactly_once: one per owned partition
@@ -226,6 +228,7 @@ class Worker:
         for name, count in (await self._kafka.partition_counts(topics.input_topics)).items():
             specs.append(TopicSpec(changelog_topic(self._group, name), count, compacted=True))
         await self._kafka.ensure_topics(specs)
+        self._state_topics = [spec.name for spec in specs if spec.compacted]
 
     def request_stop(self) -> None:
         """Stop fetching after the current round (safe to call from a signal handler)."""
@@ -709,13 +712,16 @@ class Worker:
         interval = self.settings.kafka.topic_check_interval_ms / 1000
         if self._check is None and self._clock() - self._last_check >= interval:
             self._last_check = self._check_started = self._clock()
-            self._check = asyncio.ensure_future(self._kafka.missing_topics(self._checked_topics))
+            self._check = asyncio.ensure_future(
+                self._kafka.missing_topics([*self._checked_topics, *self._state_topics])
+            )
 
     async def _apply_check(self) -> None:
         """Act on a finished check. A broker may acknowledge writes to a deleted topic and drop
         them: when one is gone, the outputs since the last checkpoint may be too, so every
         partition is rewound to its checkpoint (the calls are judged and sent again once the
-        topic is back), and fetching stays paused until it is."""
+        topic is back), and fetching stays paused until it is. A deleted state topic (a
+        changelog, the idempotency keys) took the state with it: the worker stops."""
         check = self._check
         if check is None or not check.done():
             return
@@ -724,6 +730,18 @@ class Worker:
             missing = check.result()
         except KafkaError as exc:
             log.warning("cannot check that the output topics exist: %r", exc)
+            return
+        gone = [topic for topic in self._state_topics if topic in missing]
+        if gone:
+            self._stop_fatally(
+                StateError(
+                    f"internal topics deleted: {', '.join(gone)}; the state they held (the "
+                    "checkpoints of open calls, the idempotency keys remembered) went with "
+                    "them. A restart creates them again and goes on from the committed "
+                    "offsets: calls open then are judged incomplete, and a call repeating a "
+                    "key remembered there may be accepted again"
+                )
+            )
             return
         started = self._check_started
         for topic in self._checked_topics:
