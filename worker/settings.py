@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.errors import ConfigError
+from worker.runtime.topics import never_input
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -86,6 +87,13 @@ class KafkaSettings(BaseModel):
     request_timeout_ms: int = Field(
         30_000, ge=1000, description="an unacknowledged outcome event then fails and is sent again"
     )
+    metadata_max_age_ms: int = Field(
+        300_000,
+        ge=1000,
+        description="how often the consumer reads the cluster's topics again: how soon it "
+        "consumes a topic the input pattern matches that was created after it started, or "
+        "partitions added to an input",
+    )
     max_pending_produces: int = Field(
         20_000, ge=1, description="unacknowledged outcome events before fetching pauses"
     )
@@ -143,6 +151,15 @@ class TopicSettings(BaseModel):
         elif not value.strip(" ,"):
             raise ValueError("at least one input topic is required")
         return value
+
+    @model_validator(mode="after")
+    def _accepted_stands_apart(self) -> TopicSettings:
+        # tool executors read the accepted topic: nothing else may be written there
+        if self.accepted in (self.rejected, self.incomplete):
+            raise ValueError(
+                f"the accepted topic {self.accepted!r} is also the rejected or incomplete one"
+            )
+        return self
 
 
 class SchemaSettings(BaseModel):
@@ -283,6 +300,19 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     _split = field_validator("plugins", mode="before")(_split_csv)
+
+    @model_validator(mode="after")
+    def _outputs_are_never_input(self) -> Settings:
+        topics = self.topics
+        outcomes = (topics.accepted, topics.rejected, topics.incomplete)
+        never = re.compile(never_input(self.kafka.group_id, outcomes))
+        looped = [topic for topic in topics.input_topics if never.fullmatch(topic)]
+        if looped:
+            raise ValueError(
+                f"input topics {looped} are outcome topics or the group's own: each event "
+                "would be judged again, for ever"
+            )
+        return self
 
 
 def load_settings(settings_file: Path | None = None, **overrides: Any) -> Settings:

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError, ProducerFenced
 
-from worker.runtime.topics import TopicSpec
+from worker.runtime.topics import TopicSpec, state_topics_deleted
 
 
 @dataclass
@@ -179,6 +179,9 @@ class FakeProducer:
         self.transactional = transactional_id is not None
         self._epoch = 0
         self.stopped = False
+        #: partitions the producer's metadata does not show until it is read again
+        self.unseen: set[tuple[str, int]] = set()
+        self.client = _FakeClient(self)
 
     async def start(self) -> None:
         if self.transactional_id is not None:
@@ -206,12 +209,14 @@ class FakeProducer:
             return {0, 1}
         if topic not in self._broker.logs:
             raise KafkaTimeoutError(f"no metadata for {topic}")
-        return set(range(len(self._broker.logs[topic])))
+        partitions = range(len(self._broker.logs[topic]))
+        return {p for p in partitions if (topic, p) not in self.unseen}
 
     async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> Any:
         await self._reach("send_batch")
         if topic not in self._broker.logs and topic not in self._broker.deleted:
             raise KafkaTimeoutError(f"no metadata for {topic}")
+        assert partition in await self.partitions_for(topic), "Unrecognized partition"  # aiokafka
         if not self.transactional:
             # aiokafka holds one unsent batch per topic partition: the next waits for it to go
             while self._broker.unsent(topic, partition):
@@ -261,6 +266,24 @@ class FakeProducer:
     async def abort_transaction(self) -> None:
         self._transaction = []
         self.in_transaction = False
+
+
+class _FakeClient:
+    """The producer's `client`: reading the cluster again shows what `unseen` hid, unless
+    `stale` (the broker has not told every node yet)."""
+
+    def __init__(self, producer: FakeProducer) -> None:
+        self._producer = producer
+        self.stale = False
+        self.updates = 0
+
+    def force_metadata_update(self) -> asyncio.Future[bool]:
+        self.updates += 1
+        if not self.stale:
+            self._producer.unseen.clear()
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        done.set_result(True)
+        return done
 
 
 class FakeConsumer:
@@ -431,8 +454,7 @@ class FakeKafka:
     async def read_to_end(
         self, partitions: Sequence[tuple[str, int]]
     ) -> dict[tuple[str, int], list[FakeRecord]]:
-        read: dict[tuple[str, int], list[FakeRecord]] = {}
-        for topic, partition in partitions:
-            logs = self.broker.logs.get(topic)
-            read[(topic, partition)] = [] if logs is None else list(logs[partition])
-        return read
+        missing = await self.missing_topics(topic for topic, _ in partitions)
+        if missing:
+            raise state_topics_deleted(missing)
+        return {(t, p): list(self.broker.logs[t][p]) for t, p in partitions}

@@ -118,3 +118,18 @@ async def test_an_existing_topic_with_too_few_partitions_is_refused(
     await create(bootstrap, name, 2, {"cleanup.policy": "compact"})
     with pytest.raises(ConfigError, match=f"topic {name} has 2 partitions; it needs 3"):
         await kafka_for(bootstrap).ensure_topics([TopicSpec(name, 3, compacted=True)])
+
+
+async def test_a_topic_that_grows_gets_the_partitions_it_lacks(apache_kafka: ApacheKafka) -> None:
+    """A changelog follows its input: partitions added to the input are added to it (the
+    checkpoints of partition N go to its partition N); a topic that does not grow is refused."""
+    bootstrap = apache_kafka.bootstrap_servers
+    name = unique("changelog")
+    await create(bootstrap, name, 2, {"cleanup.policy": "compact"})
+    await kafka_for(bootstrap).ensure_topics([TopicSpec(name, 5, compacted=True, grows=True)])
+    partitions, configs = await described(bootstrap, name)
+    assert (partitions, configs["cleanup.policy"]) == (5, "compact")
+    # another worker that saw the input at 5, or at 4, finds it as it must be
+    await kafka_for(bootstrap).ensure_topics([TopicSpec(name, 5, compacted=True, grows=True)])
+    await kafka_for(bootstrap).ensure_topics([TopicSpec(name, 4, compacted=True, grows=True)])
+    assert (await described(bootstrap, name))[0] == 5

@@ -31,6 +31,7 @@ def test_plain_consumer_commits_only_by_hand(monkeypatch: pytest.MonkeyPatch) ->
         KAFKA__SESSION_TIMEOUT_MS="6000",
         KAFKA__FETCH_MAX_RECORDS="500",
         KAFKA__FETCH_MAX_WAIT_MS="20",
+        KAFKA__METADATA_MAX_AGE_MS="5000",
     )
     options = consumer_options(settings)
     assert options["bootstrap_servers"] == ["k1:9092", "k2:9093"]
@@ -41,6 +42,7 @@ def test_plain_consumer_commits_only_by_hand(monkeypatch: pytest.MonkeyPatch) ->
     assert options["heartbeat_interval_ms"] == 2000
     assert options["max_poll_records"] == 500
     assert options["fetch_max_wait_ms"] == 20
+    assert options["metadata_max_age_ms"] == 5000  # new topics a pattern matches, new partitions
     assert options["security_protocol"] == "PLAINTEXT"
     assert "sasl_mechanism" not in options
     assert "ssl_context" not in options

@@ -221,3 +221,38 @@ async def test_a_bug_in_a_sender_is_raised_by_the_next_dispatch() -> None:
     with pytest.raises(ZeroDivisionError):
         await outbox.dispatch()
     assert not broker.pending
+
+
+@pytest.mark.parametrize("stale_for_ticks", [0, 1, 3])
+async def test_a_partition_the_producer_does_not_know_yet_is_written_once_it_shows(
+    stale_for_ticks: int,
+) -> None:
+    """A partition added to a topic (a changelog grown with its input) is not in the producer's
+    metadata until it is read again: the outbox reads it again at once; while it still does
+    not show, the topic is failing and its records are retried, then each is written once."""
+    broker, outbox, sink, clock = new_outbox(batch_records=100)
+    broker.create_topic("grown", 1)
+    broker.logs["grown"].append([])  # partition 1 added
+    producer = outbox.producer
+    producer.unseen.add(("grown", 1))
+    producer.client.stale = stale_for_ticks > 0
+    for i in range(3):
+        outbox.add(Record(0, "grown", None, f"{i}".encode(), [], 1))
+    await outbox.dispatch()
+    for _ in range(stale_for_ticks):
+        await settle()
+        assert sink.failing == {"grown"}
+        assert not broker.pending
+        clock.now += 0.5
+        await outbox.dispatch()
+    producer.client.stale = False
+    clock.now += 0.5
+    await outbox.dispatch()
+    await settle()
+    broker.deliver()
+    await settle()
+    assert [r.value for r in broker.logs["grown"][1]] == [b"0", b"1", b"2"]
+    assert sorted(sink.acknowledged_values) == [b"0", b"1", b"2"]
+    assert not sink.failing
+    assert producer.client.updates == stale_for_ticks + 1
+    await outbox.close()

@@ -16,14 +16,14 @@ import os
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.errors import KafkaError
 
 from callgate_demo.broker import EmbeddedBroker
@@ -210,6 +210,15 @@ def second_half(i: int, text: str | None = None) -> tuple[bytes, bytes]:
     return f"s{i}".encode(), orjson.dumps(body | {"delta": text[6:], "final": True})
 
 
+def judged(worker: Worker, events: int) -> Callable[[], Awaitable[bool]]:
+    """Whether the worker wrote `events` events and has nothing in flight."""
+
+    async def done() -> bool:
+        return worker.stats.events >= events and worker.ledger.idle()
+
+    return done
+
+
 async def run_until(worker: Worker, done: Any, *, timeout_s: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not await done():
@@ -244,11 +253,7 @@ async def test_every_call_is_judged_once_and_checkpointed(run: Run) -> None:
     worker = worker_for(run.settings())
     await worker.start()
     try:
-
-        async def all_judged() -> bool:
-            return worker.stats.events >= 30 and worker.ledger.idle()
-
-        await run_until(worker, all_judged)
+        await run_until(worker, judged(worker, 30))
     finally:
         await worker.close()
     grouped = by_call(await run.events())
@@ -258,9 +263,18 @@ async def test_every_call_is_judged_once_and_checkpointed(run: Run) -> None:
     assert worker.stats.commits > 0
 
 
-async def test_a_stopped_worker_s_open_calls_are_finished_by_the_next(run: Run) -> None:
+@pytest.mark.parametrize("given_as", ["names", "pattern"])
+async def test_a_stopped_worker_s_open_calls_are_finished_by_the_next(
+    run: Run, given_as: str
+) -> None:
+    """Its checkpoints carry its open calls to the next worker. An input given as a pattern:
+    the topics it matches are known only once the group assigns them, so their changelogs are
+    made then (none exists at start)."""
+    pattern = {"topics": {"input": f"^{re.escape(run.input)}$"}} if given_as == "pattern" else {}
+    settings = run.settings(**pattern)
+    changelog = changelog_topic(run.group, run.input)
     await run.produce(call_records(12, first_half_only=True), timestamp_ms=1_000)
-    first = worker_for(run.settings())
+    first = worker_for(settings)
     await first.start()
     try:
 
@@ -270,26 +284,125 @@ async def test_a_stopped_worker_s_open_calls_are_finished_by_the_next(run: Run) 
         await run_until(first, all_open)
     finally:
         await first.close()
+    assert first.stats.checkpoints > 0
+    assert await Kafka(settings).partition_counts([changelog]) == {changelog: PARTITIONS}
     await run.produce([second_half(i) for i in range(12)], timestamp_ms=2_000)
-    second = worker_for(run.settings())
+    second = worker_for(settings)
     await second.start()
     try:
-
-        async def all_judged() -> bool:
-            return second.stats.events >= 12 and second.ledger.idle()
-
-        await run_until(second, all_judged)
+        await run_until(second, judged(second, 12))
     finally:
         await second.close()
     grouped = by_call(await run.events())
     assert set(grouped) == {f"c{i}" for i in range(12)}
     for seen in grouped.values():
-        assert len(seen) == 1
-        (event,) = seen
-        assert event["outcome"] == "accepted", event
-        assert event["metrics"]["chunks"] == 2, "judged whole, from the restored first chunk"
+        # judged whole, from the restored first chunk
+        assert [(e["outcome"], e["metrics"]["chunks"]) for e in seen] == [("accepted", 2)], seen
+
+
+async def test_a_pattern_that_matches_the_outcome_and_internal_topics_reads_only_inputs(
+    run: Run,
+) -> None:
+    """The outcome topics and the group's own topics are never input, whatever the pattern
+    matches: read back, each event would be judged again and make another, for ever."""
+    everything = "|".join(re.escape(t) for t in (run.input, *run.outputs.values()))
+    pattern = f"^(?:{everything})$|^{re.escape(run.group)}-.*$"
+    settings = run.settings(topics={"input": pattern})
+    await run.produce(call_records(6), timestamp_ms=1_000)
+    worker = worker_for(settings)
+    await worker.start()
+    try:
+        await run_until(worker, judged(worker, 6))
+        deadline = asyncio.get_running_loop().time() + 3
+        while asyncio.get_running_loop().time() < deadline:  # what an echo would take
+            await worker.step()
+        assigned = {tp.topic for tp in worker._assignment}
+    finally:
+        await worker.close()
+    assert assigned == {run.input, f"{run.group}-idempotency-requests"}
+    assert (worker.stats.records, worker.stats.events) == (12, 6)
+    grouped = by_call(await run.events())
+    assert sorted(grouped) == sorted(f"c{i}" for i in range(6))
+    assert all(len(seen) == 1 for seen in grouped.values())
+
+
+async def test_inputs_found_and_grown_while_the_worker_runs_are_checkpointed_and_resumed(
+    apache_kafka: ApacheKafka,
+) -> None:
+    """A topic the input pattern matches created after the worker started, and a partition
+    added to an input: each is consumed once the worker's metadata shows it, its changelog is
+    made (or given the partition) then, and its open calls survive a restart."""
+    run = Run(apache_kafka.bootstrap_servers)
+    await run.create()
+    late = f"{run.input}-late"
+    settings = run.settings(
+        topics={"input": f"^{re.escape(run.input)}(-late)?$"},
+        kafka={"metadata_max_age_ms": 1000},
+    )
+    # (topic, partition) -> the calls whose first halves go there, each by its own stream
+    places = {(run.input, p): range(p * 4, p * 4 + 4) for p in range(PARTITIONS)}
+    places[(run.input, PARTITIONS)] = range(100, 104)  # the partition added
+    places[(late, 0)] = range(200, 204)
+    places[(late, 1)] = range(204, 208)
+    calls = [i for numbers in places.values() for i in numbers]
+
+    async def produce(halves: dict[tuple[str, int], list[tuple[bytes, bytes]]]) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=run.bootstrap, acks="all")
+        await producer.start()
+        try:
+            for (topic, partition), records in halves.items():
+                for key, value in records:
+                    await producer.send_and_wait(topic, value, key=key, partition=partition)
+        finally:
+            await producer.stop()
+
+    def first_halves(numbers: range) -> list[tuple[bytes, bytes]]:
+        records = call_records(max(numbers) + 1, first_half_only=True)
+        return [records[i] for i in numbers]
+
+    first = worker_for(settings)
+    await first.start()
+    try:
+        await produce({(run.input, p): first_halves(places[(run.input, p)]) for p in range(3)})
+
+        def open_calls(count: int) -> Any:
+            async def ready() -> bool:
+                return first.processor.assembler.open_calls == count and first.ledger.idle()
+
+            return ready
+
+        await run_until(first, open_calls(12))
+        admin = AIOKafkaAdminClient(bootstrap_servers=run.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(late, num_partitions=2, replication_factor=1)])
+            await admin.create_partitions({run.input: NewPartitions(PARTITIONS + 1)})
+        finally:
+            await admin.close()
+        await produce(
+            {
+                where: first_halves(numbers)
+                for where, numbers in places.items()
+                if where[0] == late or where[1] == PARTITIONS
+            }
+        )
+        await run_until(first, open_calls(len(calls)))
+    finally:
+        await first.close()
     changelog = changelog_topic(run.group, run.input)
-    assert changelog.endswith("-changelog")
+    counts = await Kafka(settings).partition_counts([changelog, changelog_topic(run.group, late)])
+    assert counts == {changelog: PARTITIONS + 1, changelog_topic(run.group, late): 2}
+    await produce({where: [second_half(i) for i in numbers] for where, numbers in places.items()})
+    second = worker_for(settings)
+    await second.start()
+    try:
+        await run_until(second, judged(second, len(calls)))
+    finally:
+        await second.close()
+    grouped = by_call(await run.events())
+    assert set(grouped) == {f"c{i}" for i in calls}
+    for seen in grouped.values():
+        assert [(e["outcome"], e["metrics"]["chunks"]) for e in seen] == [("accepted", 2)], seen
 
 
 async def test_exactly_once_rounds_are_read_once_with_read_committed(
@@ -585,19 +698,29 @@ def whole_call(i: int) -> tuple[bytes, bytes]:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_a_write_failing_because_its_topic_was_deleted_has_the_topic_checked(
-    apache_kafka: ApacheKafka,
+    apache_kafka: ApacheKafka, guarantee: str
 ) -> None:
     """Every round in flight owes events to the deleted topic: none is ever acknowledged, so
     none waits for the check that the outcome topics exist, and only the failing writes can
-    start it. The worker must still see the topic gone and rewind (not retry a deleted topic's
-    writes for ever, saying only that they fail); once the topic is back, the calls judged
-    meanwhile are judged again, written and committed. (Apache Kafka only: tansu acknowledges
-    writes to a deleted topic.)"""
+    start it (under exactly_once, the rounds that fail and are rewound). The worker must still
+    see the topic gone, say so in `/readyz` and rewind (not retry a deleted topic's writes for
+    ever, saying only that they fail); once the topic is back, the calls judged meanwhile are
+    judged again, written and committed: exactly once, read committed, under exactly_once.
+    (Apache Kafka only: tansu acknowledges writes to a deleted topic, and has no transactions.)"""
     run = Run(apache_kafka.bootstrap_servers)
     await run.create()
     accepted = run.outputs["ok"]
-    settings = run.settings(kafka={"request_timeout_ms": 2000, "topic_check_interval_ms": 50})
+    exactly_once = guarantee == "exactly_once"
+    settings = run.settings(
+        kafka={"request_timeout_ms": 2000, "topic_check_interval_ms": 50},
+        delivery={
+            "guarantee": guarantee,
+            "transactional_id_prefix": run.group,
+            "transaction_timeout_ms": 4000,
+        },
+    )
     worker = worker_for(settings)
     await worker.start()
     running = asyncio.create_task(worker.run())
@@ -630,11 +753,13 @@ async def test_a_write_failing_because_its_topic_was_deleted_has_the_topic_check
         await until(all_committed, "every call committed", timeout_s=20, alive=alive, context=state)
     finally:
         await stop(worker, running)
-    grouped = by_call(await run.events())
+    grouped = by_call(await run.events(read_committed=exactly_once))
     assert set(grouped) == {f"c{i}" for i in range(20, 40)}, "the first calls went with the topic"
     for seen in grouped.values():
         assert all(same_but_timings(event, seen[0]) for event in seen), seen
         assert seen[0]["outcome"] == "accepted"
+        if exactly_once:
+            assert len(seen) == 1, seen
 
 
 async def test_input_deleted_before_it_was_judged_is_counted_and_skipped(
@@ -700,13 +825,19 @@ async def test_input_deleted_before_it_was_judged_is_counted_and_skipped(
         assert seen == [("incomplete", "sequence_gap")], (i, seen)
 
 
-async def test_a_deleted_changelog_stops_the_worker(apache_kafka: ApacheKafka) -> None:
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+async def test_a_deleted_changelog_stops_the_worker(
+    apache_kafka: ApacheKafka, guarantee: str
+) -> None:
     """On Apache Kafka the checkpoints written to a deleted changelog fail; the failing writes
     start the topic check, which sees a state topic gone: the worker stops with a StateError
     naming it (its checkpoints cannot come back), rather than retry those writes for ever."""
     run = Run(apache_kafka.bootstrap_servers)
     await run.create()
-    settings = run.settings(kafka={"request_timeout_ms": 2000, "topic_check_interval_ms": 50})
+    settings = run.settings(
+        kafka={"request_timeout_ms": 2000, "topic_check_interval_ms": 50},
+        delivery={"guarantee": guarantee, "transactional_id_prefix": run.group},
+    )
     worker = worker_for(settings)
     await worker.start()
     running = asyncio.create_task(worker.run())

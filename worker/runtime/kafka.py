@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import InvalidPartitionsError, KafkaError, TopicAlreadyExistsError
 
 from worker.errors import BrokerError, ConfigError
 from worker.runtime.kafka_options import connection_options, consumer_options, producer_options
-from worker.runtime.topics import TopicSpec
+from worker.runtime.topics import TopicSpec, state_topics_deleted
 from worker.settings import Settings
 
 log = logging.getLogger("callgate.kafka")
@@ -111,7 +111,8 @@ class Kafka:
         return sorted(wanted - existing)
 
     async def ensure_topics(self, specs: Sequence[TopicSpec]) -> None:
-        """Create the internal topics that are missing; check those that exist.
+        """Create the internal topics that are missing; check those that exist, and add
+        partitions to one that `grows` and has too few.
 
         Raises `ConfigError` when an existing topic cannot serve (too few partitions, not
         compacted where it must be): using it would lose state.
@@ -136,6 +137,23 @@ class Kafka:
                     )
             for spec in missing:
                 log.info("created topic %s (%d partitions)", spec.name, spec.partitions)
+        short = [s for s in specs if s.name in counts and counts[s.name] < s.partitions]
+        grown = [spec for spec in short if spec.grows]
+        if grown:
+            async with self.admin() as admin:
+                # another worker may have grown it first: the count is checked again below
+                with contextlib.suppress(InvalidPartitionsError):
+                    await admin.create_partitions(
+                        {spec.name: NewPartitions(spec.partitions) for spec in grown}
+                    )
+            for spec in grown:
+                log.info(
+                    "added partitions to topic %s: %d -> %d",
+                    spec.name,
+                    counts[spec.name],
+                    spec.partitions,
+                )
+            counts.update(await self.partition_counts(spec.name for spec in grown))
         for spec in specs:
             have = counts.get(spec.name)
             if have is not None and have < spec.partitions:
@@ -175,12 +193,14 @@ class Kafka:
     async def read_to_end(
         self, partitions: Sequence[tuple[str, int]]
     ) -> dict[tuple[str, int], list[Any]]:
-        """Every record of each partition, from its start to its end as of now, in order (one
-        reader for them all)."""
+        """Every record of each partition of the group's state topics, from its start to its
+        end as of now, in order (one reader for them all). Raises `StateError` when a topic
+        is gone (the state it held with it), `BrokerError` when the broker fails."""
         if not partitions:
             return {}
         options: dict[str, Any] = {
             **self._connection,
+            "request_timeout_ms": self._settings.kafka.request_timeout_ms,
             "enable_auto_commit": False,
             "group_id": None,
             "auto_offset_reset": "earliest",
@@ -188,10 +208,15 @@ class Kafka:
         }
         if self._exactly_once:
             options["isolation_level"] = READ_COMMITTED
-        reader = AIOKafkaConsumer(**options)
         tps = [TopicPartition(topic, partition) for topic, partition in partitions]
         read: dict[tuple[str, int], list[Any]] = {key: [] for key in partitions}
+        reader: AIOKafkaConsumer | None = None
         try:
+            # a missing topic would be waited for until the request timeout, then not named
+            missing = await self.missing_topics(topic for topic, _ in partitions)
+            if missing:
+                raise state_topics_deleted(missing)
+            reader = AIOKafkaConsumer(**options)
             await reader.start()
             reader.assign(tps)
             ends = await reader.end_offsets(tps)
@@ -207,7 +232,8 @@ class Kafka:
         except KafkaError as exc:
             raise BrokerError(f"cannot read the state topics: {exc!r}") from exc
         finally:
-            await reader.stop()
+            if reader is not None:
+                await reader.stop()
 
 
 class Listener(ConsumerRebalanceListener):  # type: ignore[misc]

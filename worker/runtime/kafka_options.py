@@ -92,6 +92,7 @@ def consumer_options(settings: Settings) -> dict[str, Any]:
         "max_poll_interval_ms": kafka.max_poll_interval_ms,
         "max_poll_records": kafka.fetch_max_records,
         "fetch_max_wait_ms": kafka.fetch_max_wait_ms,
+        "metadata_max_age_ms": kafka.metadata_max_age_ms,
     }
 
 

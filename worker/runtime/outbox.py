@@ -13,10 +13,11 @@ only after that).
 
 What goes wrong is handled by kind:
 
-- a retriable error (a leader moved, a timeout, a topic whose metadata is not there yet): the
-  batch's records are sent again after a backoff that grows per topic while that topic keeps
-  failing; the topic is *failing* until one of its batches is acknowledged (health is per topic:
-  another topic's success says nothing about this one);
+- a retriable error (a leader moved, a timeout, a topic or partition the producer's metadata
+  does not show yet, even read again): the batch's records are sent again after a backoff that
+  grows per topic while that topic keeps failing; the topic is *failing* until one of its
+  batches is acknowledged (health is per topic: another topic's success says nothing about
+  this one);
 - a permanent error (record too large, invalid topic, not authorized): a batch of several is
   split and sent again one by one, to find the record at fault; a single record that fails for
   good is handed to `Sink.refused`, which may give a bounded substitute to send in its place
@@ -35,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,6 +49,7 @@ from aiokafka.errors import (
     RecordTooLargeError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
+    UnknownTopicOrPartitionError,
 )
 
 from worker._native import partition_for_key
@@ -138,6 +140,15 @@ class Producer(Protocol):
     ) -> asyncio.Future[Any]: ...
 
     async def partitions_for(self, topic: str) -> set[int]: ...
+
+    @property
+    def client(self) -> MetadataClient: ...
+
+
+class MetadataClient(Protocol):
+    """What the outbox uses of a producer's `aiokafka.AIOKafkaClient`."""
+
+    def force_metadata_update(self) -> Awaitable[bool]: ...
 
 
 @dataclass(slots=True)
@@ -320,6 +331,10 @@ class Outbox:
         for record in records:
             record.attempts += 1
         try:
+            if not await self._known(topic, partition):
+                raise UnknownTopicOrPartitionError(
+                    f"{topic}[{partition}] is not in the producer's view of the cluster yet"
+                )
             future = await self.producer.send_batch(batch, topic, partition=partition)
         except KafkaError as exc:
             self._failed(records, exc)
@@ -332,6 +347,15 @@ class Outbox:
             return
         self.in_flight += len(records)
         future.add_done_callback(lambda done: self._done(done, topic, records))
+
+    async def _known(self, topic: str, partition: int) -> bool:
+        """Whether the producer's view of the cluster has the partition (aiokafka asserts it
+        does). A partition added to a topic (a changelog grown with its input) shows only once
+        that view is read again, which is done here, at once."""
+        if partition in await self.producer.partitions_for(topic):
+            return True
+        await self.producer.client.force_metadata_update()
+        return partition in await self.producer.partitions_for(topic)
 
     def _done(self, done: asyncio.Future[Any], topic: str, records: list[Record]) -> None:
         self.in_flight -= len(records)

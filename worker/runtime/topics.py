@@ -13,7 +13,11 @@ A derived name longer than Kafka allows (249 characters) keeps its head and gets
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from worker.errors import StateError
 
 MAX_TOPIC_NAME = 249
 
@@ -25,6 +29,9 @@ class TopicSpec:
     name: str
     partitions: int
     compacted: bool
+    #: partitions are added when it has too few (a changelog follows its input's growth; a
+    #: keyed topic never grows: its partition count routes the keys)
+    grows: bool = False
 
 
 def _bounded(name: str) -> str:
@@ -46,8 +53,29 @@ def keys_topic(group_id: str) -> str:
     return _bounded(f"{group_id}-idempotency-keys")
 
 
-def is_internal(group_id: str, topic: str) -> bool:
-    """Whether a topic is one of the group's own (never an input, even if a regex matches)."""
-    return topic.startswith(f"{group_id}-") and (
-        topic.endswith("-changelog") or topic in (requests_topic(group_id), keys_topic(group_id))
+def never_input(group_id: str, outcome_topics: Iterable[str]) -> str:
+    """A regex of the topics that are never input: the outcome topics and the group's own
+    (read back, each event would be judged again and make another, for ever)."""
+    group = re.escape(f"{group_id}-")
+    # a changelog's name, or its bounded form (head, dash, 16 hex digits, 249 in all)
+    head = MAX_TOPIC_NAME - len(f"{group_id}-") - 17
+    changelog = f"{group}.*-changelog" + (f"|{group}.{{{head}}}-[0-9a-f]{{16}}" if head > 0 else "")
+    exact = [*outcome_topics, requests_topic(group_id), keys_topic(group_id)]
+    return "|".join([*(re.escape(topic) for topic in sorted(exact)), changelog])
+
+
+def input_subscription(pattern: str, group_id: str, outcome_topics: Iterable[str]) -> str:
+    """The group consumer's subscription for an input pattern: the topics it matches but those
+    `never_input`, and the group's requests topic."""
+    never = never_input(group_id, outcome_topics)
+    return f"^(?!(?:{never})$)(?:{pattern})|^{re.escape(requests_topic(group_id))}$"
+
+
+def state_topics_deleted(topics: Iterable[str]) -> StateError:
+    """The error of a worker that finds state topics of its group deleted while it runs."""
+    return StateError(
+        f"internal topics deleted: {', '.join(sorted(topics))}; the state they held (the "
+        "checkpoints of open calls, the idempotency keys remembered) went with them. A restart "
+        "creates them again and goes on from the committed offsets: calls open then are judged "
+        "incomplete, and a call repeating a key remembered there may be accepted again"
     )

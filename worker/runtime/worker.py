@@ -14,11 +14,13 @@ Rebalances wait for the round in progress to end (the consumer calls its rebalan
 a task of its own, and a partition given up in the middle of a round would lose its producer
 under a commit that then never ends). A revoked partition's rounds are finished (bounded), its
 offsets committed, its state dropped; an assigned input partition is restored from its
-changelog and fetching resumes right after the offset its checkpoint reflects; an assigned
-idempotency partition restores its keys.
+changelog (made, or given the partition, first when the input is new or grew) and fetching
+resumes right after the offset its checkpoint reflects; an assigned idempotency partition
+restores its keys.
 At least once, a failing topic or too many unacknowledged records pause fetching (the loop keeps
 polling, so the group membership stays) until the backlog drains; exactly once, a round whose
-writes fail is rewound and the next round tries again.
+writes fail is rewound and the next round tries again. Under both, a failing write has the
+topics checked: a deleted outcome topic is waited for, a deleted state topic stops the worker.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +39,13 @@ from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRa
 from worker.core.events import encode, record_headers, substitute_rejection
 from worker.core.idempotency import KeyStore
 from worker.core.processor import Emission, Processor, Route
-from worker.errors import BrokerError, CallgateError, InfrastructureError, StateError
+from worker.errors import (
+    BrokerError,
+    CallgateError,
+    ConfigError,
+    InfrastructureError,
+    StateError,
+)
 from worker.metrics import Metrics
 from worker.model import Code, Outcome, Phase
 from worker.runtime.checkpoints import ChangelogRecord, Writer, new_writer_id, restore
@@ -46,7 +54,14 @@ from worker.runtime.flow import FlowControl
 from worker.runtime.kafka import Kafka, Listener
 from worker.runtime.keys import KeyOwners
 from worker.runtime.outbox import FENCED, Outbox, Record
-from worker.runtime.topics import TopicSpec, changelog_topic, keys_topic, requests_topic
+from worker.runtime.topics import (
+    TopicSpec,
+    changelog_topic,
+    input_subscription,
+    keys_topic,
+    requests_topic,
+    state_topics_deleted,
+)
 from worker.runtime.transactions import Transactions
 from worker.settings import Settings
 
@@ -131,8 +146,11 @@ class Worker:
         }
         self._outcome_topics = frozenset((topics.accepted, topics.rejected, topics.incomplete))
         self._checked_topics = [*sorted(self._outcome_topics), self._requests]
-        #: the compacted topics of this group's state (changelogs are added by start())
+        #: the compacted topics of this group's state: the keys', and each input's changelog
+        #: once made sure of (`_ensure_changelogs`)
         self._state_topics = [self._keys]
+        #: input topic -> how many partitions its changelog was made sure to have
+        self._changelog_partitions: dict[str, int] = {}
         self._exactly_once = settings.delivery.guarantee == "exactly_once"
         self._consumer: Any = None
         #: at_least_once: one producer and its outbox; exactly_once: one per owned partition
@@ -198,7 +216,7 @@ class Worker:
         listener = Listener(self._on_revoked, self._on_assigned)
         topics = settings.topics
         if topics.input_pattern:
-            pattern = f"(?:{topics.input_pattern})|^{self._requests}$"
+            pattern = input_subscription(topics.input_pattern, self._group, self._outcome_topics)
             self._consumer.subscribe(pattern=pattern, listener=listener)
         else:
             self._consumer.subscribe(
@@ -221,14 +239,28 @@ class Worker:
         if missing:
             raise BrokerError(f"output topics do not exist: {', '.join(missing)}")
         partitions = self.settings.idempotency.partitions
+        await self._kafka.ensure_topics(
+            [
+                TopicSpec(self._requests, partitions, compacted=False),
+                TopicSpec(self._keys, partitions, compacted=True),
+            ]
+        )
+        await self._ensure_changelogs(topics.input_topics)
+
+    async def _ensure_changelogs(self, inputs: Iterable[str]) -> None:
+        """Each input topic's changelog exists, compacted, with a partition for each of the
+        input's; it is watched from then on (a state topic deleted stops the worker). Inputs
+        named are made sure of at start; those a pattern matches when first assigned, and
+        again when a partition beyond their changelog's is (the input grew). Raises
+        `ConfigError` for a changelog that cannot serve, `KafkaError` from the broker."""
+        counts = await self._kafka.partition_counts(inputs)
         specs = [
-            TopicSpec(self._requests, partitions, compacted=False),
-            TopicSpec(self._keys, partitions, compacted=True),
+            TopicSpec(changelog_topic(self._group, name), count, compacted=True, grows=True)
+            for name, count in counts.items()
         ]
-        for name, count in (await self._kafka.partition_counts(topics.input_topics)).items():
-            specs.append(TopicSpec(changelog_topic(self._group, name), count, compacted=True))
         await self._kafka.ensure_topics(specs)
-        self._state_topics = [spec.name for spec in specs if spec.compacted]
+        self._changelog_partitions.update(counts)
+        self._state_topics = sorted({*self._state_topics, *(spec.name for spec in specs)})
 
     def request_stop(self) -> None:
         """Stop fetching after the current round (safe to call from a signal handler)."""
@@ -341,6 +373,7 @@ class Worker:
             elif self._exactly_once:
                 if batch:
                     await self._transaction(batch)
+                await self._apply_check()
                 if self._fenced:
                     await self._take_back()
             else:
@@ -733,15 +766,7 @@ class Worker:
             return
         gone = [topic for topic in self._state_topics if topic in missing]
         if gone:
-            self._stop_fatally(
-                StateError(
-                    f"internal topics deleted: {', '.join(gone)}; the state they held (the "
-                    "checkpoints of open calls, the idempotency keys remembered) went with "
-                    "them. A restart creates them again and goes on from the committed "
-                    "offsets: calls open then are judged incomplete, and a call repeating a "
-                    "key remembered there may be accepted again"
-                )
-            )
+            self._stop_fatally(state_topics_deleted(gone))
             return
         started = self._check_started
         for topic in self._checked_topics:
@@ -759,10 +784,14 @@ class Worker:
             self._outbox.clear()
         await self._rewind()
 
+    def _suspect_deleted_topics(self) -> None:
+        """A write failed: its topic may be gone. The next check is due at once."""
+        self._last_check = float("-inf")
+
     def topic_failing(self, topic: str, error: KafkaError) -> None:
         self.metrics.produce_error()
         if topic not in self._failing:
-            self._last_check = float("-inf")  # a failing write: see whether the topic is gone
+            self._suspect_deleted_topics()
         if self._failing.get(topic) != _MISSING:
             self._failing[topic] = repr(error)
 
@@ -822,26 +851,35 @@ class Worker:
             *(transactions.commit(where, result.offsets[where]) for where in places),
             return_exceptions=True,
         )
-        failed: list[TopicPartition] = []
+        errors: dict[Partition, KafkaError] = {}
         for where, outcome in zip(places, outcomes, strict=True):
             if outcome is None:
                 self.stats.commits += 1
-                continue
-            if not isinstance(outcome, KafkaError):
+            elif isinstance(outcome, KafkaError):
+                errors[where] = outcome
+            else:
                 raise outcome
-            await transactions.close(where)
-            if isinstance(outcome, FENCED):
-                log.warning("%s[%d]: fenced, a newer owner has it: %r", *where, outcome)
+        if not errors:
+            return
+        if any(not isinstance(error, FENCED) for error in errors.values()):
+            # as at least once: a topic deleted makes every transaction that writes to it fail,
+            # and the check says which (a state topic gone stops the worker)
+            self._suspect_deleted_topics()
+            self._check_outputs_when_due()
+        await asyncio.gather(*(transactions.close(where) for where in errors))
+        failed: list[TopicPartition] = []
+        for where, error in errors.items():
+            if isinstance(error, FENCED):
+                log.warning("%s[%d]: fenced, a newer owner has it: %r", *where, error)
                 self._fenced[where] = self._clock()
                 if self._consumer is not None:
                     self._consumer.pause(TopicPartition(*where))
                 self._forget([TopicPartition(*where)])
                 continue
-            log.warning("%s[%d]: transaction failed; rewinding it: %r", *where, outcome)
+            log.warning("%s[%d]: transaction failed; rewinding it: %r", *where, error)
             self.stats.rewinds += 1
             failed.append(TopicPartition(*where))
-        if failed:
-            await self._open(failed)
+        await self._open(failed)
 
     async def _take_back(self) -> None:
         """A fenced partition is normally revoked by the group within a session. One that the
@@ -941,6 +979,12 @@ class Worker:
         if consumer is None or not assigned:
             return
         consumer.pause(*assigned)
+        unprepared = {
+            tp.topic
+            for tp in assigned
+            if tp.topic != self._requests
+            and tp.partition >= self._changelog_partitions.get(tp.topic, 0)
+        }
         state_of = {
             tp: (
                 self._keys if tp.topic == self._requests else changelog_topic(self._group, tp.topic)
@@ -948,6 +992,8 @@ class Worker:
             for tp in assigned
         }
         try:
+            if unprepared:
+                await self._ensure_changelogs(unprepared)
             logs = await self._kafka.read_to_end(
                 [(topic, tp.partition) for tp, topic in state_of.items()]
             )
@@ -964,6 +1010,12 @@ class Worker:
                     await consumer.seek_to_beginning(tp)
                 else:
                     consumer.seek(tp, offset)
+        except StateError as exc:
+            self._stop_fatally(exc)
+            return
+        except ConfigError as exc:  # a changelog that cannot serve the input assigned
+            self._stop_fatally(StateError(str(exc)))
+            return
         except (BrokerError, KafkaError) as exc:
             self._stop_fatally(
                 BrokerError(f"cannot read the state of {len(assigned)} partitions: {exc!r}")
@@ -1023,5 +1075,6 @@ class Worker:
             return False, "joining the consumer group"
         if self._failing:
             failing = "; ".join(f"{t}: {e}" for t, e in sorted(self._failing.items()))
-            return False, f"writes failing ({failing}); fetching paused"
+            waiting = "fetching paused" if not self._exactly_once else "rounds rewound until done"
+            return False, f"writes failing ({failing}); {waiting}"
         return True, f"consuming {len(self._assignment)} partitions"
