@@ -102,12 +102,15 @@ class Run:
         finally:
             await admin.close()
 
-    async def produce(self, records: list[tuple[bytes, bytes]], timestamp_ms: int) -> None:
+    async def produce(
+        self, records: list[tuple[bytes, bytes]], timestamp_ms: int, topic: str | None = None
+    ) -> None:
+        """To the input topic, or `topic`."""
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
         await producer.start()
         try:
             futures = [
-                await producer.send(self.input, value, key=key, timestamp_ms=timestamp_ms)
+                await producer.send(topic or self.input, value, key=key, timestamp_ms=timestamp_ms)
                 for key, value in records
             ]
             await asyncio.gather(*futures)
@@ -263,17 +266,27 @@ async def test_every_call_is_judged_once_and_checkpointed(run: Run) -> None:
     assert worker.stats.commits > 0
 
 
-@pytest.mark.parametrize("given_as", ["names", "pattern"])
+@pytest.mark.parametrize("given_as", ["a name", "two names", "a pattern"])
 async def test_a_stopped_worker_s_open_calls_are_finished_by_the_next(
     run: Run, given_as: str
 ) -> None:
-    """Its checkpoints carry its open calls to the next worker. An input given as a pattern:
-    the topics it matches are known only once the group assigns them, so their changelogs are
-    made then (none exists at start)."""
-    pattern = {"topics": {"input": f"^{re.escape(run.input)}$"}} if given_as == "pattern" else {}
-    settings = run.settings(**pattern)
-    changelog = changelog_topic(run.group, run.input)
-    await run.produce(call_records(12, first_half_only=True), timestamp_ms=1_000)
+    """Its checkpoints carry its open calls to the next worker, each input topic's in its own
+    changelog. An input given as a pattern: the topics it matches are known only once the group
+    assigns them, so their changelogs are made then (none exists at start)."""
+    other = f"{run.input}-2"
+    inputs = [run.input, other] if given_as == "two names" else [run.input]
+    given = {
+        "a name": run.input,
+        "two names": ",".join(inputs),
+        "a pattern": f"^{re.escape(run.input)}$",
+    }[given_as]
+    settings = run.settings(topics={"input": given})
+    if given_as == "two names":
+        await admin_call(run.bootstrap, create=other)
+    # calls 0-5 in the first input, 6-11 in the last
+    first_halves = call_records(12, first_half_only=True)
+    await run.produce(first_halves[:6], timestamp_ms=1_000, topic=inputs[0])
+    await run.produce(first_halves[6:], timestamp_ms=1_000, topic=inputs[-1])
     first = worker_for(settings)
     await first.start()
     try:
@@ -285,8 +298,11 @@ async def test_a_stopped_worker_s_open_calls_are_finished_by_the_next(
     finally:
         await first.close()
     assert first.stats.checkpoints > 0
-    assert await Kafka(settings).partition_counts([changelog]) == {changelog: PARTITIONS}
-    await run.produce([second_half(i) for i in range(12)], timestamp_ms=2_000)
+    changelogs = [changelog_topic(run.group, topic) for topic in inputs]
+    counts = await Kafka(settings).partition_counts(changelogs)
+    assert counts == dict.fromkeys(changelogs, PARTITIONS)
+    await run.produce([second_half(i) for i in range(6)], timestamp_ms=2_000, topic=inputs[0])
+    await run.produce([second_half(i) for i in range(6, 12)], timestamp_ms=2_000, topic=inputs[-1])
     second = worker_for(settings)
     await second.start()
     try:
