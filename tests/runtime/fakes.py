@@ -419,6 +419,8 @@ class FakeKafka:
         self.producer_made: FakeProducer | None = None
         #: every transactional producer made, in order
         self.transactional_made: list[FakeProducer] = []
+        #: how many times state was read (each restore of partitions reads once)
+        self.reads = 0
 
     async def start(self) -> None:
         pass
@@ -454,6 +456,7 @@ class FakeKafka:
     async def read_to_end(
         self, partitions: Sequence[tuple[str, int]]
     ) -> dict[tuple[str, int], list[FakeRecord]]:
+        self.reads += 1
         missing = await self.missing_topics(topic for topic, _ in partitions)
         if missing:
             raise state_topics_deleted(missing)

@@ -523,6 +523,37 @@ async def test_writes_acknowledged_to_a_deleted_topic_are_not_lost() -> None:
     assert_input_committed(broker)
 
 
+async def test_a_topic_missing_for_many_checks_is_rewound_to_once() -> None:
+    """The rewind when a topic is found gone restores every partition from its changelog;
+    while it stays gone nothing is judged, so the checks after that rewind no more (each
+    would read every changelog again, every check interval, for as long as it is gone)."""
+    ticks = iter(range(10**9))  # each reading of the clock is a second later: checks are due
+    broker = new_broker()
+    broker.auto_deliver = False
+    first, calls = traffic(6)
+    produce(broker, first)
+    worker = new_worker(broker, lambda: float(next(ticks)))
+    await worker.start()
+    await worker.step()
+    broker.delete_topic_but_acknowledge_writes(ACCEPTED)
+    broker.deliver()
+    kafka = worker._kafka
+    assert isinstance(kafka, FakeKafka)
+    reads = None
+    for _ in range(20):
+        await worker.step()
+        broker.deliver()
+        if reads is None and "does not exist" in worker.readiness()[1]:
+            reads = kafka.reads
+    assert reads is not None, "the topic was not seen gone"
+    assert kafka.reads == reads, "rewound when found gone, not at every check after"
+    broker.create_topic(ACCEPTED, 2)
+    broker.auto_deliver = True
+    await run_until_idle(worker, broker)
+    assert_one_verdict_per_call(broker, calls)
+    assert_input_committed(broker)
+
+
 async def test_a_topic_deleted_while_its_writes_fail_holds_up_nothing_once_it_is_back() -> None:
     """A round's events wait for a deleted topic while a later round is written in full: the
     check sees the topic gone and rewinds, dropping the waiting events. The rounds that owed
@@ -769,7 +800,7 @@ async def test_a_former_owner_is_fenced_and_its_round_never_lands() -> None:
     assert moved not in one._assignment
     assert (INPUT, 0) in one._fenced
     assert broker.epochs[f"{GROUP}-{INPUT}-0"] == epoch, "the former owner fenced the new one"
-    assert not one._failing, "a fenced producer says nothing about the topics it wrote to"
+    assert not one._topics.failing, "a fenced producer says nothing about the topics it wrote to"
     await one._consumer.revoke([moved])  # the group tells it, late
     for _ in range(3):
         await one.step()

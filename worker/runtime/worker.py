@@ -54,6 +54,7 @@ from worker.runtime.flow import FlowControl
 from worker.runtime.kafka import Kafka, Listener
 from worker.runtime.keys import KeyOwners
 from worker.runtime.outbox import FENCED, Outbox, Record
+from worker.runtime.topic_watch import TopicWatch
 from worker.runtime.topics import (
     TopicSpec,
     changelog_topic,
@@ -89,7 +90,6 @@ class Stats:
 
 
 #: Why a topic fails when it does not exist at all.
-_MISSING = "does not exist"
 
 #: What an outbox record is, for its acknowledgement.
 OUTPUT, CHECKPOINT, TOMBSTONE, KEY_CHANGE = "output", "checkpoint", "tombstone", "key-change"
@@ -145,10 +145,14 @@ class Worker:
             Route.IDEMPOTENCY: self._requests,
         }
         self._outcome_topics = frozenset((topics.accepted, topics.rejected, topics.incomplete))
-        self._checked_topics = [*sorted(self._outcome_topics), self._requests]
-        #: the compacted topics of this group's state: the keys', and each input's changelog
-        #: once made sure of (`_ensure_changelogs`)
-        self._state_topics = [self._keys]
+        self._topics = TopicWatch(
+            self._kafka.missing_topics,
+            clock,
+            settings.kafka.topic_check_interval_ms / 1000,
+            written=[*sorted(self._outcome_topics), self._requests],
+        )
+        # the state topics: the keys', and each input's changelog once made sure of
+        self._topics.watch_state([self._keys])
         #: input topic -> how many partitions its changelog was made sure to have
         self._changelog_partitions: dict[str, int] = {}
         self._exactly_once = settings.delivery.guarantee == "exactly_once"
@@ -164,7 +168,6 @@ class Worker:
         self._owners = KeyOwners(self._requests, new_key_store, settings.limits.max_feedback_bytes)
         self._assignment: set[TopicPartition] = set()
         self._flow = FlowControl(settings.kafka.max_pending_produces)
-        self._failing: dict[str, str] = {}
         self._stop = asyncio.Event()
         #: held by a round from its fetched batch to its end, and by a rebalance
         self._round = asyncio.Lock()
@@ -172,14 +175,8 @@ class Worker:
         self._joined = False
         self._fatal: InfrastructureError | None = None
         self._last_commit = 0.0
-        self._last_check = float("-inf")
-        #: the check that the topics written to exist, running in the background
-        self._check: asyncio.Task[list[str]] | None = None
-        self._check_started = float("-inf")
         #: the offset commit running beside the rounds (`_commit_when_due`)
         self._committing: asyncio.Task[None] | None = None
-        #: when the outcome topics were last seen to exist (checkpoints wait for it)
-        self._verified_at = float("-inf")
         self._next_round = 0
         self._dropped = (0, 0)  # the reassembler's dropped-chunk counts already reported
 
@@ -260,7 +257,7 @@ class Worker:
         ]
         await self._kafka.ensure_topics(specs)
         self._changelog_partitions.update(counts)
-        self._state_topics = sorted({*self._state_topics, *(spec.name for spec in specs)})
+        self._topics.watch_state(spec.name for spec in specs)
 
     def request_stop(self) -> None:
         """Stop fetching after the current round (safe to call from a signal handler)."""
@@ -324,9 +321,10 @@ class Worker:
             await outbox.wait_progress(min(0.1, max(0.0, deadline - self._clock())))
 
     async def _close_clients(self, timeout_s: float = 5.0) -> None:
-        for pending in (self._stop_requested, self._check, self._committing):
+        for pending in (self._stop_requested, self._committing):
             if pending is not None:
                 pending.cancel()
+        self._topics.cancel()
         if self._transactions is not None:
             await self._transactions.close_all(timeout_s / 2)
         if self._outbox is not None:
@@ -368,7 +366,7 @@ class Worker:
         async with self._round:
             # a partition revoked while this batch was fetched is its next owner's
             batch = {tp: records for tp, records in batch.items() if tp in self._assignment}
-            if self._missing_topics():
+            if self._topics.missing:
                 await self._recheck_missing(batch)
             elif self._exactly_once:
                 if batch:
@@ -563,10 +561,10 @@ class Worker:
         # Checkpoints wait for the check. A failing write may mean its topic was deleted: such a
         # topic never acknowledges, and when every round in flight owes it records none waits
         # for the check, so the failing writes start it too.
-        if self._failing or self.ledger.awaiting_verification():
-            self._check_outputs_when_due()
+        if self._topics.failing or self.ledger.awaiting_verification():
+            self._topics.check_when_due()
         await self._apply_check()
-        for round_ in self.ledger.checkpoints_to_send(self._verified_at):
+        for round_ in self.ledger.checkpoints_to_send(self._topics.verified_at):
             for (topic, partition), frames in round_.checkpoints.items():
                 self._add_frames(round_.id, topic, partition, frames)
         await outbox.dispatch()
@@ -722,97 +720,55 @@ class Worker:
             Origin(OUTPUT, origin.partition),
         )
 
-    def _missing_topics(self) -> bool:
-        return any(why == _MISSING for why in self._failing.values())
-
     async def _recheck_missing(self, batch: Mapping[TopicPartition, list[Any]]) -> None:
         """While a topic is missing nothing is judged (a batch fetched before the pause is
         fetched again after the rewind); see every interval whether it is back."""
         if batch:
             log.debug("dropping a batch of %d partitions while a topic is missing", len(batch))
             await self._rewind()
-        self._check_outputs_when_due()
-        if self._check is not None:
-            await asyncio.wait((self._check,), timeout=0.05)
-        else:
-            await asyncio.sleep(0.05)
+        self._topics.check_when_due()
+        await self._topics.wait(0.05)
         await self._apply_check()
 
-    def _check_outputs_when_due(self) -> None:
-        """Start seeing that the topics written to still exist, at most once per interval. The
-        check runs beside the rounds (listing a large cluster's topics takes a while); what it
-        finds is acted on by `_apply_check`, and checkpoints wait for it."""
-        interval = self.settings.kafka.topic_check_interval_ms / 1000
-        if self._check is None and self._clock() - self._last_check >= interval:
-            self._last_check = self._check_started = self._clock()
-            self._check = asyncio.ensure_future(
-                self._kafka.missing_topics([*self._checked_topics, *self._state_topics])
-            )
-
     async def _apply_check(self) -> None:
-        """Act on a finished check. A broker may acknowledge writes to a deleted topic and drop
-        them: when one is gone, the outputs since the last checkpoint may be too, so every
-        partition is rewound to its checkpoint (the calls are judged and sent again once the
-        topic is back), and fetching stays paused until it is. A deleted state topic (a
-        changelog, the idempotency keys) took the state with it: the worker stops."""
-        check = self._check
-        if check is None or not check.done():
+        """Act on a finished check (`worker.runtime.topic_watch`). A broker may acknowledge
+        writes to a deleted topic and drop them: when one is found gone, the outputs since the
+        last checkpoint may be too, so every partition is rewound to its checkpoint, once (the
+        calls are judged and sent again once the topic is back), and nothing is judged until
+        it is. A deleted state topic (a changelog, the idempotency keys) took the state with
+        it: the worker stops."""
+        found = self._topics.finished()
+        if found is None:
             return
-        self._check = None
-        try:
-            missing = check.result()
-        except KafkaError as exc:
-            log.warning("cannot check that the output topics exist: %r", exc)
-            return
-        gone = [topic for topic in self._state_topics if topic in missing]
-        if gone:
-            self._stop_fatally(state_topics_deleted(gone))
-            return
-        started = self._check_started
-        for topic in self._checked_topics:
-            if topic not in missing and self._failing.get(topic) == _MISSING:
-                log.info("topic %s exists again", topic)
-                del self._failing[topic]
-        if not missing:
-            self._verified_at = started
-            return
-        for topic in missing:
-            if self._failing.get(topic) != _MISSING:
-                log.error("topic %s does not exist: rewinding to the last checkpoints", topic)
-            self._failing[topic] = _MISSING
-        if self._outbox is not None:
-            self._outbox.clear()
-        await self._rewind()
-
-    def _suspect_deleted_topics(self) -> None:
-        """A write failed: its topic may be gone. The next check is due at once."""
-        self._last_check = float("-inf")
+        if found.state_gone:
+            self._stop_fatally(state_topics_deleted(found.state_gone))
+        elif found.newly_missing:
+            if self._outbox is not None:
+                self._outbox.clear()
+            await self._rewind()
 
     def topic_failing(self, topic: str, error: KafkaError) -> None:
         self.metrics.produce_error()
-        if topic not in self._failing:
-            self._suspect_deleted_topics()
-        if self._failing.get(topic) != _MISSING:
-            self._failing[topic] = repr(error)
+        self._topics.write_failing(topic, error)
 
     def topic_recovered(self, topic: str) -> None:
-        self._failing.pop(topic, None)
+        self._topics.write_recovered(topic)
 
     def _apply_flow(self) -> None:
         # Under exactly_once a write that keeps failing fails its round, which is rewound and
         # tried again by the next one: pausing would leave nothing to try it.
-        pause_for_failing = bool(self._failing) and not self._exactly_once
+        failing = self._topics.failing
+        pause_for_failing = bool(failing) and not self._exactly_once
         decision = self._flow.update(self.ledger.pending_records, pause_for_failing)
         consumer = self._consumer
         if consumer is None or decision is None or not self._assignment:
             return
         if decision:
-            failing = f", failing: {', '.join(sorted(self._failing))}" if self._failing else ""
             log.warning(
                 "pausing %d partitions: %d records unacknowledged%s",
                 len(self._assignment),
                 self.ledger.pending_records,
-                failing,
+                f", failing: {', '.join(sorted(failing))}" if failing else "",
             )
             consumer.pause(*self._assignment)
             self.stats.pauses += 1
@@ -864,8 +820,8 @@ class Worker:
         if any(not isinstance(error, FENCED) for error in errors.values()):
             # as at least once: a topic deleted makes every transaction that writes to it fail,
             # and the check says which (a state topic gone stops the worker)
-            self._suspect_deleted_topics()
-            self._check_outputs_when_due()
+            self._topics.suspect()
+            self._topics.check_when_due()
         await asyncio.gather(*(transactions.close(where) for where in errors))
         failed: list[TopicPartition] = []
         for where, error in errors.items():
@@ -1073,8 +1029,8 @@ class Worker:
             return False, "starting"
         if not self._joined:
             return False, "joining the consumer group"
-        if self._failing:
-            failing = "; ".join(f"{t}: {e}" for t, e in sorted(self._failing.items()))
+        if self._topics.failing:
+            failing = "; ".join(f"{t}: {e}" for t, e in sorted(self._topics.failing.items()))
             waiting = "fetching paused" if not self._exactly_once else "rounds rewound until done"
             return False, f"writes failing ({failing}); {waiting}"
         return True, f"consuming {len(self._assignment)} partitions"

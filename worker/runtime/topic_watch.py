@@ -1,0 +1,130 @@
+"""What the worker knows of the topics it writes to: which are failing, which are gone.
+
+Two sources. The outbox reports each topic's writes failing and recovering. A check, run beside
+the rounds (listing a large cluster's topics takes a while), sees that the topics written to
+still exist: a broker may acknowledge writes to a deleted topic and drop them, so a write that
+succeeds says nothing of its topic. A check starts at most once per interval while one is
+wanted (checkpoints wait for one: `verified_at`), and at the next chance when a write fails
+(`suspect`).
+
+`finished()` says what a done check found, as a `Found`; the worker acts on it
+(`Worker._apply_check`): a state topic gone stops it, an outcome topic gone rewinds every
+partition, and nothing is judged until the topic is back. Time is the caller's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from aiokafka.errors import KafkaError
+
+log = logging.getLogger("callgate.worker")
+
+#: why a topic fails when the check found it gone
+MISSING = "does not exist"
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What a finished check found that the worker acts on: the state topics deleted (it
+    stops), and the topics written to found missing since the last check (it rewinds once,
+    and judges nothing until they are back: `missing`)."""
+
+    state_gone: tuple[str, ...] = ()
+    newly_missing: tuple[str, ...] = ()
+
+
+class TopicWatch:
+    """The failing topics, and the check that the topics written to exist."""
+
+    def __init__(
+        self,
+        missing_topics: Callable[[list[str]], Awaitable[list[str]]],
+        clock: Callable[[], float],
+        interval_s: float,
+        written: Sequence[str],
+    ) -> None:
+        self._missing_topics = missing_topics
+        self._clock = clock
+        self._interval_s = interval_s
+        self._written = list(written)
+        #: the compacted topics of the group's state, as they are made sure of
+        self.state_topics: list[str] = []
+        #: topic -> why its writes fail (`MISSING` for one the check found gone)
+        self.failing: dict[str, str] = {}
+        #: when the topics written to were last seen to exist (checkpoints wait for it)
+        self.verified_at = float("-inf")
+        self._check: asyncio.Future[list[str]] | None = None
+        self._started = float("-inf")
+        self._last = float("-inf")
+
+    def watch_state(self, topics: Iterable[str]) -> None:
+        """Check these state topics too, from the next check on."""
+        self.state_topics = sorted({*self.state_topics, *topics})
+
+    @property
+    def missing(self) -> bool:
+        """Whether a topic written to was found gone and is not back."""
+        return MISSING in self.failing.values()
+
+    def write_failing(self, topic: str, error: KafkaError) -> None:
+        if topic not in self.failing:
+            self.suspect()
+        if self.failing.get(topic) != MISSING:
+            self.failing[topic] = repr(error)
+
+    def write_recovered(self, topic: str) -> None:
+        self.failing.pop(topic, None)
+
+    def suspect(self) -> None:
+        """A write failed: its topic may be gone. The next check is due at once."""
+        self._last = float("-inf")
+
+    def check_when_due(self) -> None:
+        """Start a check unless one runs or the last started within the interval."""
+        if self._check is None and self._clock() - self._last >= self._interval_s:
+            self._last = self._started = self._clock()
+            self._check = asyncio.ensure_future(
+                self._missing_topics([*self._written, *self.state_topics])
+            )
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the running check is done, or `timeout_s`."""
+        if self._check is not None:
+            await asyncio.wait((self._check,), timeout=timeout_s)
+        else:
+            await asyncio.sleep(timeout_s)
+
+    def finished(self) -> Found | None:
+        """What the check found, once it is done (None while it runs, or when it failed)."""
+        check = self._check
+        if check is None or not check.done():
+            return None
+        self._check = None
+        try:
+            missing = check.result()
+        except KafkaError as exc:
+            log.warning("cannot check that the output topics exist: %r", exc)
+            return None
+        gone = tuple(topic for topic in self.state_topics if topic in missing)
+        if gone:
+            return Found(state_gone=gone)
+        for topic in self._written:
+            if topic not in missing and self.failing.get(topic) == MISSING:
+                log.info("topic %s exists again", topic)
+                del self.failing[topic]
+        if not missing:
+            self.verified_at = self._started
+            return Found()
+        newly = tuple(topic for topic in missing if self.failing.get(topic) != MISSING)
+        for topic in newly:
+            log.error("topic %s does not exist: rewinding to the last checkpoints", topic)
+            self.failing[topic] = MISSING
+        return Found(newly_missing=newly)
+
+    def cancel(self) -> None:
+        if self._check is not None:
+            self._check.cancel()
