@@ -46,14 +46,11 @@ def test_an_outcome_or_internal_topic_named_as_input_is_refused(
     assert "CALLGATE_" in str(refused.value)
 
 
-@pytest.mark.parametrize("other", ["rejected", "incomplete"])
-def test_the_accepted_topic_holds_nothing_else(other: str) -> None:
-    with pytest.raises(ConfigError, match="the accepted topic 'ok' is also the rejected or"):
-        settings_with(input="in", **{other: "ok"})
-
-
 def test_inputs_apart_from_the_outputs_are_taken() -> None:
     settings = settings_with(input="in,gate-input")
     assert settings.topics.input_topics == ["in", "gate-input"]
-    # rejected and incomplete may share a topic: executors read only the accepted one
-    assert settings_with(input="in", incomplete="no").topics.incomplete == "no"
+    # outcomes may share a topic (every event names its outcome): still never input
+    shared = settings_with(input="in", accepted="all", rejected="all", incomplete="all")
+    assert shared.topics.accepted == shared.topics.rejected == "all"
+    with pytest.raises(ConfigError, match=r"input topics \['all'\]"):
+        settings_with(input="in,all", accepted="all", rejected="all", incomplete="all")

@@ -152,15 +152,6 @@ class TopicSettings(BaseModel):
             raise ValueError("at least one input topic is required")
         return value
 
-    @model_validator(mode="after")
-    def _accepted_stands_apart(self) -> TopicSettings:
-        # tool executors read the accepted topic: nothing else may be written there
-        if self.accepted in (self.rejected, self.incomplete):
-            raise ValueError(
-                f"the accepted topic {self.accepted!r} is also the rejected or incomplete one"
-            )
-        return self
-
 
 class SchemaSettings(BaseModel):
     model_config = _FROZEN

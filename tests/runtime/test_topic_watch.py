@@ -72,8 +72,10 @@ async def test_a_check_runs_once_per_interval_and_at_once_after_a_failing_write(
 
 
 async def test_a_state_topic_gone_is_found_before_anything_else() -> None:
-    watch, cluster, _ = new_watch()
+    watch, cluster, clock = new_watch()
+    assert await checked(watch) == Found()
     cluster.gone = {"in-changelog", "accepted"}
+    clock.now += 1.0
     assert await checked(watch) == Found(state_gone=("in-changelog",))
     assert watch.failing == {}
 

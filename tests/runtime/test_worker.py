@@ -775,6 +775,60 @@ async def test_exactly_once_commits_records_checkpoints_and_offsets_together() -
         assert broker.committed[(GROUP, INPUT, partition)] == len(broker.logs[INPUT][partition])
 
 
+async def test_exactly_once_a_deleted_changelog_stops_the_worker() -> None:
+    """Under exactly_once the rounds writing checkpoints to a deleted changelog fail and are
+    rewound; the failure has the topics checked, and the worker stops with a StateError naming
+    the changelog (without the check it rewound them for ever, its readiness saying ready)."""
+    broker = new_broker()
+    streams, _ = traffic(6)
+    produce(broker, {name: records[:1] for name, records in streams.items()})
+    worker = new_worker(broker, delivery={"guarantee": "exactly_once"})
+    await worker.start()
+    await worker.step()
+    committed = dict(broker.committed)
+    changelog = changelog_topic(GROUP, INPUT)
+    del broker.logs[changelog]
+    produce(broker, {name: records[1:] for name, records in streams.items()})
+    for _ in range(20):
+        await worker.step()
+        if worker.stopping:
+            break
+    assert worker.stopping, worker.readiness()
+    with pytest.raises(StateError, match=f"internal topics deleted: {changelog};"):
+        await worker.run()
+    assert broker.committed == committed, "no round committed once the state was gone"
+    await worker.close()
+
+
+async def test_exactly_once_a_deleted_outcome_topic_is_waited_for_and_judged_again() -> None:
+    """Under exactly_once the rounds writing to a deleted outcome topic fail and are rewound;
+    the failure has the topics checked: readiness names the topic, nothing is judged until it
+    is back, and then every call has exactly one event (without the check, readiness said
+    ready and nothing named the topic)."""
+    broker = new_broker()
+    streams, calls = traffic(9)
+    produce(broker, streams)
+    worker = new_worker(broker, delivery={"guarantee": "exactly_once"})
+    await worker.start()
+    del broker.logs[ACCEPTED]
+    for _ in range(20):
+        await worker.step()
+        if "does not exist" in worker.readiness()[1]:
+            break
+    assert worker.readiness() == (
+        False,
+        f"writes failing ({ACCEPTED}: does not exist); rounds rewound until done",
+    )
+    assert outcome_events(broker) == {}, "no round committed without its events"
+    broker.create_topic(ACCEPTED, 2)
+    for _ in range(20):
+        await worker.step()
+    assert worker.readiness()[0]
+    assert_one_event_per_call(broker, calls)
+    for partition in range(PARTITIONS):
+        assert broker.committed[(GROUP, INPUT, partition)] == len(broker.logs[INPUT][partition])
+
+
 async def test_a_former_owner_is_fenced_and_its_round_never_lands() -> None:
     """A member paused past its session comes back still fetching a partition the group gave to
     another: its writes and its transaction for that partition are refused, nothing of it is

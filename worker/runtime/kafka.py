@@ -7,6 +7,7 @@ them test the worker without a broker. No private aiokafka API is used anywhere.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -137,6 +138,7 @@ class Kafka:
                     )
             for spec in missing:
                 log.info("created topic %s (%d partitions)", spec.name, spec.partitions)
+            await self._until_listed({spec.name: spec.partitions for spec in missing})
         short = [s for s in specs if s.name in counts and counts[s.name] < s.partitions]
         grown = [spec for spec in short if spec.grows]
         if grown:
@@ -153,6 +155,7 @@ class Kafka:
                     counts[spec.name],
                     spec.partitions,
                 )
+            await self._until_listed({spec.name: spec.partitions for spec in grown})
             counts.update(await self.partition_counts(spec.name for spec in grown))
         for spec in specs:
             have = counts.get(spec.name)
@@ -162,6 +165,24 @@ class Kafka:
                     "(one per input partition): add partitions or delete it"
                 )
         await self._check_compacted([s.name for s in specs if s.compacted and s.name in counts])
+
+    async def _until_listed(self, wanted: dict[str, int]) -> None:
+        """Until the cluster lists each topic with at least its partitions. A broker's view of
+        a topic just made (or grown) lags its controller's, and what reads or checks the topic
+        next (the state reader, the topic check) must not find it missing."""
+        timeout_s = self._settings.kafka.request_timeout_ms / 1000
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            counts = await self.partition_counts(wanted)
+            short = sorted(name for name, count in wanted.items() if counts.get(name, 0) < count)
+            if not short:
+                return
+            if asyncio.get_running_loop().time() >= deadline:
+                raise BrokerError(
+                    f"topics made are not listed as made within {timeout_s:.0f} s: "
+                    f"{', '.join(short)}"
+                )
+            await asyncio.sleep(0.05)
 
     async def _check_compacted(self, names: list[str]) -> None:
         if not names:
@@ -212,10 +233,6 @@ class Kafka:
         read: dict[tuple[str, int], list[Any]] = {key: [] for key in partitions}
         reader: AIOKafkaConsumer | None = None
         try:
-            # a missing topic would be waited for until the request timeout, then not named
-            missing = await self.missing_topics(topic for topic, _ in partitions)
-            if missing:
-                raise state_topics_deleted(missing)
             reader = AIOKafkaConsumer(**options)
             await reader.start()
             reader.assign(tps)
@@ -230,6 +247,11 @@ class Kafka:
                 todo = [tp for tp in todo if await reader.position(tp) < ends[tp]]
             return read
         except KafkaError as exc:
+            # a topic gone is waited for until the request timeout, then named here
+            with contextlib.suppress(KafkaError):
+                missing = await self.missing_topics(topic for topic, _ in partitions)
+                if missing:
+                    raise state_topics_deleted(missing) from exc
             raise BrokerError(f"cannot read the state topics: {exc!r}") from exc
         finally:
             if reader is not None:
