@@ -1,9 +1,11 @@
-"""`Kafka.ensure_topics` on a real Apache Kafka: internal topics are created as the worker needs
-them, and an existing one that would lose state is refused with a `ConfigError` that says why.
+"""`Kafka` on a real Apache Kafka: internal topics are created (or grown) as the worker needs
+them, an existing one that would lose state is refused with a `ConfigError` that says why, and
+the state reader reads a topic just made and names one that is gone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -13,7 +15,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from tests.datafiles import SCHEMAS
 from tests.support.apache_kafka import ApacheKafka
-from worker.errors import ConfigError
+from worker.errors import ConfigError, StateError
 from worker.runtime.kafka import Kafka
 from worker.runtime.topics import TopicSpec
 from worker.settings import Settings
@@ -24,7 +26,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(
 def kafka_for(bootstrap: str) -> Kafka:
     return Kafka(
         Settings.model_validate(
-            {"kafka": {"bootstrap_servers": [bootstrap]}, "schemas": {"dir": SCHEMAS}}
+            {
+                "kafka": {"bootstrap_servers": [bootstrap], "request_timeout_ms": 2000},
+                "schemas": {"dir": SCHEMAS},
+            }
         )
     )
 
@@ -133,3 +138,17 @@ async def test_a_topic_that_grows_gets_the_partitions_it_lacks(apache_kafka: Apa
     await kafka_for(bootstrap).ensure_topics([TopicSpec(name, 5, compacted=True, grows=True)])
     await kafka_for(bootstrap).ensure_topics([TopicSpec(name, 4, compacted=True, grows=True)])
     assert (await described(bootstrap, name))[0] == 5
+
+
+async def test_a_state_topic_is_read_as_soon_as_it_is_made_and_one_gone_is_named(
+    apache_kafka: ApacheKafka,
+) -> None:
+    """The worker reads a changelog right after making it (its first assignment): the read
+    must not find it missing. One that is gone is named, within the request timeout."""
+    bootstrap = apache_kafka.bootstrap_servers
+    kafka = kafka_for(bootstrap)
+    made, gone = unique("changelog"), unique("changelog")
+    await kafka.ensure_topics([TopicSpec(made, 3, compacted=True, grows=True)])
+    assert await kafka.read_to_end([(made, 0), (made, 2)]) == {(made, 0): [], (made, 2): []}
+    with pytest.raises(StateError, match=f"internal topics deleted: {gone};"):
+        await asyncio.wait_for(kafka.read_to_end([(made, 1), (gone, 0)]), timeout=20)
