@@ -421,6 +421,8 @@ class FakeKafka:
         self.transactional_made: list[FakeProducer] = []
         #: how many times state was read (each restore of partitions reads once)
         self.reads = 0
+        #: topic -> the partition count the cluster answers, lagging behind what it has
+        self.lagging: dict[str, int] = {}
 
     async def start(self) -> None:
         pass
@@ -447,11 +449,15 @@ class FakeKafka:
         return sorted(set(topics) - set(self.broker.logs))
 
     async def partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
-        return {t: len(self.broker.logs[t]) for t in topics if t in self.broker.logs}
+        counts = {t: len(self.broker.logs[t]) for t in topics if t in self.broker.logs}
+        return {t: self.lagging.get(t, count) for t, count in counts.items()}
 
     async def ensure_topics(self, specs: Sequence[TopicSpec]) -> None:
         for spec in specs:
             self.broker.create_topic(spec.name, spec.partitions)
+            logs = self.broker.logs[spec.name]
+            if spec.grows:
+                logs.extend([] for _ in range(spec.partitions - len(logs)))
 
     async def read_to_end(
         self, partitions: Sequence[tuple[str, int]]

@@ -523,6 +523,25 @@ async def test_writes_acknowledged_to_a_deleted_topic_are_not_lost() -> None:
     assert_input_committed(broker)
 
 
+async def test_every_partition_assigned_gets_its_changelog_when_the_cluster_says_fewer() -> None:
+    """The partition counts the admin client reads may lag the group's assignment (an input
+    just grown, another broker's view): the changelog gets a partition for every input
+    partition assigned, or that partition's checkpoints would have nowhere to go."""
+    broker = new_broker()
+    streams, calls = traffic(9)
+    produce(broker, streams)
+    worker = new_worker(broker)
+    kafka = worker._kafka
+    assert isinstance(kafka, FakeKafka)
+    kafka.lagging = {INPUT: 1}
+    await worker.start()
+    await run_until_idle(worker, broker)
+    assert not worker.stopping, worker.readiness()
+    assert len(broker.logs[changelog_topic(GROUP, INPUT)]) == PARTITIONS
+    assert_one_verdict_per_call(broker, calls)
+    assert_input_committed(broker)
+
+
 async def test_a_topic_missing_for_many_checks_is_rewound_to_once() -> None:
     """The rewind when a topic is found gone restores every partition from its changelog;
     while it stays gone nothing is judged, so the checks after that rewind no more (each

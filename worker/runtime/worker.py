@@ -244,13 +244,19 @@ class Worker:
         )
         await self._ensure_changelogs(topics.input_topics)
 
-    async def _ensure_changelogs(self, inputs: Iterable[str]) -> None:
+    async def _ensure_changelogs(
+        self, inputs: Iterable[str], assigned: Mapping[str, int] | None = None
+    ) -> None:
         """Each input topic's changelog exists, compacted, with a partition for each of the
-        input's; it is watched from then on (a state topic deleted stops the worker). Inputs
-        named are made sure of at start; those a pattern matches when first assigned, and
-        again when a partition beyond their changelog's is (the input grew). Raises
-        `ConfigError` for a changelog that cannot serve, `KafkaError` from the broker."""
-        counts = await self._kafka.partition_counts(inputs)
+        input's (at least as many as `assigned` shows: the cluster's answer may lag the
+        assignment); it is watched from then on (a state topic deleted stops the worker).
+        Inputs named are made sure of at start; those a pattern matches when first assigned,
+        and again when a partition beyond their changelog's is (the input grew). Raises
+        `ConfigError` for a changelog that cannot serve, `BrokerError` or `KafkaError` from
+        the broker."""
+        counts = dict(await self._kafka.partition_counts(inputs))
+        for name, count in (assigned or {}).items():
+            counts[name] = max(count, counts.get(name, 0))
         specs = [
             TopicSpec(changelog_topic(self._group, name), count, compacted=True, grows=True)
             for name, count in counts.items()
@@ -935,12 +941,11 @@ class Worker:
         if consumer is None or not assigned:
             return
         consumer.pause(*assigned)
-        unprepared = {
-            tp.topic
-            for tp in assigned
-            if tp.topic != self._requests
-            and tp.partition >= self._changelog_partitions.get(tp.topic, 0)
-        }
+        unprepared: dict[str, int] = {}  # input topic -> partitions its assignment shows
+        for tp in assigned:
+            made = self._changelog_partitions.get(tp.topic, 0)
+            if tp.topic != self._requests and tp.partition >= made:
+                unprepared[tp.topic] = max(unprepared.get(tp.topic, 0), tp.partition + 1)
         state_of = {
             tp: (
                 self._keys if tp.topic == self._requests else changelog_topic(self._group, tp.topic)
@@ -949,7 +954,7 @@ class Worker:
         }
         try:
             if unprepared:
-                await self._ensure_changelogs(unprepared)
+                await self._ensure_changelogs(unprepared, assigned=unprepared)
             logs = await self._kafka.read_to_end(
                 [(topic, tp.partition) for tp, topic in state_of.items()]
             )
