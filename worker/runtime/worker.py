@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -242,21 +242,22 @@ class Worker:
                 TopicSpec(self._keys, partitions, compacted=True),
             ]
         )
-        await self._ensure_changelogs(topics.input_topics)
+        await self._ensure_changelogs(dict.fromkeys(topics.input_topics, 0))
 
-    async def _ensure_changelogs(
-        self, inputs: Iterable[str], assigned: Mapping[str, int] | None = None
-    ) -> None:
+    async def _ensure_changelogs(self, inputs: Mapping[str, int]) -> None:
         """Each input topic's changelog exists, compacted, with a partition for each of the
-        input's (at least as many as `assigned` shows: the cluster's answer may lag the
-        assignment); it is watched from then on (a state topic deleted stops the worker).
-        Inputs named are made sure of at start; those a pattern matches when first assigned,
-        and again when a partition beyond their changelog's is (the input grew). Raises
-        `ConfigError` for a changelog that cannot serve, `BrokerError` or `KafkaError` from
-        the broker."""
-        counts = dict(await self._kafka.partition_counts(inputs))
-        for name, count in (assigned or {}).items():
-            counts[name] = max(count, counts.get(name, 0))
+        input's; it is watched from then on (a state topic deleted stops the worker). `inputs`:
+        input topic -> the partitions it has at least (those its assignment shows: the
+        cluster's answer may lag the assignment). Inputs named are made sure of at start;
+        those a pattern matches when first assigned, and again when a partition beyond their
+        changelog's is (the input grew). Raises `ConfigError` for a changelog that cannot
+        serve, `BrokerError` or `KafkaError` from the broker."""
+        listed = await self._kafka.partition_counts(inputs)
+        counts: dict[str, int] = {}
+        for name, at_least in inputs.items():
+            count = max(listed.get(name, 0), at_least)
+            if count:  # a named input not made yet gets its changelog when first assigned
+                counts[name] = count
         specs = [
             TopicSpec(changelog_topic(self._group, name), count, compacted=True, grows=True)
             for name, count in counts.items()
@@ -954,7 +955,7 @@ class Worker:
         }
         try:
             if unprepared:
-                await self._ensure_changelogs(unprepared, assigned=unprepared)
+                await self._ensure_changelogs(unprepared)
             logs = await self._kafka.read_to_end(
                 [(topic, tp.partition) for tp, topic in state_of.items()]
             )
