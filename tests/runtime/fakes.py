@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError, ProducerFenced
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    OffsetOutOfRangeError,
+    ProducerFenced,
+    UnknownTopicOrPartitionError,
+)
 
 from worker.runtime.topics import TopicSpec, state_topics_deleted
 
@@ -70,6 +76,13 @@ class FakeBroker:
     delivered: asyncio.Event = field(default_factory=asyncio.Event)
     #: (topic, partition) -> the first offset its log still has (records before were deleted)
     starts: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: whether a producer waits for a missing topic's metadata, as aiokafka does for its request
+    #: timeout (a deleted topic's included), until the topic is created or the test ends the
+    #: waits (`time_out_metadata_waits`); else it says at once that the topic is unknown
+    metadata_waits: bool = False
+    metadata_timeouts: int = 0
+    #: set (and replaced) whenever a topic is created or the metadata waits time out
+    metadata_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def reach(self, point: str) -> None:
         """A client call passes `point`: it waits there if the test holds it."""
@@ -82,6 +95,17 @@ class FakeBroker:
     def create_topic(self, name: str, partitions: int) -> None:
         self.logs.setdefault(name, [[] for _ in range(partitions)])
         self.deleted.discard(name)
+        self._metadata_changed()
+
+    def time_out_metadata_waits(self) -> None:
+        """The producers waiting for a missing topic's metadata give up (their request
+        timeout passed)."""
+        self.metadata_timeouts += 1
+        self._metadata_changed()
+
+    def _metadata_changed(self) -> None:
+        self.metadata_changed.set()
+        self.metadata_changed = asyncio.Event()
 
     def delete_topic_but_acknowledge_writes(self, name: str) -> None:
         """Delete a topic the way the embedded broker does: later writes are acknowledged
@@ -205,11 +229,15 @@ class FakeProducer:
         return FakeBatch(self._batch_records)
 
     async def partitions_for(self, topic: str) -> set[int]:
-        if topic in self._broker.deleted:
+        broker = self._broker
+        if topic in broker.deleted:
             return {0, 1}
-        if topic not in self._broker.logs:
-            raise KafkaTimeoutError(f"no metadata for {topic}")
-        partitions = range(len(self._broker.logs[topic]))
+        timeouts = broker.metadata_timeouts
+        while topic not in broker.logs:
+            if not broker.metadata_waits or broker.metadata_timeouts != timeouts:
+                raise UnknownTopicOrPartitionError(f"no metadata for {topic}")
+            await broker.metadata_changed.wait()
+        partitions = range(len(broker.logs[topic]))
         return {p for p in partitions if (topic, p) not in self.unseen}
 
     async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> Any:

@@ -59,8 +59,13 @@ def make_settings(**overrides: Any) -> Settings:
     return Settings.model_validate(base)
 
 
+#: far longer than any round takes here: a round that waits this long waits for the cluster
+ROUND_S = 5.0
+
+
 def new_broker() -> FakeBroker:
-    broker = FakeBroker()
+    # the producers wait for a missing topic's metadata, as aiokafka's do: a round must not
+    broker = FakeBroker(metadata_waits=True)
     broker.create_topic(INPUT, PARTITIONS)
     for topic in (ACCEPTED, REJECTED, INCOMPLETE):
         broker.create_topic(topic, 2)
@@ -168,7 +173,7 @@ def assert_input_committed(broker: FakeBroker) -> None:
 
 async def run_until_idle(worker: Worker, broker: FakeBroker, *, rounds: int = 50) -> None:
     for _ in range(rounds):
-        await worker.step()
+        await asyncio.wait_for(worker.step(), ROUND_S)
         broker.deliver()
         if worker.ledger.idle() and not any(
             worker._consumer.highwater(tp) > pos  # type: ignore[union-attr]
@@ -182,10 +187,11 @@ async def run_until_idle(worker: Worker, broker: FakeBroker, *, rounds: int = 50
     raise AssertionError("the worker did not settle")
 
 
-async def rounds_until_seen_gone(worker: Worker, rounds: int) -> None:
+async def rounds_until_seen_gone(worker: Worker, broker: FakeBroker, rounds: int) -> None:
     """Rounds until the worker's check sees a deleted output topic; at most `rounds`."""
     for _ in range(rounds):
-        await worker.step()
+        await asyncio.wait_for(worker.step(), ROUND_S)
+        broker.time_out_metadata_waits()  # a request timeout passes each round
         if "does not exist" in worker.readiness()[1]:
             return
     raise AssertionError(f"the check never saw the topic gone: {worker.readiness()[1]}")
@@ -587,7 +593,7 @@ async def test_a_topic_deleted_while_its_writes_fail_holds_up_nothing_once_it_is
     worker = new_worker(broker, lambda: float(next(ticks)), kafka={"fetch_max_records": 2})
     await worker.start()
     del broker.logs[ACCEPTED]
-    await rounds_until_seen_gone(worker, 8)
+    await rounds_until_seen_gone(worker, broker, 8)
     broker.create_topic(ACCEPTED, 2)
     await run_until_idle(worker, broker)
     assert worker.readiness()[0]
@@ -610,7 +616,7 @@ async def test_a_deleted_topic_every_round_owes_is_seen_gone(calls: int) -> None
     worker = new_worker(broker, lambda: float(next(ticks)), kafka={"fetch_max_records": 2})
     await worker.start()
     del broker.logs[ACCEPTED]
-    await rounds_until_seen_gone(worker, 10)
+    await rounds_until_seen_gone(worker, broker, 10)
     assert broker.committed == {}, "nothing committed past the failing writes"
     broker.create_topic(ACCEPTED, 2)
     await run_until_idle(worker, broker)

@@ -11,6 +11,14 @@ they wait (the records of the rounds dispatched meanwhile go together, in the ba
 one waiting). `flush()` also waits until every record was handed over (a transaction commits
 only after that).
 
+`dispatch()` never waits for the cluster: it is not even a coroutine. A keyed record's partition
+needs its topic's partition count, read from the producer's metadata the first time the topic is
+written to and again after its writes failed; for a topic that is gone aiokafka waits the whole
+request timeout before it says so. That read is a *placer* task of the topic's, which hands the
+topic's records to their senders once it knows (or fails them all at once, as one retriable
+write); a round that waited for it would wait once per record, and the topic check that sees
+the topic gone would wait behind it.
+
 What goes wrong is handled by kind:
 
 - a retriable error (a leader moved, a timeout, a topic or partition the producer's metadata
@@ -189,6 +197,10 @@ class Outbox:
     _senders: dict[tuple[str, int], asyncio.Task[None]] = field(default_factory=dict)
     #: per topic partition, the records its sender took and is handing over
     _handing: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: the records of a topic whose partition count its placer is reading (keyed ones, and
+    #: any added behind them)
+    _unplaced: dict[str, list[Record]] = field(default_factory=dict)
+    _placers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     #: what a sender raised that is not the producer's error (a bug): raised by the next call
     _sender_error: BaseException | None = None
 
@@ -214,6 +226,8 @@ class Outbox:
         self._retry = [r for r in self._retry if not drop(r)]
         for where, waiting in self._waiting.items():
             self._waiting[where] = [r for r in waiting if not drop(r)]
+        for topic, unplaced in self._unplaced.items():
+            self._unplaced[topic] = [r for r in unplaced if not drop(r)]
 
     def clear(self) -> None:
         """Forget everything queued (an aborted transaction, a rewind)."""
@@ -221,20 +235,25 @@ class Outbox:
         self._retry = []
         for waiting in self._waiting.values():
             waiting.clear()
+        for unplaced in self._unplaced.values():
+            unplaced.clear()
 
     @property
     def queued(self) -> int:
         """Records not handed to the producer yet."""
         waiting = sum(len(records) for records in self._waiting.values())
-        return len(self._queued) + len(self._retry) + waiting + sum(self._handing.values())
+        unplaced = sum(len(records) for records in self._unplaced.values())
+        handing = sum(self._handing.values())
+        return len(self._queued) + len(self._retry) + unplaced + waiting + handing
 
     async def close(self) -> None:
         """Stop the senders (before the producer stops: a call pending on a stopped producer
         never returns)."""
-        senders = list(self._senders.values())
-        for sender in senders:
-            sender.cancel()
-        await asyncio.gather(*senders, return_exceptions=True)
+        tasks = [*self._placers.values(), *self._senders.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._placers.clear()
         self._senders.clear()
 
     def failing_topics(self) -> list[str]:
@@ -242,32 +261,37 @@ class Outbox:
 
     async def flush(self) -> None:
         """`dispatch()`, then wait until every record was handed to the producer."""
-        await self.dispatch()
-        while self._senders:
-            await asyncio.wait(list(self._senders.values()))
+        self.dispatch()
+        while self._placers or self._senders:
+            await asyncio.wait([*self._placers.values(), *self._senders.values()])
             self._raise_sender_error()
 
-    async def dispatch(self) -> None:
-        """Give everything queued, and every retry that is due, to its topic partition's sender.
-        Waits only for a topic's partition count, the first time the topic is written to."""
+    def dispatch(self) -> None:
+        """Give everything queued, and every retry that is due, to its topic partition's sender
+        (a keyed record of a topic whose partition count is not known yet: to its placer)."""
         self._raise_sender_error()
         now = self.clock()
         due = [r for r in self._retry if now >= self._health_of(r.topic).retry_at]
         if due:
             self._retry = [r for r in self._retry if now < self._health_of(r.topic).retry_at]
         records, self._queued = due + self._queued, []
-        if not records:
-            return
+        if records:
+            self._hand_over(records)
+
+    def _hand_over(self, records: list[Record]) -> None:
         groups: dict[tuple[str, int], list[Record]] = {}
         for record in records:
-            partition = record.partition
-            if partition is None:
-                try:
-                    partition = await self._partition(record)
-                except KafkaError as exc:
-                    self._failed([record], exc)
-                    continue
-            groups.setdefault((record.topic, partition), []).append(record)
+            topic, partition = record.topic, record.partition
+            if partition is None and topic in self._partitions:
+                partition = _partition_of(record.key, self._partitions[topic])
+            # a record behind one waiting for its topic's placer waits too: a partition keeps
+            # the order its records were added in
+            if partition is None or topic in self._unplaced:
+                self._unplaced.setdefault(topic, []).append(record)
+                if topic not in self._placers:
+                    self._placers[topic] = asyncio.create_task(self._placer(topic))
+            else:
+                groups.setdefault((topic, partition), []).append(record)
         for where, group in groups.items():
             self._waiting.setdefault(where, []).extend(group)
             if where not in self._senders:
@@ -297,16 +321,30 @@ class Outbox:
             self._senders.pop(where, None)
             self._progress.set()
 
-    async def _partition(self, record: Record) -> int:
-        partitions = self._partitions.get(record.topic)
-        if partitions is None:
-            partitions = sorted(await self.producer.partitions_for(record.topic))
-            if not partitions:
-                raise KafkaError(f"topic {record.topic!r} has no partitions")
-            self._partitions[record.topic] = partitions
-        if record.key is None:
-            return partitions[0]
-        return partitions[partition_for_key(record.key, len(partitions))]
+    async def _placer(self, topic: str) -> None:
+        """Read the topic's partition count, then hand its keyed records (those that arrive
+        meanwhile too) to their partitions' senders. A failed read fails them together: one
+        retriable write of the topic, or each record refused for good."""
+        try:
+            try:
+                partitions = sorted(await self.producer.partitions_for(topic))
+                if not partitions:
+                    raise KafkaError(f"topic {topic!r} has no partitions")
+            except KafkaError as exc:
+                records = self._unplaced.pop(topic, [])
+                if isinstance(exc, PERMANENT_ERRORS):
+                    for record in records:
+                        self._failed([record], exc)
+                elif records:
+                    self._failed(records, exc)
+                return
+            self._partitions[topic] = partitions
+            self._hand_over(self._unplaced.pop(topic, []))
+        except Exception as exc:  # a bug: the round that dispatches next raises it
+            self._sender_error = exc
+        finally:
+            self._placers.pop(topic, None)
+            self._progress.set()
 
     async def _send(self, topic: str, partition: int, records: list[Record]) -> None:
         batch = self.producer.create_batch()
@@ -413,3 +451,8 @@ class Outbox:
         if health is None:
             health = self._health[topic] = _TopicHealth()
         return health
+
+
+def _partition_of(key: bytes | None, partitions: list[int]) -> int:
+    """Kafka's default partition of a keyed record; the first partition for no key."""
+    return partitions[0] if key is None else partitions[partition_for_key(key, len(partitions))]

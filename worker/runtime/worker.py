@@ -564,7 +564,7 @@ class Worker:
     async def _advance(self, *, force_commit: bool = False) -> None:
         outbox = self._outbox
         assert outbox is not None
-        await outbox.dispatch()
+        outbox.dispatch()
         # Checkpoints wait for the check. A failing write may mean its topic was deleted: such a
         # topic never acknowledges, and when every round in flight owes it records none waits
         # for the check, so the failing writes start it too.
@@ -574,7 +574,7 @@ class Worker:
         for round_ in self.ledger.checkpoints_to_send(self._topics.verified_at):
             for (topic, partition), frames in round_.checkpoints.items():
                 self._add_frames(round_.id, topic, partition, frames)
-        await outbox.dispatch()
+        outbox.dispatch()
         await self._commit_when_due(force=force_commit)
 
     async def _commit_when_due(self, *, force: bool) -> None:
