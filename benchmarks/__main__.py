@@ -2,7 +2,8 @@
 
 Names: core, memory, checkpoints, e2e, instructions (the core ratios counted in CPU instructions
 under callgrind; needs valgrind), scaling, observability, profile (text profiles of the core
-path, written beside the results), json_parse (the strict parser against orjson and json); none
+path, written beside the results), json_parse (the strict parser against orjson and json),
+topic_check (the worker's topic check against listing every topic, on Apache Kafka); none
 means core, memory, checkpoints and e2e. `--quick` runs a benchmark at a tiny size (the smoke
 tests use it; its figures mean nothing). `--broker` limits e2e to one broker.
 """
@@ -15,7 +16,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import checkpoints, core, e2e, instructions, memory, observability, profile, scaling
+from benchmarks import (
+    checkpoints,
+    core,
+    e2e,
+    instructions,
+    memory,
+    observability,
+    profile,
+    scaling,
+    topic_check,
+)
 from benchmarks.common import RESULTS, native_build, write_results
 
 
@@ -70,6 +81,10 @@ def _json_parse(args: argparse.Namespace) -> dict[str, Any]:
     return json_parse.run(repeats=args.repeats or (1 if args.quick else 9), quick=args.quick)
 
 
+def _topic_check(args: argparse.Namespace) -> dict[str, Any]:
+    return topic_check.run(quick=args.quick, repeats=args.repeats or (1 if args.quick else 3))
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "core": _core,
     "memory": _memory,
@@ -80,6 +95,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "observability": _observability,
     "profile": _profile,
     "json_parse": _json_parse,
+    "topic_check": _topic_check,
 }
 DEFAULT = ("core", "memory", "checkpoints", "e2e")
 

@@ -72,3 +72,13 @@ def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApacheKaf
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(params=["tansu", "apache"])
+def broker(request: pytest.FixtureRequest) -> str:
+    """bootstrap servers of the session's tansu or Apache Kafka broker."""
+    if request.param == "tansu":
+        tansu: EmbeddedBroker = request.getfixturevalue("kafka_broker")
+        return tansu.bootstrap_servers
+    kafka: ApacheKafka = request.getfixturevalue("apache_kafka")
+    return kafka.bootstrap_servers

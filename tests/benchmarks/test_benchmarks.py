@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from benchmarks import instructions, workload
+from benchmarks import instructions, topic_check, workload
 from benchmarks.baseline import SeedGate, load_validators
 from benchmarks.common import BENCH_SCHEMAS, ENGINES, SEED_SCHEMAS
 from benchmarks.floors import BarePythonGate
@@ -285,3 +285,16 @@ def test_e2e_drains_through_every_contender_on_both_brokers(tmp_path: Path) -> N
             assert latency["answered"] == latency["calls"] > 0
             figures = latency["from_last_chunk_acknowledged"]
             assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_topic_check_times_both_ways_of_checking_on_a_growing_cluster(tmp_path: Path) -> None:
+    document = _run("topic_check", tmp_path, timeout=280)
+    (row,) = document["rows"]
+    assert row["topics_in_cluster"] >= 20
+    assert set(row["contenders"]) == set(topic_check.CONTENDERS)
+    for figures in row["contenders"].values():
+        assert _positive(figures["wall_ms_per_check"])
+        assert figures["cpu_ms_per_check"] >= 0
+    assert _positive(row["wall_listing_over_by_name"])

@@ -1,6 +1,7 @@
 """`Kafka` on a real Apache Kafka: internal topics are created (or grown) as the worker needs
 them, an existing one that would lose state is refused with a `ConfigError` that says why, and
-the state reader reads a topic just made and names one that is gone.
+the state reader reads a topic just made and names one that is gone. What topics exist is asked
+naming them, on both brokers, and never creates one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import InvalidTopicError
 
 from tests.datafiles import SCHEMAS
 from tests.support.apache_kafka import ApacheKafka
@@ -152,3 +154,31 @@ async def test_a_state_topic_is_read_as_soon_as_it_is_made_and_one_gone_is_named
     assert await kafka.read_to_end([(made, 0), (made, 2)]) == {(made, 0): [], (made, 2): []}
     with pytest.raises(StateError, match=f"internal topics deleted: {gone};"):
         await asyncio.wait_for(kafka.read_to_end([(made, 1), (gone, 0)]), timeout=20)
+
+
+@pytest.mark.parametrize("shared_connection", [False, True])
+async def test_what_exists_is_asked_by_name_and_asking_creates_nothing(
+    broker: str, shared_connection: bool
+) -> None:
+    """The topic check runs every 100 ms, so it names the topics it asks about (a full listing
+    costs in proportion to the cluster's topics), and it must not make a deleted topic exist
+    again: tansu, like a broker with `auto.create.topics.enable`, creates a topic a metadata
+    request names unless the request says not to."""
+    kafka = kafka_for(broker)
+    made, never = unique("made"), unique("never-made")
+    await create(broker, made, 3, {})
+    if shared_connection:
+        await kafka.start()
+    try:
+        for _ in range(50):  # a topic just made may have no leaders for a moment
+            if await kafka.partition_counts([made, never]) == {made: 3}:
+                break
+            await asyncio.sleep(0.1)
+        for _ in range(3):
+            assert await kafka.missing_topics([made, never]) == [never]
+            assert await kafka.partition_counts([made, never]) == {made: 3}
+        assert await kafka.missing_topics([]) == []
+        with pytest.raises(InvalidTopicError):
+            await kafka.missing_topics(["not a topic name!"])
+    finally:
+        await kafka.close()

@@ -26,7 +26,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.errors import KafkaError
 
-from callgate_demo.broker import EmbeddedBroker
 from tests.datafiles import SCHEMAS
 from tests.support.apache_kafka import ApacheKafka
 from tests.support.outcomes import Seen, read_all, read_records, reference, without_timings
@@ -45,16 +44,6 @@ from worker.settings import Settings
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(180)]
 
 PARTITIONS = 3
-
-
-@pytest.fixture(params=["tansu", "apache"])
-def broker(request: pytest.FixtureRequest) -> str:
-    """bootstrap servers of the session's tansu or Apache Kafka broker."""
-    if request.param == "tansu":
-        tansu: EmbeddedBroker = request.getfixturevalue("kafka_broker")
-        return tansu.bootstrap_servers
-    kafka: ApacheKafka = request.getfixturevalue("apache_kafka")
-    return kafka.bootstrap_servers
 
 
 class Run:
