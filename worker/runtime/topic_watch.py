@@ -1,9 +1,9 @@
 """What the worker knows of the topics it writes to: which are failing, which are gone.
 
 Two sources. The outbox reports each topic's writes failing and recovering. A check, run beside
-the rounds (listing a large cluster's topics takes a while), sees that the topics written to
-still exist: a broker may acknowledge writes to a deleted topic and drop them, so a write that
-succeeds says nothing of its topic. A check starts at most once per interval while one is
+the rounds (a request to the cluster, which no round waits for), sees that the topics written
+to still exist: a broker may acknowledge writes to a deleted topic and drop them, so a write
+that succeeds says nothing of its topic. A check starts at most once per interval while one is
 wanted (checkpoints wait for one: `verified_at`), and at the next chance when a write fails
 (`suspect`).
 
