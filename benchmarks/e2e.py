@@ -249,9 +249,17 @@ async def _reached(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) 
     return True
 
 
+#: the resolution of record timestamps: a window measured by them is at least this long (a
+#: quick run may write everything within one millisecond)
+TIMESTAMP_RESOLUTION_S = 0.001
+
+
 def _window(records: list[Any]) -> float:
+    """Seconds from the first record's timestamp to the last's, at least their resolution."""
+    if not records:
+        raise RuntimeError("no records written: no window to measure")
     stamps = [r.timestamp for r in records]
-    return (max(stamps) - min(stamps)) / 1000 if stamps else float("nan")
+    return max((max(stamps) - min(stamps)) / 1000, TIMESTAMP_RESOLUTION_S)
 
 
 async def _drain(
@@ -271,13 +279,15 @@ async def _drain(
         if done.returncode != 0:
             raise RuntimeError(f"consume-only failed; see {log}")
         figures = orjson.loads(done.stdout.splitlines()[-1])
-        window = figures["window_s"]
-        rate = (figures["records"] - figures["first_batch"]) / window if window > 0 else None
+        window = max(figures["window_s"], TIMESTAMP_RESOLUTION_S)
+        # the rate after the first batch (the group's join is not reading); a quick run may
+        # read everything in that batch
+        counted = (figures["records"] - figures["first_batch"]) or figures["records"]
         return {
             "records_in": total,
             "records_read": figures["records"],
             "window_s": round(window, 3),
-            "records_per_s": None if rate is None else round(rate),
+            "records_per_s": round(counted / window),
         }, []
     await _create(bootstrap, target)
     if kind == "passthrough":
@@ -299,7 +309,7 @@ async def _drain(
         "records_in": total,
         "records_out": len(written),
         "window_s": round(window, 3),
-        "records_per_s": round(total / window) if window > 0 else None,
+        "records_per_s": round(total / window),
     }, written
 
 

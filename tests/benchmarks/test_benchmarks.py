@@ -14,12 +14,13 @@ import subprocess
 import sys
 from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
 
-from benchmarks import instructions, topic_check, workload
+from benchmarks import e2e, instructions, topic_check, workload
 from benchmarks.baseline import SeedGate, load_validators
 from benchmarks.common import BENCH_SCHEMAS, ENGINES, SEED_SCHEMAS
 from benchmarks.floors import BarePythonGate
@@ -298,3 +299,13 @@ def test_topic_check_times_both_ways_of_checking_on_a_growing_cluster(tmp_path: 
         assert _positive(figures["wall_ms_per_check"])
         assert figures["cpu_ms_per_check"] >= 0
     assert _positive(row["wall_listing_over_by_name"])
+
+
+def test_an_e2e_window_is_never_shorter_than_the_timestamps_resolution() -> None:
+    """A quick run may write every event within one millisecond: its rate is still a number
+    (a window of 0 made it None, and the share a TypeError), and no records is an error."""
+    stamped = [SimpleNamespace(timestamp=t) for t in (7, 7, 7)]
+    assert e2e._window(stamped) == e2e.TIMESTAMP_RESOLUTION_S
+    assert e2e._window([*stamped, SimpleNamespace(timestamp=2007)]) == 2.0
+    with pytest.raises(RuntimeError, match="no records written"):
+        e2e._window([])
