@@ -68,6 +68,18 @@ class Kafka:
         if client is not None:
             await client.close()
 
+    @contextlib.asynccontextmanager
+    async def _metadata_client(self) -> AsyncIterator[AIOKafkaClient]:
+        """The shared connection once `start` opened it; before, one for this request."""
+        if self._client is not None:
+            yield self._client
+            return
+        client = await self._started_client()
+        try:
+            yield client
+        finally:
+            await client.close()
+
     async def _started_client(self) -> AIOKafkaClient:
         client = AIOKafkaClient(
             **self._connection, request_timeout_ms=self._settings.kafka.request_timeout_ms
@@ -133,15 +145,8 @@ class Kafka:
         if not wanted:
             return {}
         request = MetadataRequest(wanted, allow_auto_topic_creation=False)
-        client = self._client
-        if client is not None:
+        async with self._metadata_client() as client:
             response = await client.send(client.get_random_node(), request)
-        else:
-            client = await self._started_client()
-            try:
-                response = await client.send(client.get_random_node(), request)
-            finally:
-                await client.close()
         described: dict[str, int] = {}
         for entry in response.to_object()["topics"]:
             code, topic = entry["error_code"], entry["topic"]

@@ -322,9 +322,9 @@ class Outbox:
             self._progress.set()
 
     async def _placer(self, topic: str) -> None:
-        """Read the topic's partition count, then hand its keyed records (those that arrive
-        meanwhile too) to their partitions' senders. A failed read fails them together: one
-        retriable write of the topic, or each record refused for good."""
+        """Read the topic's partition count, then hand the records waiting for it (those that
+        arrive meanwhile too) to their partitions' senders. A failed read fails them together:
+        one retriable write of the topic, or each record refused for good."""
         try:
             try:
                 partitions = sorted(await self.producer.partitions_for(topic))
