@@ -3,9 +3,12 @@
 Names: core, memory, checkpoints, e2e, instructions (the core ratios counted in CPU instructions
 under callgrind; needs valgrind), scaling, observability, profile (text profiles of the core
 path, written beside the results), json_parse (the strict parser against orjson and json),
-topic_check (the worker's topic check against listing every topic, on Apache Kafka); none
+topic_check (the worker's topic check against listing every topic, on Apache Kafka),
+e2e_profile (py-spy's samples of callgate and the pass-through draining the e2e workload, per
+record and by part; needs py-spy and the right to attach to a process); none
 means core, memory, checkpoints and e2e. `--quick` runs a benchmark at a tiny size (the smoke
-tests use it; its figures mean nothing). `--broker` limits e2e to one broker.
+tests use it; its figures mean nothing). `--broker` limits e2e to one broker (and picks
+e2e_profile's, Apache Kafka by default).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from benchmarks import (
     checkpoints,
     core,
     e2e,
+    e2e_profile,
     instructions,
     memory,
     observability,
@@ -51,6 +55,16 @@ def _e2e(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick:
         return e2e.run(quick=True, repeats=args.repeats or 1, brokers=brokers)
     return e2e.run(repeats=args.repeats or 3, brokers=brokers)
+
+
+def _e2e_profile(args: argparse.Namespace) -> dict[str, Any]:
+    broker = args.broker or "apache"
+    return e2e_profile.run(
+        quick=args.quick,
+        repeats=args.repeats or (1 if args.quick else 3),
+        broker=broker,
+        out=args.out,
+    )
 
 
 def _instructions(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,6 +104,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "memory": _memory,
     "checkpoints": _checkpoints,
     "e2e": _e2e,
+    "e2e_profile": _e2e_profile,
     "instructions": _instructions,
     "scaling": _scaling,
     "observability": _observability,

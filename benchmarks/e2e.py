@@ -44,7 +44,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,9 +263,16 @@ def _window(records: list[Any]) -> float:
 
 
 async def _drain(
-    bootstrap: str, kind: str, source: str, total: int, logs: Path
+    bootstrap: str,
+    kind: str,
+    source: str,
+    total: int,
+    logs: Path,
+    *,
+    watch: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
-    """One contender drains `source` in a fresh group: its figures, and what it wrote."""
+    """One contender drains `source` in a fresh group: its figures, and what it wrote.
+    `watch` is given the pid of a writer's process once it is started (a profiler attaches)."""
     run = uuid.uuid4().hex[:8]
     group, target = f"bench-{kind}-{run}", f"bench.out.{kind}.{run}"
     log = logs / f"{kind}-{run}.log"
@@ -297,6 +304,8 @@ async def _drain(
         command = [PYTHON, "-m", "worker", "run"]
         env = _worker_env(bootstrap, group, source, target)
     process = _start(command, env, log)
+    if watch is not None:
+        watch(process.pid)
     try:
         done_ok = await _wait_done(bootstrap, group, source, process, timeout_s=600)
     finally:

@@ -15,6 +15,7 @@ import orjson
 
 from benchmarks.common import RESULTS
 from benchmarks.e2e import TARGET_P99_MS
+from benchmarks.e2e_profile import BUCKETS, NOT_RUNNING
 
 Table = list[str]
 
@@ -125,6 +126,25 @@ def e2e(doc: dict[str, Any]) -> Table:
     return out
 
 
+def e2e_profile(doc: dict[str, Any]) -> Table:
+    """CPU microseconds per input record by part, the pass-through beside callgate."""
+    floor, gate = doc["passthrough"], doc["callgate"]
+    out = _head("part", "pass-through us/record", "callgate us/record", "callgate beyond")
+    for part, _ in BUCKETS:
+        if part in NOT_RUNNING:
+            continue
+        ours, theirs = gate["us_per_record"][part], floor["us_per_record"][part]
+        out.append(_row(part, f"{theirs:.2f}", f"{ours:.2f}", f"{ours - theirs:+.2f}"))
+    running = floor["us_per_record_running"], gate["us_per_record_running"]
+    out.append(
+        _row(
+            "**running, in all**", f"**{running[0]:.2f}**", f"**{running[1]:.2f}**",
+            f"**{running[1] - running[0]:+.2f}**",
+        )
+    )  # fmt: skip
+    return out
+
+
 def latency(doc: dict[str, Any]) -> Table:
     out = _head(
         "broker", "rate (share of callgate's max)", "contender", "achieved rec/s",
@@ -193,6 +213,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], Table]] = {
     "checkpoints": checkpoints,
     "e2e": e2e,
     "latency": latency,
+    "e2e_profile": e2e_profile,
     "scaling": scaling,
     "observability": observability,
 }

@@ -12,7 +12,7 @@ import math
 import os
 import subprocess
 import sys
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from benchmarks import e2e, instructions, topic_check, workload
+from benchmarks import e2e, e2e_profile, instructions, topic_check, workload
 from benchmarks.baseline import SeedGate, load_validators
 from benchmarks.common import BENCH_SCHEMAS, ENGINES, SEED_SCHEMAS
 from benchmarks.floors import BarePythonGate
@@ -286,6 +286,53 @@ def test_e2e_drains_through_every_contender_on_both_brokers(tmp_path: Path) -> N
             assert latency["answered"] == latency["calls"] > 0
             figures = latency["from_last_chunk_acknowledged"]
             assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_e2e_profile_samples_both_contenders_while_they_drain(tmp_path: Path) -> None:
+    document = _run("e2e_profile", tmp_path, timeout=280)
+    assert document["broker"] == "apache"
+    for kind in e2e_profile.CONTENDERS:
+        figures = document[kind]
+        assert all(_positive(rate) for rate in figures["records_per_s_by_round"])
+        assert set(figures["samples"]) == {name for name, _ in e2e_profile.BUCKETS}
+        assert sum(figures["samples"].values()) > 0
+        folded = e2e_profile.read_folded(tmp_path / f"e2e-profile-{kind}.txt")
+        assert 0 < sum(folded.values()) <= sum(figures["samples"].values())  # its top stacks
+    # the pass-through never judges; what callgate judges is in its judge buckets only
+    judged = [name for name, _ in e2e_profile.BUCKETS if name.startswith("judge")]
+    assert not any(document["passthrough"]["samples"][name] for name in judged)
+
+
+def test_e2e_profile_puts_each_sample_in_the_part_its_stack_names() -> None:
+    loop = "run (asyncio/runners.py:190);BaseEventLoop._run_once (asyncio/base_events.py:1922)"
+    round_ = f"{loop};Worker.step (worker/runtime/worker.py:386)"
+    judge = f"{round_};Worker._judge (worker/runtime/worker.py:475)"
+    feed = f"{judge};Processor.feed (worker/core/processor.py:80)"
+    cases = {
+        f"{feed}": "judge: native reassembly",
+        f"{feed};Processor.emit (worker/core/processor.py:93);Gate.judge (x.py:1)": (
+            "judge: per call"
+        ),
+        f"{judge};Worker._observe (worker/runtime/worker.py:560)": "judge: metrics",
+        f"{judge};Worker._checkpoint (worker/runtime/worker.py:500)": "judge: checkpoints",
+        f"{judge}": "judge: rest",
+        f"{round_};AIOKafkaConsumer.getmany (aiokafka/consumer/consumer.py:1160)": "read",
+        f"{loop};Outbox._sender (worker/runtime/outbox.py:305)": "write",
+        f"{loop};EpollSelector.select (selectors.py:468)": "waiting",
+        "<module> (worker/cli.py:1);_find_and_load (<frozen importlib._bootstrap>:1176)": (
+            "start and stop"
+        ),
+        f"{loop};AIOKafkaConnection._read (aiokafka/conn.py:508)": "other",
+    }
+    for stack, bucket in cases.items():
+        assert e2e_profile.bucket_of(stack.split(";")) == bucket, stack
+    folded = Counter({f"{feed}": 300, f"{loop};EpollSelector.select (selectors.py:468)": 700})
+    figures = e2e_profile.per_record(folded, records=1_000, rate_hz=500)
+    # 300 samples at 500 per second over 1,000 records: 600 us a record
+    assert figures["us_per_record"]["judge: native reassembly"] == 600.0
+    assert figures["us_per_record_running"] == 600.0  # waiting is not running
 
 
 @pytest.mark.integration
