@@ -3,11 +3,11 @@
 On one broker (Apache Kafka unless told), the workload of the e2e benchmark (20,000 small calls
 of 10 chunks, 20 % invalid, 3 partitions) is loaded once; then the pass-through and `python -m
 worker run` each drain it in a fresh group, as in the e2e benchmark, with py-spy attached to the
-contender's process for its whole life (`py-spy record --pid`, raw folded stacks). py-spy takes a
-sample only while the process runs (Python or the native code it called), not while its event
-loop waits in `epoll`, so a bucket's samples / sampling rate / input records is its CPU time per
-input record, comparable between the two contenders. Each sample goes to the first bucket whose
-rule matches its stack (`BUCKETS`):
+contender's process for its whole life (`py-spy record --pid`, raw folded stacks). py-spy leaves
+out the samples of an idle thread, mostly: those it keeps of a thread blocked in a poll or a
+wait are a bucket of their own. So a bucket's samples / sampling rate / input records is its CPU
+time per input record, comparable between the two contenders. Each sample goes to the first
+bucket whose rule matches its stack (`BUCKETS`):
 
 - `read`: aiokafka's fetch (`getmany` turning fetched batches into records, the fetcher task);
 - `judge: native reassembly`: `Processor.feed` running the native reassembler (the leaf frame:
@@ -17,7 +17,7 @@ rule matches its stack (`BUCKETS`):
 - `write`: the outbox and aiokafka's producer (batches, the sender, the acknowledgements);
 - `start and stop`: imports, schema compilation, the clients' start and close;
 - `other`: the event loop, connections, the group;
-- `waiting`: a thread blocked in a poll or a wait (py-spy does not always leave these out).
+- `waiting`: a thread blocked in a poll or a wait.
 
 The running total leaves out `waiting` and `start and stop`.
 
@@ -43,7 +43,7 @@ from typing import Any
 from benchmarks import e2e, workload
 from benchmarks.common import RESULTS
 
-#: samples per second; py-spy pauses the process for each (well under 1 % of its time here)
+#: samples per second (py-spy stops the process for the moment it reads each)
 RATE_HZ = 500
 #: how long to wait for py-spy to write its samples once its process has ended
 SPY_EXIT_S = 60
