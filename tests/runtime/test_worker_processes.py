@@ -63,6 +63,7 @@ from tests.support.traffic import (
     step_for,
 )
 from tests.support.workers import ASSIGNED, REVOKED, WorkerProcess, merged, until
+from worker._native import partition_for_key
 from worker.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -179,7 +180,7 @@ class Scenario:
             "event for every call",
             timeout_s=FINISH_TIMEOUT_S,
             alive=self.alive,
-            context=lambda: f"{len(wanted - tail.calls)} calls without an event\n{self.tails()}",
+            context=lambda: f"{self.missing(traffic, tail)}\n{self.tails()}",
         )
         await until(
             lambda: committed_to_end(
@@ -191,6 +192,17 @@ class Scenario:
             interval_s=0.25,
             context=self.tails,
         )
+
+    def missing(self, traffic: Traffic, tail: OutcomeTail, shown: int = 10) -> str:
+        """The calls without an event: how many, and the first few with what each must come
+        to and the input partition its stream's records went to."""
+        missing = sorted(set(traffic.expected) - tail.calls)
+        lines = [f"{len(missing)} calls without an event"]
+        for call in missing[:shown]:
+            stream = call.rsplit(":", 1)[0]
+            partition = partition_for_key(stream.encode(), INPUT_PARTITIONS)
+            lines.append(f"  {call}: {traffic.expected[call]}, input partition {partition}")
+        return "\n".join(lines)
 
     async def stop_all(self) -> None:
         for worker in self.workers:
