@@ -710,6 +710,55 @@ async def test_a_partition_moves_to_another_worker_with_its_open_calls() -> None
     assert event["source"]["first_offset"] == 0, "judged whole, from its first chunk"
 
 
+@generated(examples=40)
+async def test_a_stalled_call_times_out_once_whenever_its_partition_moves(
+    data: st.DataObject,
+) -> None:
+    """Calls that stall (no piece after their first) time out on their partition's record
+    time. The partitions move at a generated round (to another worker or back to the same),
+    before or after the records that age the stalled calls out arrive, in rounds of a few
+    records: every call, stalled or not, gets one verdict, and the stalled ones `timeout`."""
+    per_round = data.draw(st.integers(1, 4), label="records per round")
+    before = data.draw(st.integers(0, 8), label="rounds before the move")
+    aged_first = data.draw(st.booleans(), label="the aging records come before the move")
+    moves_away = data.draw(st.booleans(), label="moves to another worker")
+    moved = [
+        TopicPartition(INPUT, p)
+        for p in data.draw(
+            st.lists(st.integers(0, PARTITIONS - 1), min_size=1, max_size=3, unique=True),
+            label="partitions moved",
+        )
+    ]
+    broker = new_broker()
+    streams, calls = traffic(6)
+    stalled = {f"stall{i}": weather_call(f"stall{i}", f"x{i}", "Oslo")[:1] for i in range(3)}
+    produce(broker, {**stalled, **streams})
+    mode = {"kafka": {"fetch_max_records": per_round}}
+    one = new_worker(broker, **mode)
+    await one.start()
+    await one._consumer.join()  # type: ignore[union-attr]
+    if aged_first:
+        age_open_calls(broker)
+    for _ in range(before):
+        await asyncio.wait_for(one.step(), ROUND_S)
+        broker.deliver()
+    await one._consumer.revoke(moved)  # type: ignore[union-attr]
+    if not aged_first:
+        age_open_calls(broker)
+    owner = one
+    if moves_away:
+        owner = new_worker(broker, **mode)
+        await owner.start()
+    await owner._consumer.join(moved)  # type: ignore[union-attr]
+    for worker in [one] if owner is one else [one, owner]:
+        await run_until_idle(worker, broker, rounds=200)
+    assert_one_verdict_per_call(broker, calls | {f"x{i}" for i in range(3)})
+    events = outcome_events(broker)
+    for i in range(3):
+        assert events[f"x{i}"][0]["outcome"] == "incomplete", events[f"x{i}"][0]
+        assert events[f"x{i}"][0]["reason"] == "timeout", events[f"x{i}"][0]
+
+
 #: Where a round waits on the broker, by guarantee: a rebalance may come at any of them.
 ROUND_WAITS = {
     "at_least_once": ["send_batch", "commit"],
