@@ -160,21 +160,21 @@ async def _on_broker(
     await e2e._load(bootstrap, source, e2e.partitioned(records))
     totals: dict[str, Counter[str]] = {kind: Counter() for kind in CONTENDERS}
     rates: dict[str, list[int]] = {kind: [] for kind in CONTENDERS}
-    for round_ in range(repeats):
+    spies: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def attach(pid: int) -> None:
+        samples = logs / f"{pid}.spy"
+        command = [
+            spy, "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--format", "raw",
+            "--output", str(samples),
+        ]  # fmt: skip
+        with open(logs / "py-spy.log", "ab") as log:
+            spies.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), samples))
+
+    for _ in range(repeats):
         for kind in CONTENDERS:
-            samples = logs / f"{kind}-{round_}.spy"
-            spies: list[subprocess.Popen[bytes]] = []
-
-            def attach(pid: int, samples: Path = samples, spies: list[Any] = spies) -> None:
-                command = [
-                    spy, "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--format", "raw",
-                    "--output", str(samples),
-                ]  # fmt: skip
-                with open(logs / "py-spy.log", "ab") as log:
-                    spies.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
-
             figures, _ = await e2e._drain(bootstrap, kind, source, len(records), logs, watch=attach)
-            (spied,) = spies
+            spied, samples = spies.pop()
             if await asyncio.to_thread(spied.wait, SPY_EXIT_S) != 0 or not samples.is_file():
                 raise RuntimeError(f"py-spy did not profile {kind}; see {logs / 'py-spy.log'}")
             totals[kind] += read_folded(samples)

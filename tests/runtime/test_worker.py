@@ -710,6 +710,12 @@ async def test_a_partition_moves_to_another_worker_with_its_open_calls() -> None
     assert event["source"]["first_offset"] == 0, "judged whole, from its first chunk"
 
 
+def draw_partitions(data: st.DataObject, label: str) -> list[TopicPartition]:
+    """One to all of the input partitions, drawn."""
+    drawn = st.lists(st.integers(0, PARTITIONS - 1), min_size=1, max_size=3, unique=True)
+    return [TopicPartition(INPUT, p) for p in data.draw(drawn, label=label)]
+
+
 @generated(examples=40)
 async def test_a_stalled_call_times_out_once_whenever_its_partition_moves(
     data: st.DataObject,
@@ -722,13 +728,7 @@ async def test_a_stalled_call_times_out_once_whenever_its_partition_moves(
     before = data.draw(st.integers(0, 8), label="rounds before the move")
     aged_first = data.draw(st.booleans(), label="the aging records come before the move")
     moves_away = data.draw(st.booleans(), label="moves to another worker")
-    moved = [
-        TopicPartition(INPUT, p)
-        for p in data.draw(
-            st.lists(st.integers(0, PARTITIONS - 1), min_size=1, max_size=3, unique=True),
-            label="partitions moved",
-        )
-    ]
+    moved = draw_partitions(data, "partitions moved")
     broker = new_broker()
     streams, calls = traffic(6)
     stalled = {f"stall{i}": weather_call(f"stall{i}", f"x{i}", "Oslo")[:1] for i in range(3)}
@@ -791,13 +791,7 @@ async def test_a_rebalance_waits_for_the_round_in_progress(data: st.DataObject) 
     guarantee = data.draw(st.sampled_from(sorted(ROUND_WAITS)), label="guarantee")
     point = data.draw(st.sampled_from(ROUND_WAITS[guarantee]), label="the round waits at")
     moves_away = data.draw(st.booleans(), label="moves to another worker")
-    moved = [
-        TopicPartition(INPUT, p)
-        for p in data.draw(
-            st.lists(st.integers(0, PARTITIONS - 1), min_size=1, max_size=3, unique=True),
-            label="partitions revoked",
-        )
-    ]
+    moved = draw_partitions(data, "partitions revoked")
     broker = new_broker()
     streams, calls = traffic(9)
     produce(broker, streams)
