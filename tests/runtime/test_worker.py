@@ -22,6 +22,9 @@ from hypothesis import strategies as st
 
 from tests.datafiles import SCHEMAS
 from tests.runtime.fakes import FakeBroker, FakeKafka, Hold
+from tests.support.outcomes import as_seen, check, reference
+from tests.support.traffic import IDLE_TIMEOUT_S, mixed
+from worker._native import partition_for_key
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
 from worker.errors import BrokerError, StateError
 from worker.metrics import Metrics
@@ -757,6 +760,80 @@ async def test_a_stalled_call_times_out_once_whenever_its_partition_moves(
     for i in range(3):
         assert events[f"x{i}"][0]["outcome"] == "incomplete", events[f"x{i}"][0]
         assert events[f"x{i}"][0]["reason"] == "timeout", events[f"x{i}"][0]
+
+
+#: The ways a partition changes owner.
+HANDOVERS = ("stop", "crash", "revoke")
+
+
+@generated(examples=60)
+async def test_every_kind_of_call_crosses_a_change_of_owner_unchanged(
+    data: st.DataObject,
+) -> None:
+    """The process tests' traffic (`tests.support.traffic.mixed`: envelope streams of several
+    calls, `openai.chat` and `anthropic.messages` streams, a stalled call), fed in rounds of a
+    generated size with a generated share of the sends acknowledged. After a generated number
+    of rounds the partitions change owner: the worker stops (drains, checkpoints, commits and
+    leaves), crashes (dropped with its unacknowledged sends), or gives a generated set of them
+    up to another worker. Every call gets the event one undisturbed pass over the input gives
+    it, and an event written again is that event again."""
+    calls = data.draw(st.integers(5, 40), label="calls")
+    seed = data.draw(st.integers(0, 10_000), label="traffic seed")
+    window = data.draw(st.integers(1, 12), label="streams open at once")
+    traffic = mixed("t", calls, seed=seed, window=window)
+    per_round = data.draw(st.integers(1, 12), label="records per round")
+    before = data.draw(st.integers(0, 30), label="rounds before the handover")
+    handover = data.draw(st.sampled_from(HANDOVERS), label="handover")
+    broker = new_broker()
+    for index, message in enumerate(traffic.messages):
+        partition = partition_for_key(message.key, PARTITIONS)
+        broker.append(
+            INPUT,
+            partition,
+            key=message.key,
+            value=message.value,
+            headers=message.headers,
+            timestamp=1000 + index,
+        )
+    age_open_calls(broker)  # the stalled call times out
+    mode = {
+        "kafka": {"fetch_max_records": per_round},
+        "assembly": {"idle_timeout_s": IDLE_TIMEOUT_S},
+    }
+    broker.auto_deliver = False
+    one = new_worker(broker, **mode)
+    await one.start()
+    await one._consumer.join()  # type: ignore[union-attr]
+    for _ in range(before):
+        await asyncio.wait_for(one.step(), ROUND_S)
+        broker.deliver(data.draw(st.integers(0, len(broker.pending)), label="acknowledged"))
+    if handover == "crash":
+        broker.pending.clear()
+    broker.auto_deliver = True
+    broker.deliver()
+    if handover == "stop":
+        await one.close()
+    two = new_worker(broker, **mode)
+    await two.start()
+    owners = [two]
+    if handover == "revoke":
+        moved = draw_partitions(data, "partitions given up")
+        await one._consumer.revoke(moved)  # type: ignore[union-attr]
+        await two._consumer.join(moved)  # type: ignore[union-attr]
+        owners = [one, two]
+    else:
+        await two._consumer.join()  # type: ignore[union-attr]
+    for owner in owners:
+        await run_until_idle(owner, broker, rounds=400)
+    settings = make_settings(**mode)
+    outcomes = {"accepted": ACCEPTED, "rejected": REJECTED, "incomplete": INCOMPLETE}
+    check(
+        [as_seen(record) for topic in outcomes.values() for record in broker.records(topic)],
+        traffic.expected,
+        reference(settings, broker.records(INPUT)),
+        outcomes,
+        max_feedback_bytes=settings.limits.max_feedback_bytes,
+    )
 
 
 #: Where a round waits on the broker, by guarantee: a rebalance may come at any of them.

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import pytest_asyncio
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -175,13 +176,18 @@ class Scenario:
     ) -> None:
         """Every call has an event, and the group committed the whole input."""
         wanted = set(traffic.expected)
-        await until(
-            lambda: (feeder is None or feeder.done) and wanted <= tail.calls,
-            "event for every call",
-            timeout_s=FINISH_TIMEOUT_S,
-            alive=self.alive,
-            context=lambda: f"{self.missing(traffic, tail)}\n{self.tails()}",
-        )
+        try:
+            await until(
+                lambda: (feeder is None or feeder.done) and wanted <= tail.calls,
+                "event for every call",
+                timeout_s=FINISH_TIMEOUT_S,
+                alive=self.alive,
+                context=lambda: f"{self.missing(traffic, tail)}\n{self.tails()}",
+            )
+        except AssertionError as failure:
+            raise AssertionError(
+                f"{await self.read_again(wanted - tail.calls)}\n{failure}"
+            ) from None
         await until(
             lambda: committed_to_end(
                 self.broker.bootstrap, self.group, self.input, INPUT_PARTITIONS
@@ -203,6 +209,21 @@ class Scenario:
             partition = partition_for_key(stream.encode(), INPUT_PARTITIONS)
             lines.append(f"  {call}: {traffic.expected[call]}, input partition {partition}")
         return "\n".join(lines)
+
+    async def read_again(self, missing: set[str]) -> str:
+        """Which of the calls the tail saw no event for a fresh read of the outcome topics
+        finds: an event the tail missed, or one never written."""
+        topics = dict.fromkeys(self.outputs.values(), OUTPUT_PARTITIONS)
+        try:
+            records = await read_records(self.broker.bootstrap, topics, timeout_s=20)
+        except Exception as exc:  # the diagnosis must not hide the failure it explains
+            return f"the outcome topics could not be read again: {exc!r}"
+        events = [orjson.loads(r.value) for r in records]
+        found = sorted(call for call in {e["call_id"] for e in events} if call in missing)
+        return (
+            f"read again from their start, the outcome topics hold {len(events)} events and "
+            f"{len(found)} of the {len(missing)} calls the tail saw none for: {found[:10]}"
+        )
 
     async def stop_all(self) -> None:
         for worker in self.workers:

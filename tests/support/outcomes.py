@@ -45,7 +45,8 @@ class Seen:
     event: dict[str, Any]
 
 
-def _seen(record: Any) -> Seen:
+def as_seen(record: Any) -> Seen:
+    """An outcome record (as aiokafka reads it, or any record with its fields) as `Seen`."""
     return Seen(
         record.topic,
         record.partition,
@@ -98,7 +99,9 @@ async def read_records(
 async def read_all(
     bootstrap: str, topics: Mapping[str, int], *, read_committed: bool = False
 ) -> list[Seen]:
-    return [_seen(r) for r in await read_records(bootstrap, topics, read_committed=read_committed)]
+    return [
+        as_seen(r) for r in await read_records(bootstrap, topics, read_committed=read_committed)
+    ]
 
 
 class OutcomeTail:
