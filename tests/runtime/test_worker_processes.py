@@ -3,7 +3,10 @@ points, a worker leaving and one joining, a member paused past its session and r
 mid-load and SIGTERM while the group rebalances, keyed calls over three restarted workers, and
 exactly-once rounds under kill -9; and every kind of call, produced by a third-party client. On
 the embedded broker (tansu) and on Apache Kafka, where the broker can (tansu has no
-transactions, and does not hold a rebalance for a silent member).
+transactions, does not hold a rebalance for a silent member, and may hand a consumer following
+a partition that several producers write at once a batch past one it has not stored yet, so
+the keyed calls over three workers, which all write the idempotency requests, run on Apache
+Kafka only; see `OutcomeTail` for the outcome topics the tests follow).
 
 Each test produces its traffic while the workers run (`tests.support.traffic.Feeder`), gated by
 a `Schedule`: each disturbance comes after a number of events drawn from a seeded generator
@@ -34,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import pytest_asyncio
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -75,6 +77,8 @@ SEED = int(os.environ.get("TEST_SEED", "20250611"))
 GRACE_S = 5.0
 JOIN_TIMEOUT_S = 30.0
 FINISH_TIMEOUT_S = 60.0
+#: a tail quiet this long with calls still unseen reads the outcome topics from their start
+CATCH_UP_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,8 @@ class Scenario:
         self.workers: list[WorkerProcess] = []
         self.started = time.monotonic()
         self._feeding: asyncio.Task[None] | None = None
+        #: events the outcome tail skipped and found again reading from the start (tansu)
+        self.tail_skipped = 0
 
     def config(self, **overrides: Any) -> dict[str, Any]:
         base: dict[str, Any] = {
@@ -174,20 +180,28 @@ class Scenario:
     async def wait_finished(
         self, tail: OutcomeTail, traffic: Traffic, feeder: Feeder | None = None
     ) -> None:
-        """Every call has an event, and the group committed the whole input."""
+        """Every call has an event, and the group committed the whole input. A tail that has
+        read nothing new for `CATCH_UP_S` while calls still lack an event reads the outcome
+        topics again from their start (see `OutcomeTail`)."""
         wanted = set(traffic.expected)
-        try:
-            await until(
-                lambda: (feeder is None or feeder.done) and wanted <= tail.calls,
-                "event for every call",
-                timeout_s=FINISH_TIMEOUT_S,
-                alive=self.alive,
-                context=lambda: f"{self.missing(traffic, tail)}\n{self.tails()}",
-            )
-        except AssertionError as failure:
-            raise AssertionError(
-                f"{await self.read_again(wanted - tail.calls)}\n{failure}"
-            ) from None
+
+        async def finished() -> bool:
+            if feeder is not None and not feeder.done:
+                return False
+            if not wanted <= tail.calls and tail.quiet_s >= CATCH_UP_S:
+                await tail.catch_up()
+            return wanted <= tail.calls
+
+        await until(
+            finished,
+            "event for every call",
+            timeout_s=FINISH_TIMEOUT_S,
+            alive=self.alive,
+            context=lambda: f"{self.missing(traffic, tail)}\n{self.tails()}",
+        )
+        self.tail_skipped = len(tail.skipped)
+        if self.broker.name != "tansu":  # only tansu hands a reader a batch past an unstored one
+            assert not tail.skipped, f"the tail skipped events: {sorted(tail.skipped)[:10]}"
         await until(
             lambda: committed_to_end(
                 self.broker.bootstrap, self.group, self.input, INPUT_PARTITIONS
@@ -203,27 +217,13 @@ class Scenario:
         """The calls without an event: how many, and the first few with what each must come
         to and the input partition its stream's records went to."""
         missing = sorted(set(traffic.expected) - tail.calls)
-        lines = [f"{len(missing)} calls without an event"]
+        lines = [f"{len(missing)} calls without an event (read from the start again: "]
+        lines[0] += f"the tail had skipped {len(tail.skipped)} events)"
         for call in missing[:shown]:
             stream = call.rsplit(":", 1)[0]
             partition = partition_for_key(stream.encode(), INPUT_PARTITIONS)
             lines.append(f"  {call}: {traffic.expected[call]}, input partition {partition}")
         return "\n".join(lines)
-
-    async def read_again(self, missing: set[str]) -> str:
-        """Which of the calls the tail saw no event for a fresh read of the outcome topics
-        finds: an event the tail missed, or one never written."""
-        topics = dict.fromkeys(self.outputs.values(), OUTPUT_PARTITIONS)
-        try:
-            records = await read_records(self.broker.bootstrap, topics, timeout_s=20)
-        except Exception as exc:  # the diagnosis must not hide the failure it explains
-            return f"the outcome topics could not be read again: {exc!r}"
-        events = [orjson.loads(r.value) for r in records]
-        found = sorted(call for call in {e["call_id"] for e in events} if call in missing)
-        return (
-            f"read again from their start, the outcome topics hold {len(events)} events and "
-            f"{len(found)} of the {len(missing)} calls the tail saw none for: {found[:10]}"
-        )
 
     async def stop_all(self) -> None:
         for worker in self.workers:
@@ -260,6 +260,8 @@ class Scenario:
             exactly_once=exactly_once,
         )
         result.extra.update(figures)
+        if self.tail_skipped:
+            result.extra["tail_skipped"] = self.tail_skipped
         result.extra["seconds"] = round(time.monotonic() - self.started, 1)
         print(f"\n[{self.name} on {self.broker.name}] seed={SEED} {result.line()}")
         return result
@@ -596,6 +598,9 @@ async def _sigterm_while_rebalancing(scenario: Scenario) -> None:
 
 
 @pytest.mark.timeout(240)
+# three workers write the idempotency requests at once, and tansu may hand the key's owner a
+# batch past one it has not stored yet (README, "Two commands"): Apache Kafka only
+@pytest.mark.parametrize("broker", ["apache"], indirect=True)
 async def test_idempotency_keys_over_three_restarted_workers(scenario: Scenario) -> None:
     rng = random.Random(SEED)
     traffic = key_pairs(scenario.run, 1000, INPUT_PARTITIONS, seed=SEED)

@@ -106,7 +106,14 @@ async def read_all(
 
 class OutcomeTail:
     """Follows the outcome topics (name -> partitions) from their start, in the background:
-    how many events were read, and the calls they name (progress, while workers run)."""
+    how many events were read, and the calls they name (progress, while workers run).
+
+    tansu (0.6) can hand a reader that follows a partition which several producers append to
+    at once a batch written after one it has not stored yet: the reader moves past the
+    earlier batch and never sees it, though the log holds it (a read from the start finds it;
+    Apache Kafka hands out nothing past the first record not stored). The workers are such
+    producers of the outcome topics, so `catch_up` reads the topics again from their start,
+    and counts the events the tail had skipped (`skipped`)."""
 
     def __init__(self, bootstrap: str, topics: Mapping[str, int], *, read_committed: bool = False):
         self._bootstrap = bootstrap
@@ -114,6 +121,8 @@ class OutcomeTail:
         self._read_committed = read_committed
         self._events = 0
         self._calls: set[str] = set()
+        self._last_event = time.monotonic()
+        self.skipped: set[str] = set()
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -135,6 +144,17 @@ class OutcomeTail:
                 for record in batch:
                     self._events += 1
                     self._calls.add(orjson.loads(record.value)["call_id"])
+                    self._last_event = time.monotonic()
+
+    async def catch_up(self) -> None:
+        """Read the topics again from their start: the calls the tail skipped are seen now."""
+        records = await read_records(
+            self._bootstrap, self._topics, read_committed=self._read_committed
+        )
+        calls = {orjson.loads(record.value)["call_id"] for record in records}
+        self.skipped |= calls - self._calls
+        self._calls |= calls
+        self._last_event = time.monotonic()  # the next catch-up waits for another quiet spell
 
     def _reading(self) -> None:
         if self._task is not None and self._task.done():
@@ -149,6 +169,11 @@ class OutcomeTail:
     def calls(self) -> set[str]:
         self._reading()
         return self._calls
+
+    @property
+    def quiet_s(self) -> float:
+        """Seconds since the tail last read an event."""
+        return time.monotonic() - self._last_event
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:

@@ -8,6 +8,7 @@ refused: the places where the embedded tansu broker falls short.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -165,6 +166,61 @@ async def test_records_are_produced_and_consumed(apache_kafka: ApacheKafka) -> N
     finally:
         await consumer.stop()
     assert sorted(record.value for record in seen) == sorted(values)
+
+
+@pytest.mark.asyncio
+async def test_a_follower_reads_every_record_several_producers_append_at_once(
+    apache_kafka: ApacheKafka,
+) -> None:
+    """What callgate's reads of a partition that several producers write (the outcome topics
+    the tests follow, the idempotency requests every worker writes, an input with several
+    producers) rely on, and tansu breaks: a consumer following the partitions while the
+    batches arrive reads every acknowledged record, none skipped (README, "Two commands")."""
+    bootstrap = apache_kafka.bootstrap_servers
+    topic = unique("appended-at-once")
+    await create(bootstrap, NewTopic(topic, num_partitions=2, replication_factor=1))
+    follower = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await follower.start()
+    followed: set[bytes] = set()
+
+    async def follow() -> None:
+        while True:
+            for records in (await follower.getmany(timeout_ms=100)).values():
+                followed.update(record.value for record in records if record.value is not None)
+
+    async def append(producer_id: int) -> set[bytes]:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+        await producer.start()
+        written: set[bytes] = set()
+        try:
+            for n in range(0, 600, 3):  # batches of 3, to both partitions
+                for partition in (0, 1):
+                    batch = producer.create_batch()
+                    values = [f"{producer_id}:{partition}:{n + i}".encode() for i in range(3)]
+                    for value in values:
+                        batch.append(key=None, value=value, timestamp=None, headers=[])
+                    await (await producer.send_batch(batch, topic, partition=partition))
+                    written.update(values)
+        finally:
+            await producer.stop()
+        return written
+
+    try:
+        follower.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+        following = asyncio.create_task(follow())
+        written = set().union(*await asyncio.gather(*(append(i) for i in range(6))))
+        deadline = time.monotonic() + WAIT_S
+        while not written <= followed and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+    finally:
+        await follower.stop()
+    assert len(written) == 6 * 2 * 600
+    assert written <= followed, f"the follower skipped {len(written - followed)} records"
 
 
 @pytest.mark.asyncio
