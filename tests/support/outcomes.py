@@ -113,16 +113,17 @@ class OutcomeTail:
     earlier batch and never sees it, though the log holds it (a read from the start finds it;
     Apache Kafka hands out nothing past the first record not stored). The workers are such
     producers of the outcome topics, so `catch_up` reads the topics again from their start,
-    and counts the events the tail had skipped (`skipped`)."""
+    and tells the events the tail had moved past (`skipped`) from those it has not reached."""
 
     def __init__(self, bootstrap: str, topics: Mapping[str, int], *, read_committed: bool = False):
         self._bootstrap = bootstrap
         self._topics = dict(topics)
         self._read_committed = read_committed
         self._events = 0
-        self._calls: set[str] = set()
+        self._read: set[str] = set()  # the calls of the events the tail read
+        self._found: set[str] = set()  # those a read from the start found, the tail had not
+        self._passed: set[str] = set()  # of those, the ones at offsets the tail had moved past
         self._last_event = time.monotonic()
-        self.skipped: set[str] = set()
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -143,18 +144,28 @@ class OutcomeTail:
             for batch in (await self._consumer.getmany(timeout_ms=100)).values():
                 for record in batch:
                     self._events += 1
-                    self._calls.add(orjson.loads(record.value)["call_id"])
+                    self._read.add(orjson.loads(record.value)["call_id"])
                     self._last_event = time.monotonic()
 
     async def catch_up(self) -> None:
         """Read the topics again from their start: the calls the tail skipped are seen now."""
+        assert self._consumer is not None
+        passed = {tp: await self._consumer.position(tp) for tp in self._consumer.assignment()}
         records = await read_records(
             self._bootstrap, self._topics, read_committed=self._read_committed
         )
-        calls = {orjson.loads(record.value)["call_id"] for record in records}
-        self.skipped |= calls - self._calls
-        self._calls |= calls
+        for record in records:
+            call = orjson.loads(record.value)["call_id"]
+            if call not in self._read:
+                self._found.add(call)
+                if record.offset < passed[TopicPartition(record.topic, record.partition)]:
+                    self._passed.add(call)
         self._last_event = time.monotonic()  # the next catch-up waits for another quiet spell
+
+    @property
+    def skipped(self) -> set[str]:
+        """Calls whose event the tail moved past without reading it (and has not read since)."""
+        return self._passed - self._read
 
     def _reading(self) -> None:
         if self._task is not None and self._task.done():
@@ -168,7 +179,7 @@ class OutcomeTail:
     @property
     def calls(self) -> set[str]:
         self._reading()
-        return self._calls
+        return self._read | self._found
 
     @property
     def quiet_s(self) -> float:
