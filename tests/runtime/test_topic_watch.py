@@ -10,7 +10,7 @@ from aiokafka.errors import KafkaError, RequestTimedOutError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.runtime.topic_watch import MISSING, Found, TopicWatch
+from worker.runtime.topic_watch import MISSING, STATE_GONE_AFTER_S, Found, TopicWatch
 
 pytestmark = pytest.mark.asyncio
 
@@ -72,12 +72,41 @@ async def test_a_check_runs_once_per_interval_and_at_once_after_a_failing_write(
 
 
 async def test_a_state_topic_gone_is_found_before_anything_else() -> None:
+    """Once every check has missed it for `STATE_GONE_AFTER_S`; meanwhile nothing is
+    verified (no checkpoint is sent), and nothing else is acted on."""
     watch, cluster, clock = new_watch()
     assert await checked(watch) == Found()
+    verified = watch.verified_at
     cluster.gone = {"in-changelog", "accepted"}
     clock.now += 1.0
+    first_miss = clock.now
+    while clock.now - first_miss < STATE_GONE_AFTER_S:
+        assert await checked(watch) == Found()
+        assert watch.verified_at == verified
+        clock.now += 1.0
     assert await checked(watch) == Found(state_gone=("in-changelog",))
     assert watch.failing == {}
+
+
+@given(seen=st.lists(st.booleans(), min_size=1, max_size=30))
+async def test_a_state_topic_a_check_misses_now_and_then_is_never_taken_for_gone(
+    seen: list[bool],
+) -> None:
+    """A node that has not caught up with the cluster answers for a check now and then (the
+    state topics are made at start, and a topic made a moment ago is not known to every broker
+    at once): the topic is gone only once every check for `STATE_GONE_AFTER_S` missed it."""
+    watch, cluster, clock = new_watch()
+    missed_since: float | None = None
+    for found in [*seen, True]:
+        cluster.gone = set() if found else {"keys"}
+        clock.now += 1.0
+        missed_since = None if found else (clock.now if missed_since is None else missed_since)
+        gone = missed_since is not None and clock.now - missed_since >= STATE_GONE_AFTER_S
+        outcome = await checked(watch)
+        assert outcome == Found(state_gone=("keys",) if gone else ())
+        if gone:
+            return
+        assert (watch.verified_at == clock.now) is found
 
 
 async def test_a_topic_missing_stays_missing_until_a_check_finds_it_back() -> None:

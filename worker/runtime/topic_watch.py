@@ -9,7 +9,11 @@ wanted (checkpoints wait for one: `verified_at`), and at the next chance when a 
 
 `finished()` says what a done check found, as a `Found`; the worker acts on it
 (`Worker._apply_check`): a state topic gone stops it, an outcome topic gone rewinds every
-partition, and nothing is judged until the topic is back. Time is the caller's clock.
+partition, and nothing is judged until the topic is back. A state topic is taken for gone only
+once every check for `STATE_GONE_AFTER_S` missed it: the node a check asks may not have caught
+up with the cluster yet (a topic made a moment ago, as the state topics are at start, is not
+known to every broker at once), and stopping is for good. Until then nothing is verified, so
+no checkpoint is sent and nothing is committed. Time is the caller's clock.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ log = logging.getLogger("callgate.worker")
 
 #: why a topic fails when the check found it gone
 MISSING = "does not exist"
+#: How long every check must miss a state topic before it is taken for deleted.
+STATE_GONE_AFTER_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,8 @@ class TopicWatch:
         self._check: asyncio.Future[list[str]] | None = None
         self._started = float("-inf")
         self._last = float("-inf")
+        #: state topic -> when the first of the checks that have missed it since started
+        self._state_unseen_since: dict[str, float] = {}
 
     def watch_state(self, topics: Iterable[str]) -> None:
         """Check these state topics too, from the next check on."""
@@ -109,9 +117,11 @@ class TopicWatch:
         except KafkaError as exc:
             log.warning("cannot check that the output topics exist: %r", exc)
             return None
-        gone = tuple(topic for topic in self.state_topics if topic in missing)
+        gone = self._state_gone(missing)
         if gone:
             return Found(state_gone=gone)
+        if self._state_unseen_since:
+            return Found()  # a state topic not seen, not for long yet: nothing is verified
         for topic in self._written:
             if topic not in missing and self.failing.get(topic) == MISSING:
                 log.info("topic %s exists again", topic)
@@ -124,6 +134,20 @@ class TopicWatch:
             log.error("topic %s does not exist: rewinding to the last checkpoints", topic)
             self.failing[topic] = MISSING
         return Found(newly_missing=newly)
+
+    def _state_gone(self, missing: list[str]) -> tuple[str, ...]:
+        """The state topics every check has missed for `STATE_GONE_AFTER_S`."""
+        unseen_since = self._state_unseen_since
+        self._state_unseen_since = {
+            topic: unseen_since.get(topic, self._started)
+            for topic in self.state_topics
+            if topic in missing
+        }
+        return tuple(
+            topic
+            for topic, since in self._state_unseen_since.items()
+            if self._started - since >= STATE_GONE_AFTER_S
+        )
 
     def cancel(self) -> None:
         if self._check is not None:
