@@ -93,6 +93,50 @@ def test_a_crash_anywhere_restores_the_last_complete_frame_chain(
     assert restore(log[:cut] + after + restored.writer.tombstones(), 7, W).frames == [b"next"]
 
 
+@settings(max_examples=300, derandomize=True)
+@given(
+    frames=st.lists(st.tuples(st.binary(max_size=20), st.booleans()), min_size=1, max_size=12),
+    hole=st.data(),
+)
+def test_records_a_reader_skipped_end_the_chain_before_them_never_mix_into_it(
+    frames: list[tuple[bytes, bool]], hole: st.DataObject
+) -> None:
+    """A reader that skipped a run of records in the middle of the changelog (a broker can hand
+    out a batch past one it has not stored yet): what is restored is the furthest state whose
+    whole chain (its full frame and every delta up to it, every part of each) was read, never
+    a delta applied past a missing one."""
+    writer = Writer(max_record_bytes=7, writer=W)
+    log: list[ChangelogRecord] = []
+    spans: list[tuple[int, int]] = []  # each frame's records: [start, end) in the log
+    chain_start: list[int] = []  # for each frame, the index of its chain's full frame
+    states: list[tuple[list[bytes], int]] = []
+    chain: list[bytes] = []
+    for offset, (body, want_full) in enumerate(frames, start=1):
+        full = want_full or writer.wants_full()
+        start = len(log)
+        log += writer.frame(body, full=full, offset=offset)
+        spans.append((start, len(log)))
+        chain_start.append(len(spans) - 1 if full else chain_start[-1])
+        chain = [body] if full else [*chain, body]
+        states.append((list(chain), offset))
+    first = hole.draw(st.integers(0, len(log) - 1), label="first record skipped")
+    last = hole.draw(st.integers(first + 1, len(log)), label="after the last skipped")
+    read = log[:first] + log[last:]
+    restored = restore(read, 7, OWNER)
+
+    def whole(frame: int) -> bool:
+        start, end = spans[frame]
+        return end <= first or start >= last
+
+    complete = [
+        k for k in range(len(frames)) if all(whole(f) for f in range(chain_start[k], k + 1))
+    ]
+    if complete:
+        assert (restored.frames, restored.offset) == states[complete[-1]]
+    else:
+        assert restored.frames == []
+
+
 def _frame_ends(log: list[ChangelogRecord]) -> list[int]:
     """For each frame written, the log length once its last part is in."""
     ends: list[int] = []
