@@ -16,6 +16,8 @@ from worker.runtime.checkpoints import (
 )
 
 W, OWNER, ZOMBIE = 0xA, 0xB, 0xC
+#: frames to write: each one's body, and whether it asks to be a full one
+FRAMES = st.lists(st.tuples(st.binary(max_size=20), st.booleans()), min_size=1, max_size=12)
 
 
 def test_keys_sort_as_they_count() -> None:
@@ -61,7 +63,7 @@ def test_deltas_follow_their_full_frame_and_a_new_generation_starts_when_they_ou
 
 @settings(max_examples=200, derandomize=True)
 @given(
-    frames=st.lists(st.tuples(st.binary(max_size=20), st.booleans()), min_size=1, max_size=12),
+    frames=FRAMES,
     crash=st.data(),
 )
 def test_a_crash_anywhere_restores_the_last_complete_frame_chain(
@@ -95,7 +97,7 @@ def test_a_crash_anywhere_restores_the_last_complete_frame_chain(
 
 @settings(max_examples=300, derandomize=True)
 @given(
-    frames=st.lists(st.tuples(st.binary(max_size=20), st.booleans()), min_size=1, max_size=12),
+    frames=FRAMES,
     hole=st.data(),
 )
 def test_records_a_reader_skipped_end_the_chain_before_them_never_mix_into_it(
