@@ -217,8 +217,8 @@ class Scenario:
         """The calls without an event: how many, and the first few with what each must come
         to and the input partition its stream's records went to."""
         missing = sorted(set(traffic.expected) - tail.calls)
-        lines = [f"{len(missing)} calls without an event (read from the start again: "]
-        lines[0] += f"the tail had skipped {len(tail.skipped)} events)"
+        skipped = len(tail.skipped)
+        lines = [f"{len(missing)} calls without an event ({skipped} the tail skipped, found again)"]
         for call in missing[:shown]:
             stream = call.rsplit(":", 1)[0]
             partition = partition_for_key(stream.encode(), INPUT_PARTITIONS)
