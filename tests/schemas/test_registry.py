@@ -401,3 +401,19 @@ def test_a_contract_exposes_the_names_its_schemas_declare(shipped: SchemaRegistr
     weather = contract(shipped, "weather.get_weather_data")
     assert weather.declared_names
     assert weather.output_declared_names
+
+
+# --- numbers in schemas ------------------------------------------------------------------------
+
+
+def _write_text(directory: Path, relative: str, text: str) -> Path:
+    path = directory / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_schema_with_a_key_twice_is_refused(tmp_path: Path) -> None:
+    _write_text(tmp_path, "d/t.v1.schema.json", '{"type": "object", "type": "string"}')
+    with pytest.raises(SchemaLoadError, match="duplicate_key"):
+        load_registry(tmp_path)

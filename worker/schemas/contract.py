@@ -19,6 +19,10 @@ CompiledCheck = Callable[[Any], tuple[Violation, ...]]
 #: What ends a violation path that was cut to its byte bound.
 CUT = "/\u2026"
 
+#: How deep a schema document, or the JSON a schema asserts inside a string (draft 7
+#: `contentMediaType`), may nest: the strict parser's own cap.
+MAX_DOCUMENT_DEPTH = 1024
+
 
 @dataclass(frozen=True, slots=True)
 class ViolationLimits:

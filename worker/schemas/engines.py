@@ -35,12 +35,11 @@ from types import CodeType
 from typing import Any
 
 import fastjsonschema
-from fastjsonschema import draft07
 from fastjsonschema.ref_resolver import RefResolver
 
 from worker.errors import SchemaLoadError
 from worker.model import Violation
-from worker.schemas import patterns, refs
+from worker.schemas import keywords, patterns, refs
 from worker.schemas.contract import CompiledCheck, ViolationLimits
 from worker.schemas.drafts import Draft, map_subschemas, schema_uri
 from worker.schemas.messages import describe
@@ -135,8 +134,8 @@ class _NoFetch(dict[str, Callable[[str], Any]]):
         return _refuse
 
 
-#: fastjsonschema's draft-7 code generator (the library's own class; untyped)
-_GENERATOR: Any = draft07.CodeGeneratorDraft07
+#: fastjsonschema's draft-7 code generator, with callgate's own keywords
+_GENERATOR: Any = keywords.Draft7Generator
 #: fastjsonschema's key for the n-th pattern: a valid Python regex that is never used to match.
 _PLACEHOLDER = "callgate-pattern-{}"
 
@@ -260,6 +259,7 @@ def _fastjsonschema_function(
         )
     state["REGEX_PATTERNS"] = {key: matchers[key] for key in state["REGEX_PATTERNS"]}
     del state["re"]
+    state.update(keywords.GENERATED_CODE_NAMES)
     exec(code, state)
     function: Callable[[Any], Any] = state[resolver.get_scope_name()]
     return function

@@ -90,7 +90,9 @@ def describe(keyword: str, param: Any = None) -> str:
             return "does not meet the schema's conditional ('if'/'then'/'else') requirement"
         case "false":
             return "is not allowed here"
-        case "contentMediaType" | "contentEncoding":
-            return f"must be content of {_quote(param)}"
+        case "contentMediaType":
+            return f"must be content of type {_quote(param)}"
+        case "contentEncoding":
+            return f"must be encoded as {_quote(param)}"
         case _:
             return f"does not satisfy '{keyword}'"

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from worker._native import ParseError, parse_json
 from worker.errors import SchemaLoadError
 from worker.model import Code, SchemaRef
 from worker.schemas.contract import (
+    MAX_DOCUMENT_DEPTH,
     Contract,
     ContractMeta,
     IdempotencyPolicy,
@@ -57,13 +57,21 @@ def file_version(digits: str | None, file: str) -> str:
 
 
 def read_json(path: Path) -> Any:
-    """A file's JSON, or `SchemaLoadError` naming the file."""
+    """A file's JSON, read as strictly as a call's arguments are (`worker._native.parse_json`:
+    no key twice, every number by the rule for numbers), or `SchemaLoadError` naming the file and
+    the JSON Pointer of what is wrong. So a schema's bounds, steps and constants are exact: a
+    number the rule refuses (`maximum: 99999999999999999999`) never loads as a rounded double."""
     try:
-        return orjson.loads(path.read_bytes())
+        text = path.read_bytes()
     except OSError as exc:
         raise SchemaLoadError(f"cannot be read: {exc.strerror}", file=str(path)) from None
-    except orjson.JSONDecodeError as exc:
-        raise SchemaLoadError(f"is not JSON: {exc}", file=str(path)) from None
+    value = parse_json(text, MAX_DOCUMENT_DEPTH)
+    if isinstance(value, ParseError):
+        raise SchemaLoadError(
+            f"is not strict JSON at {value.path or '/'}: {value.message} ({value.code})",
+            file=str(path),
+        )
+    return value
 
 
 def contract_meta(schema: Any, file: str) -> ContractMeta:

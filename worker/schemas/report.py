@@ -33,6 +33,7 @@ import jsonschema_rs
 from worker.model import Violation
 from worker.schemas.contract import CUT, ViolationLimits
 from worker.schemas.drafts import Draft, children, escape, pointer, schema_uri
+from worker.schemas.keywords import is_custom_error, rs_keywords
 from worker.schemas.messages import describe
 from worker.schemas.patterns import Re2Search
 from worker.schemas.refs import DOCUMENT, Document, Pointer
@@ -107,7 +108,8 @@ class Findings:
 
 def rs_validator(schema: Any, draft: Draft, registry: Any = None) -> Any:
     """A jsonschema-rs validator as callgate runs every one: no formats, nothing fetched, patterns
-    matched by the Rust `regex` crate (linear time)."""
+    matched by the Rust `regex` crate (linear time), and the keywords callgate judges itself
+    (`worker.schemas.keywords`)."""
     cls = (
         jsonschema_rs.Draft7Validator
         if draft is Draft.DRAFT7
@@ -119,6 +121,7 @@ def rs_validator(schema: Any, draft: Draft, registry: Any = None) -> Any:
         offline=True,
         pattern_options=jsonschema_rs.RegexOptions(),
         registry=registry,
+        keywords=rs_keywords(draft),
     )
 
 
@@ -141,6 +144,9 @@ def rs_findings(
             yield [*path, str(name)], keyword, message
         return
     details = kind.as_dict()
+    if is_custom_error(details):
+        yield path, keyword, details["message"]
+        return
     param = None
     for field in _PARAMETERS:  # a loop, not next(generator): an abandoned generator is costly
         if field in details:
