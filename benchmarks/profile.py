@@ -90,8 +90,8 @@ def _perf(label: str, chunks: int, records: int, out: Path) -> dict[str, Any] | 
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
-            "CALLGATE_BENCH_PERF_CONTROL": str(control),
-            "CALLGATE_BENCH_PERF_ACK": str(ack),
+            "BENCH_PERF_CONTROL": str(control),
+            "BENCH_PERF_ACK": str(ack),
         }
         done = subprocess.run(
             record, cwd=ROOT, env=env, capture_output=True, text=True, check=False
@@ -139,8 +139,8 @@ def _child(argv: list[str]) -> int:
     """Under `perf record -D -1`: build the run, enable counting, run, disable."""
     label, chunks, records = argv
     go = _prepared(label, int(chunks), int(records))
-    control = os.environ["CALLGATE_BENCH_PERF_CONTROL"]
-    ack = os.environ["CALLGATE_BENCH_PERF_ACK"]
+    control = os.environ["BENCH_PERF_CONTROL"]
+    ack = os.environ["BENCH_PERF_ACK"]
 
     def command(word: str) -> None:
         with open(control, "w") as fifo:

@@ -1,17 +1,23 @@
-"""The settings: topics that would feed the gate its own output are refused at start."""
+"""The settings: topics that would feed the gate its own output are refused at start; a
+variable that sets nothing is refused; a wrong value is named where it was set."""
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from tests.datafiles import SCHEMAS
 from worker.errors import ConfigError
 from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
-from worker.settings import load_settings
+from worker.settings import Settings, load_settings, setting_fields, unknown_variables
 
 GROUP = "gate"
 TOPICS = {"accepted": "ok", "rejected": "no", "incomplete": "partial"}
@@ -54,3 +60,123 @@ def test_inputs_apart_from_the_outputs_are_taken() -> None:
     assert shared.topics.accepted == shared.topics.rejected == "all"
     with pytest.raises(ConfigError, match=r"input topics \['all'\]"):
         settings_with(input="in,all", accepted="all", rejected="all", incomplete="all")
+
+
+# -- where a wrong value came from ----------------------------------------------------------------
+
+KNOWN = [env for env, _ in setting_fields()]
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in list(os.environ):
+        if name.upper().startswith("CALLGATE_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def _mutations(name: str) -> st.SearchStrategy[str]:
+    """Misspellings of a setting's name: a character dropped, doubled or changed, or its
+    nesting written with one underscore."""
+    body = name.removeprefix("CALLGATE_")
+    positions = st.integers(0, len(body) - 1)
+    return st.one_of(
+        positions.map(lambda i: body[:i] + body[i + 1 :]),
+        positions.map(lambda i: body[:i] + body[i] + body[i:]),
+        st.tuples(positions, st.sampled_from("ABCXYZ_")).map(
+            lambda t: body[: t[0]] + t[1] + body[t[0] + 1 :]
+        ),
+        st.just(body.replace("__", "_")),
+    ).map(lambda misspelt: "CALLGATE_" + misspelt)
+
+
+@given(data=st.data(), name=st.sampled_from(KNOWN))
+def test_a_misspelt_variable_is_refused_naming_a_setting(data: st.DataObject, name: str) -> None:
+    misspelt = data.draw(_mutations(name).filter(lambda n: n.upper() not in KNOWN))
+    misspelt = data.draw(st.sampled_from([misspelt, misspelt.lower()]))
+    (problem,) = unknown_variables({misspelt: "1", "PATH": "/bin", "CALLGATE_LOG_LEVEL": "x"})
+    assert problem.startswith(f"{misspelt} is not a setting")
+    suggested = re.fullmatch(r".* \(did you mean (\S+)\?\)", problem)
+    if suggested:
+        assert suggested[1] in KNOWN
+    if misspelt.upper() == name.replace("__", "_"):  # one underscore where two nest
+        assert suggested, problem
+        assert suggested[1] == name
+
+
+def test_every_setting_and_every_section_is_a_known_variable() -> None:
+    sections = {f"CALLGATE_{name.upper()}" for name in Settings.model_fields}
+    everything = dict.fromkeys([*KNOWN, *sections], "1")
+    assert unknown_variables(everything) == []
+    assert unknown_variables({name.lower(): "1" for name in everything}) == []
+
+
+def test_load_refuses_an_unknown_variable(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("CALLGATE_LOGLEVEL", "debug")
+    with pytest.raises(ConfigError, match=r"CALLGATE_LOGLEVEL is not a setting \(did you mean "):
+        load_settings()
+
+
+@given(level=st.sampled_from(["debug", "info", "warning", "error"]), data=st.data())
+def test_level_names_are_read_in_any_case(level: str, data: st.DataObject) -> None:
+    spelt = "".join(data.draw(st.sampled_from([c.lower(), c.upper()]), label=c) for c in level)
+    assert Settings(log_level=spelt).log_level == level.upper()
+    with pytest.raises(ValidationError):
+        Settings(log_level=spelt + "x")
+
+
+#: a wrong value for a setting in each section, and the message's words
+WRONG = [
+    (("kafka", "group_id"), "bad group", "String should match pattern"),
+    (("kafka", "bootstrap_servers"), "k1:9092,k2", "'k2' is not host:port"),
+    (("kafka", "ssl_cafile"), "/no/such/ca.pem", "no such file: /no/such/ca.pem"),
+    (("topics", "replication_factor"), "0", "greater than or equal to 1"),
+    (("limits", "max_event_bytes"), "1", "greater than or equal to 65536"),
+    (("idempotency", "partitions"), "none", "valid integer"),
+    (("log_level",), "LOUD", "Input should be"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "words"), WRONG)
+def test_a_wrong_value_is_named_where_it_was_set(
+    clean_env: pytest.MonkeyPatch,
+    tmp_path: Path,
+    path: tuple[str, ...],
+    value: str,
+    words: str,
+) -> None:
+    env_name = "CALLGATE_" + "__".join(part.upper() for part in path)
+    file = tmp_path / "settings.json"
+    nested: dict[str, Any] = {path[-1]: value}
+    for part in reversed(path[:-1]):
+        nested = {part: nested}
+    file.write_bytes(orjson.dumps(nested))
+    # in the file: the file and its key, and no environment variable
+    with pytest.raises(ConfigError) as in_file:
+        load_settings(file)
+    message = str(in_file.value)
+    assert f"{file}: {'.'.join(path)}: " in message
+    assert words in message
+    assert env_name not in message
+    # in the environment: the variable (it overrides the file's value, which is not named)
+    clean_env.setenv(env_name, value)
+    with pytest.raises(ConfigError) as in_env:
+        load_settings(file)
+    assert f"{env_name}: " in str(in_env.value)
+    assert words in str(in_env.value)
+    assert str(file) not in str(in_env.value)
+
+
+def test_a_check_across_a_section_names_each_source_it_read(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    file = tmp_path / "settings.json"
+    file.write_bytes(orjson.dumps({"kafka": {"sasl_username": "gate"}}))
+    clean_env.setenv("CALLGATE_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    with pytest.raises(ConfigError) as both:
+        load_settings(file)
+    assert f"CALLGATE_KAFKA__* and {file}: kafka: SASL_SSL needs sasl_mechanism" in str(both.value)
+    clean_env.delenv("CALLGATE_KAFKA__SECURITY_PROTOCOL")
+    file.write_bytes(orjson.dumps({"kafka": {"security_protocol": "SASL_SSL"}}))
+    with pytest.raises(ConfigError, match=rf"invalid settings: {re.escape(str(file))}: kafka: "):
+        load_settings(file)

@@ -1,12 +1,18 @@
 """The one settings object: environment `CALLGATE_*` (nested with `__`), an optional file, defaults.
 
 Loaded once in the entry point (`load_settings`) and passed down; nothing else reads the
-environment. Every model is frozen.
+environment. Every model is frozen. Whatever can be checked without a broker is checked here,
+so that an error names where the wrong value came from: the environment variable, or the
+settings file and its key. A `CALLGATE_*` variable that sets nothing is refused, with the
+closest setting named.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,7 +26,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from worker.errors import ConfigError
 from worker.runtime.topics import never_input
@@ -28,10 +35,21 @@ from worker.runtime.topics import never_input
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
+ENV_PREFIX = "CALLGATE_"
+ENV_NESTED = "__"
+
+
 def _split_csv(value: Any) -> Any:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def _host_port(server: str) -> str:
+    host, sep, port = server.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{server!r} is not host:port")
+    return server
 
 
 class KafkaSettings(BaseModel):
@@ -99,6 +117,43 @@ class KafkaSettings(BaseModel):
     )
 
     _split = field_validator("bootstrap_servers", mode="before")(_split_csv)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers_are_host_port(cls, servers: list[str]) -> list[str]:
+        return [_host_port(server) for server in servers]
+
+    @field_validator("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+    @classmethod
+    def _file_exists(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_file():
+            raise ValueError(f"no such file: {path}")
+        return path
+
+    @model_validator(mode="after")
+    def _session_within_poll_interval(self) -> KafkaSettings:
+        if self.session_timeout_ms > self.max_poll_interval_ms:
+            raise ValueError(
+                f"session_timeout_ms ({self.session_timeout_ms}) must not exceed "
+                f"max_poll_interval_ms ({self.max_poll_interval_ms})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tls_is_complete(self) -> KafkaSettings:
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile go together")
+        tls_set = [
+            name
+            for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password")
+            if getattr(self, name) is not None
+        ]
+        if tls_set and not self.security_protocol.endswith("SSL"):
+            raise ValueError(
+                f"{', '.join(tls_set)} set but security_protocol is {self.security_protocol}, "
+                "not SSL or SASL_SSL"
+            )
+        return self
 
     @model_validator(mode="after")
     def _security_is_complete(self) -> KafkaSettings:
@@ -288,9 +343,16 @@ class Settings(BaseSettings):
         "plugins.py is always loaded)",
     )
     shutdown_grace_s: float = Field(20.0, gt=0)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="DEBUG, INFO, WARNING or ERROR, in any case"
+    )
 
     _split = field_validator("plugins", mode="before")(_split_csv)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_in_any_case(cls, value: Any) -> Any:
+        return value.strip().upper() if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _outputs_are_never_input(self) -> Settings:
@@ -306,29 +368,105 @@ class Settings(BaseSettings):
         return self
 
 
+def setting_fields(
+    model: type[BaseModel] = Settings, prefix: str = ENV_PREFIX
+) -> Iterator[tuple[str, FieldInfo]]:
+    """Every setting as (environment name, field), nested models walked, in declaration order."""
+    for name, info in model.model_fields.items():
+        env = f"{prefix}{name.upper()}"
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from setting_fields(annotation, env + ENV_NESTED)
+        else:
+            yield env, info
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """`CALLGATE_*` variables that set nothing, each with the closest setting's name.
+
+    A whole section as JSON (`CALLGATE_KAFKA='{...}'`) sets something; pydantic checks its keys.
+    """
+    known = [env for env, _ in setting_fields()]
+    sections = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    problems = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in sections or upper in known:
+            continue
+        close = difflib.get_close_matches(upper, known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        problems.append(f"{name} is not a setting{hint}")
+    return problems
+
+
 def load_settings(settings_file: Path | None = None, **overrides: Any) -> Settings:
     """Build the settings once: a JSON settings file under the environment, overrides on top.
 
-    Raises `ConfigError` with every wrong field named, in one message.
+    Raises `ConfigError` with every wrong value named where it was set (the variable, or the
+    file and its key), in one message, and for every `CALLGATE_*` variable that sets nothing.
     """
-    base: dict[str, Any] = {}
+    unknown = unknown_variables(os.environ)
+    if unknown:
+        raise ConfigError(
+            f"unknown settings: {'; '.join(unknown)} (`callgate run --help` lists them all)"
+        )
+    from_file: dict[str, Any] = {}
     if settings_file is not None:
         try:
-            base = orjson.loads(settings_file.read_bytes())
+            from_file = orjson.loads(settings_file.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:
             raise ConfigError(f"settings file {settings_file}: {exc}") from exc
-        if not isinstance(base, dict):
+        if not isinstance(from_file, dict):
             raise ConfigError(f"settings file {settings_file}: must hold a JSON object")
+    from_env = EnvSettingsSource(Settings)()
     try:
-        from_env = Settings()
-        merged = _deep_merge(base, from_env.model_dump(exclude_unset=True))
-        return Settings.model_validate(_deep_merge(merged, overrides))
+        return Settings.model_validate(_deep_merge(_deep_merge(from_file, from_env), overrides))
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'CALLGATE_' + '__'.join(str(p).upper() for p in err['loc'])}: {err['msg']}"
+            f"{_where(err['loc'], settings_file, from_file, from_env)}: {_message(err)}"
             for err in exc.errors()
         )
         raise ConfigError(f"invalid settings: {problems}") from None
+
+
+def _where(
+    loc: tuple[int | str, ...],
+    settings_file: Path | None,
+    from_file: dict[str, Any],
+    from_env: dict[str, Any],
+) -> str:
+    """Where a wrong value was set: its environment variable, or the settings file and its
+    key. A check of a whole section (or of several) names the sources its values came from."""
+    path = tuple(part for part in loc if isinstance(part, str))
+    env = ENV_PREFIX + ENV_NESTED.join(part.upper() for part in path)
+    key = f"{settings_file}: {'.'.join(path)}" if path else str(settings_file)
+    env_value = _value_at(from_env, path)
+    file_value = _value_at(from_file, path) if settings_file is not None else _ABSENT
+    if env_value is not _ABSENT and not isinstance(env_value, dict):
+        return env  # a value set in the environment overrides the file's
+    if isinstance(env_value, dict) or isinstance(file_value, dict):
+        env = f"{env}{ENV_NESTED}*" if path else f"{ENV_PREFIX}*"
+    in_env = bool(env_value) and env_value is not _ABSENT
+    if file_value is _ABSENT:
+        return env
+    return f"{env} and {key}" if in_env else key
+
+
+_ABSENT = object()
+
+
+def _value_at(tree: Any, path: tuple[str, ...]) -> Any:
+    """A source's value at `path` (its nested dicts walked), or `_ABSENT`."""
+    for part in path:
+        if not isinstance(tree, dict) or part not in tree:
+            return _ABSENT
+        tree = tree[part]
+    return tree
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    message = str(error["msg"])
+    return message.removeprefix("Value error, ")
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -7,21 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from pydantic import BaseModel
 
 from tests.datafiles import REPO
-from worker.settings import Settings
-
-
-def _env_names(model: type[BaseModel], prefix: str = "CALLGATE_") -> list[str]:
-    names = []
-    for name, info in model.model_fields.items():
-        annotation = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            names += _env_names(annotation, f"{prefix}{name.upper()}__")
-        else:
-            names.append(f"{prefix}{name.upper()}")
-    return names
+from worker.settings import setting_fields
 
 
 def _callgate(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -40,7 +28,7 @@ def _callgate(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_run_help_lists_every_setting_with_its_environment_name() -> None:
     result = _callgate("run", "--help")
     assert result.returncode == 0, result.stderr
-    names = _env_names(Settings)
+    names = [env for env, _ in setting_fields()]
     assert len(names) > 30
     missing = [name for name in names if f"  {name}=" not in result.stdout]
     assert missing == []
@@ -98,7 +86,26 @@ def test_settings_file_is_read_and_a_broken_one_is_named(tmp_path: os.PathLike[s
         )
     result = _callgate("run", "--settings", good, CALLGATE_METRICS__ENABLED="false")
     assert result.returncode == 2
-    assert "CALLGATE_KAFKA__SSL_CAFILE: no such file: /no/such/ca.pem" in result.stderr
+    # the file's key is named, not an environment variable that nobody set
+    assert f"{good}: kafka.ssl_cafile: no such file: /no/such/ca.pem" in result.stderr
+    assert "CALLGATE_KAFKA__SSL_CAFILE" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("CALLGATE_LOGLEVEL", "CALLGATE_LOG_LEVEL"),
+        ("CALLGATE_KAFKA_BOOTSTRAP_SERVERS", "CALLGATE_KAFKA__BOOTSTRAP_SERVERS"),
+        ("CALLGATE_TOPICS__INPUTS", "CALLGATE_TOPICS__INPUT"),
+    ],
+)
+def test_an_unknown_variable_refuses_start_naming_the_closest_setting(
+    name: str, closest: str
+) -> None:
+    result = _callgate("run", CALLGATE_KAFKA__BOOTSTRAP_SERVERS="127.0.0.1:1", **{name: "x"})
+    assert result.returncode == 2, result.stderr
+    assert f"{name} is not a setting (did you mean {closest}?)" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_unreachable_broker_is_an_infrastructure_failure_status_1() -> None:

@@ -15,30 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from worker.errors import CallgateError, ConfigError, SchemaLoadError
 from worker.runtime.serve import serve
-from worker.settings import Settings, load_settings
-
-ENV_PREFIX = "CALLGATE_"
+from worker.settings import Settings, load_settings, setting_fields
 
 
 def settings_reference() -> str:
     """One line per setting: its environment name, default and description."""
     lines = ["settings (environment variables; a --settings JSON file sets the same fields):"]
-    lines.extend(_describe(Settings, ENV_PREFIX))
-    return "\n".join(lines)
-
-
-def _describe(model: type[BaseModel], prefix: str) -> list[str]:
-    lines: list[str] = []
-    for name, info in model.model_fields.items():
-        env = f"{prefix}{name.upper()}"
-        annotation = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            lines.extend(_describe(annotation, env + "__"))
-            continue
+    for env, info in setting_fields():
         default: Any = info.get_default(call_default_factory=True)
         if isinstance(default, list):
             default = ",".join(str(item) for item in default)
@@ -47,7 +32,7 @@ def _describe(model: type[BaseModel], prefix: str) -> list[str]:
         if info.description:
             text = f"{text:<58} {info.description}"
         lines.append(text)
-    return lines
+    return "\n".join(lines)
 
 
 def add_run_command(subparsers: Any) -> None:

@@ -1,8 +1,9 @@
 """Settings to aiokafka keyword arguments: connection and security, consumer, producer.
 
-Checks what pydantic cannot (files that must exist, a run without brokers) and raises
-`ConfigError` with the setting's environment name, so a wrong setting stops start-up with one
-clear message instead of an aiokafka traceback later.
+The settings have checked each value and their combinations already (`worker.settings`); what
+is left here is what only a command that connects can say (a run without brokers, TLS files
+that do not load), raised as `ConfigError` with the setting's environment name, so a wrong
+setting stops start-up with one clear message instead of an aiokafka traceback later.
 """
 
 from __future__ import annotations
@@ -25,10 +26,6 @@ def connection_options(kafka: KafkaSettings) -> dict[str, Any]:
             f"{_ENV}BOOTSTRAP_SERVERS is empty: `callgate run` needs a Kafka cluster "
             "(`callgate-demo` starts an embedded broker instead)"
         )
-    for server in kafka.bootstrap_servers:
-        host, sep, port = server.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"{_ENV}BOOTSTRAP_SERVERS: {server!r} is not host:port")
     options: dict[str, Any] = {
         "bootstrap_servers": list(kafka.bootstrap_servers),
         "client_id": kafka.client_id,
@@ -42,22 +39,11 @@ def connection_options(kafka: KafkaSettings) -> dict[str, Any]:
         options["sasl_plain_password"] = kafka.sasl_password.get_secret_value()
     if kafka.security_protocol.endswith("SSL"):
         options["ssl_context"] = ssl_context(kafka)
-    elif any((kafka.ssl_cafile, kafka.ssl_certfile, kafka.ssl_keyfile, kafka.ssl_password)):
-        raise ConfigError(
-            f"{_ENV}SSL_* is set but {_ENV}SECURITY_PROTOCOL is {kafka.security_protocol}, "
-            "not SSL or SASL_SSL"
-        )
     return options
 
 
 def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext:
     """A client TLS context: the CA file (or the system's), and a client certificate if given."""
-    for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-        path = getattr(kafka, name)
-        if path is not None and not path.is_file():
-            raise ConfigError(f"{_ENV}{name.upper()}: no such file: {path}")
-    if (kafka.ssl_certfile is None) != (kafka.ssl_keyfile is None):
-        raise ConfigError(f"{_ENV}SSL_CERTFILE and {_ENV}SSL_KEYFILE go together")
     password = kafka.ssl_password.get_secret_value() if kafka.ssl_password else None
     try:
         context: ssl.SSLContext = create_ssl_context(
@@ -77,11 +63,6 @@ def consumer_options(settings: Settings) -> dict[str, Any]:
     automatic reset: a position the log no longer has raises, and the worker says what was
     deleted before it was judged (`Worker._skip_deleted`) rather than skip it in silence."""
     kafka = settings.kafka
-    if kafka.session_timeout_ms > kafka.max_poll_interval_ms:
-        raise ConfigError(
-            f"{_ENV}SESSION_TIMEOUT_MS ({kafka.session_timeout_ms}) must not exceed "
-            f"{_ENV}MAX_POLL_INTERVAL_MS ({kafka.max_poll_interval_ms})"
-        )
     return {
         **connection_options(kafka),
         "group_id": kafka.group_id,
