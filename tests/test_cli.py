@@ -6,6 +6,7 @@ are what scripts around callgate rely on.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -13,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from tests.datafiles import REPO, SCHEMAS, data_path
+from worker.cli import main
 
 SAMPLE = data_path("generated", "envelopes.jsonl")
 BOM = b"\xef\xbb\xbf"
@@ -43,6 +46,7 @@ def events(result: subprocess.CompletedProcess[bytes]) -> list[dict[str, Any]]:
 
 
 def envelope(call: str, delta: str, **fields: Any) -> bytes:
+    """One chunk that closes its call (unless `final=False`), in stream r1 unless said."""
     body = {"stream_id": "r1", "kind": "tool_call", "call_id": call, "seq": 0, "delta": delta}
     return orjson.dumps({**body, "final": True, **fields})
 
@@ -203,6 +207,52 @@ def test_a_missing_input_file_is_an_error_not_a_traceback(tmp_path: Path) -> Non
     assert message.startswith("callgate: ")
     assert "absent.jsonl" in message
     assert "Traceback" not in message
+
+
+CALLS = REPO / "examples" / "calls.jsonl"  # one call of each outcome
+OUTCOMES = ("accepted", "rejected", "incomplete")
+#: a call of each outcome, as the records of a stream of its own
+CALL_OF = {
+    "accepted": [envelope("a", '{"city": "Oslo", "units": "celsius"}', tool="get_weather")],
+    "rejected": [envelope("r", '{"city": "Oslo"}', tool="get_weather", stream_id="r")],
+    "incomplete": [
+        envelope("i", '{"city": "Li', tool="get_weather", stream_id="i", final=False),
+        orjson.dumps({"stream_id": "i", "kind": "end", "finish_reason": "length"}),
+    ],
+}
+
+
+def _subsets(items: tuple[str, ...], smallest: int) -> list[tuple[str, ...]]:
+    return [c for n in range(smallest, len(items) + 1) for c in itertools.combinations(items, n)]
+
+
+@pytest.mark.parametrize("present", _subsets(OUTCOMES, 0), ids=",".join)
+def test_fail_on_exits_1_exactly_when_a_call_has_an_outcome_it_names(
+    capsysbinary: pytest.CaptureFixture[bytes], tmp_path: Path, present: tuple[str, ...]
+) -> None:
+    calls = tmp_path / "calls.jsonl"
+    calls.write_bytes(b"".join(line + b"\n" for o in present for line in CALL_OF[o]))
+    for fail_on in _subsets(OUTCOMES, 1):
+        args = ["check", "--schemas", str(SCHEMAS), "--fail-on", ",".join(fail_on), str(calls)]
+        status = main(args)
+        captured = capsysbinary.readouterr()
+        judged = [orjson.loads(line)["outcome"] for line in captured.out.splitlines()]
+        assert sorted(judged) == sorted(present)
+        assert status == (1 if set(fail_on) & set(present) else 0), (fail_on, present)
+        assert ("(--fail-on)" in captured.err.decode()) == (status == 1)
+
+
+def test_fail_on_as_a_pipeline_sees_it(tmp_path: Path) -> None:
+    accepted_only = tmp_path / "ok.jsonl"
+    accepted_only.write_bytes(CALL_OF["accepted"][0])
+    gate = ("check", "--schemas", SCHEMAS, "--fail-on", "rejected,incomplete")
+    assert callgate(*gate, accepted_only).returncode == 0
+    failing = callgate(*gate, CALLS)
+    assert failing.returncode == 1
+    assert b"2 call(s) incomplete or rejected (--fail-on)" in failing.stderr
+    wrong = callgate("check", "--schemas", SCHEMAS, "--fail-on", "rejectd", CALLS)
+    assert wrong.returncode == 2
+    assert b"--fail-on takes outcomes" in wrong.stderr
 
 
 # --- schemas lint | compat | test -------------------------------------------------------------

@@ -4,6 +4,11 @@ It runs the same `Processor` as the Kafka worker: each input line is a record of
 a topic named after the input, at the line's number as offset, with no timestamp (so no call
 times out; the end of the input ends every call still open). Idempotency keys are decided in
 the same process, by the same rule the key owners of a worker group apply.
+
+Without a format, the input's own first records tell it (`worker.detect`). Exit status (what a
+pipeline gates on): `PASSED` every call judged, none with an outcome `--fail-on` names;
+`FAILED_ON` at least one has such an outcome; the command line's 2 when the input, a setting
+or a contract cannot be used.
 """
 
 from __future__ import annotations
@@ -17,15 +22,20 @@ from typing import BinaryIO, NamedTuple
 
 import orjson
 
+from worker.adapters import mcp
 from worker.adapters.decoder import ENVELOPE
 from worker.adapters.input import read_records
 from worker.core.idempotency import KeyStore, resolve
 from worker.core.processor import Emission, Processor, Route
+from worker.detect import detect, peek
 from worker.errors import ConfigError
 from worker.model import Outcome
 
 _BOM = b"\xef\xbb\xbf"
 _BATCH = 1000
+
+#: exit statuses: every call judged, none with an outcome `--fail-on` names; some had one
+PASSED, FAILED_ON = 0, 1
 
 
 class FileRecord(NamedTuple):
@@ -116,21 +126,52 @@ def format_summary(tally: Counter[tuple[str, str, str]]) -> str:
     return "\n".join(lines)
 
 
+def parse_fail_on(text: str) -> frozenset[Outcome]:
+    """`--fail-on`'s comma-separated outcomes. Raises `ConfigError` naming a wrong one."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    known = {outcome.value: outcome for outcome in Outcome}
+    wrong = [name for name in names if name not in known]
+    if wrong or not names:
+        raise ConfigError(
+            f"--fail-on takes outcomes separated by commas ({', '.join(known)}), not {text!r}"
+        )
+    return frozenset(known[name] for name in names)
+
+
 def main_check(
     processor: Processor,
     keys: KeyStore,
     *,
     path: str,
-    fmt: str,
+    fmt: str | None,
     stream_id: str | None,
     headers: Mapping[str, str] | None,
     max_feedback_bytes: int,
+    fail_on: frozenset[Outcome] = frozenset(),
 ) -> int:
+    """`callgate check`: judge the input, print the summary; the exit status."""
     with contextlib.ExitStack() as stack:
         try:
-            source = sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
+            source: BinaryIO = (
+                sys.stdin.buffer if path == "-" else stack.enter_context(open(path, "rb"))
+            )
         except OSError as exc:  # the command line names a file that cannot be read: say so
             raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+        if fmt is None:
+            head, source = peek(source)
+            shown = "stdin" if path == "-" else path
+            detected = detect(head, name=shown)
+            fmt = detected.format
+            if fmt != ENVELOPE:
+                print(
+                    f"callgate check: reading {shown} as {fmt} ({detected.reason}; "
+                    "--format chooses)",
+                    file=sys.stderr,
+                )
+        if fmt == mcp.FORMAT and not (headers or {}).get("tool"):
+            raise ConfigError(
+                "an MCP result does not name its tool: give --header tool=<tool name>"
+            )
         tally = run_check(
             processor,
             keys,
@@ -143,4 +184,9 @@ def main_check(
             max_feedback_bytes=max_feedback_bytes,
         )
     print(format_summary(tally), file=sys.stderr)
-    return 0
+    failed = sum(count for (outcome, _, _), count in tally.items() if outcome in fail_on)
+    if failed:
+        named = " or ".join(sorted(fail_on))
+        print(f"callgate check: {failed} call(s) {named} (--fail-on)", file=sys.stderr)
+        return FAILED_ON
+    return PASSED

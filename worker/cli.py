@@ -9,7 +9,7 @@ from pathlib import Path
 
 from worker import __version__
 from worker.adapters.decoder import ENVELOPE, formats
-from worker.check import main_check
+from worker.check import FAILED_ON, PASSED, main_check, parse_fail_on
 from worker.compose import build_key_store, build_processor
 from worker.errors import CallgateError, ConfigError
 from worker.runtime.cli import add_run_command
@@ -22,6 +22,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.engine:
         overrides["schemas"] = {"dir": args.schemas, "engine": args.engine}
     settings = load_settings(args.settings, **overrides)
+    fail_on = parse_fail_on(args.fail_on) if args.fail_on is not None else frozenset()
     headers = {}
     for item in args.header:
         name, sep, value = item.partition("=")
@@ -37,6 +38,7 @@ def _check(args: argparse.Namespace) -> int:
         stream_id=args.stream_id,
         headers=headers,
         max_feedback_bytes=settings.limits.max_feedback_bytes,
+        fail_on=fail_on,
     )
 
 
@@ -50,12 +52,26 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check",
         help="run the whole chain offline on JSON lines (or recorded SSE), one event per call",
-        description="Read chunk envelopes (or vendor events with --format) and write one "
-        "outcome event per call as JSON lines to stdout, a summary to stderr.",
+        description="Read chunk envelopes (or vendor events) and write one outcome event per "
+        "call as JSON lines to stdout, a summary to stderr.",
+        epilog=f"exit status: {PASSED} every call judged, none with an outcome --fail-on names; "
+        f"{FAILED_ON} some call had such an outcome; 2 the input, a setting or a contract "
+        "cannot be used (one message on stderr)",
     )
     check.add_argument("--schemas", type=Path, required=True, help="contract directory")
     check.add_argument("--engine", choices=["fastjsonschema", "jsonschema-rs"])
-    check.add_argument("--format", default=ENVELOPE, choices=formats())
+    check.add_argument(
+        "--format",
+        choices=formats(),
+        help=f"the input's format (default: told from its first records; {ENVELOPE} when "
+        "they are JSON that no vendor format's rule recognises)",
+    )
+    check.add_argument(
+        "--fail-on",
+        metavar="OUTCOMES",
+        help="exit with status 1 when a call has one of these outcomes (comma-separated: "
+        "rejected,incomplete), e.g. to gate a pipeline on recorded traffic",
+    )
     check.add_argument("--stream-id", help="stream id for vendor formats (default: file name)")
     check.add_argument(
         "--header",

@@ -62,3 +62,17 @@ def test_test_runs_every_example_on_both_engines(tmp_path: Path) -> None:
     assert bad.returncode == 1
     assert "FAIL" in bad.stdout
     assert "/a required" in bad.stdout
+
+
+def test_lint_and_test_refuse_a_directory_without_contracts(tmp_path: Path) -> None:
+    empty = tmp_path / "contracts"
+    empty.mkdir()
+    (empty / "d").mkdir()
+    (empty / "d" / "notes.json").write_text("{}")  # not a contract by its name
+    for directory, says in ((empty, "no contracts in"), (tmp_path / "absent", "does not exist")):
+        for command in ("lint", "test"):
+            result = callgate(command, directory)
+            assert result.returncode == 2, (command, directory, result.stdout)
+            assert says in result.stderr, (command, result.stderr)
+            assert "passed" not in result.stdout
+            assert "finding(s)" not in result.stdout

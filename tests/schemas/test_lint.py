@@ -6,16 +6,22 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.datafiles import SCHEMAS
-from worker.schemas.lint import lint_path
+from worker.schemas.lint import Finding, lint_path
 
 
-def findings(tmp_path: Path, schema: Any, name: str = "t.v1.schema.json") -> set[tuple[str, str]]:
+def lint_path_of(tmp_path: Path, schema: Any, name: str = "t.v1.schema.json") -> list[Finding]:
     domain = tmp_path / "d"
     domain.mkdir(exist_ok=True)
     (domain / "CHANGELOG.md").write_text("# d\n")
     (domain / name).write_text(json.dumps(schema))
-    return {(f.pointer, f.rule) for f in lint_path(tmp_path)}
+    return lint_path(tmp_path)
+
+
+def findings(tmp_path: Path, schema: Any, name: str = "t.v1.schema.json") -> set[tuple[str, str]]:
+    return {(f.pointer, f.rule) for f in lint_path_of(tmp_path, schema, name)}
 
 
 def test_the_shipped_contracts_are_clean() -> None:
@@ -95,3 +101,35 @@ def test_a_rule_is_silenced_only_with_a_reason(tmp_path: Path) -> None:
     assert findings(tmp_path, silenced) == set()
     no_reason = {**open_object, "x-lint": {"ignore": ["strict-required"]}}
     assert ("/x-lint", "bad-suppression") in findings(tmp_path, no_reason)
+
+
+KEY_TYPES = {
+    "string": ({"type": "string"}, False),
+    "strict optional": ({"type": ["string", "null"]}, False),
+    "enum": ({"enum": ["a", "b"]}, False),
+    "integer": ({"type": "integer"}, True),
+    "string or number": ({"type": ["string", "number"]}, True),
+    "untyped": ({"description": "anything"}, True),
+}
+
+
+@pytest.mark.parametrize("declared", [True, False])
+@pytest.mark.parametrize("kind", sorted(KEY_TYPES))
+def test_the_idempotency_key_argument_must_be_a_declared_string(
+    tmp_path: Path, declared: bool, kind: str
+) -> None:
+    node, not_a_string = KEY_TYPES[kind]
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, **({"request_id": node} if declared else {})},
+        "required": ["city", "request_id"] if declared else ["city"],
+        "additionalProperties": False,
+        "x-callgate": {"idempotency_key_argument": "request_id"},
+    }
+    found = [f for f in lint_path_of(tmp_path, schema) if f.rule == "idempotency-key-argument"]
+    expected = not declared or not_a_string
+    assert len(found) == expected, found
+    if found:
+        assert found[0].pointer == "/x-callgate/idempotency_key_argument"
+        assert "'request_id'" in found[0].why
+        assert ("does not declare" in found[0].why) == (not declared)

@@ -1,7 +1,8 @@
 """`callgate schemas lint|compat|test`: the schema author's commands (wired into `worker.cli`).
 
 Exit status: 0 clean / compatible / every example right; 1 findings / breaking changes / a wrong
-example; 2 the input could not be read at all. Findings go to stdout, one a line.
+example; 2 the input could not be read at all, or a contracts directory is missing or holds no
+contract (nothing checked is never a pass). Findings go to stdout, one a line.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from worker.compose import violation_limits
 from worker.errors import SchemaLoadError
 from worker.schemas import compat, examples, lint
-from worker.schemas.registry import mcp_tools, read_json
+from worker.schemas.registry import contract_files, mcp_tools, read_json
 from worker.schemas.vetting import ENGINES
 from worker.settings import load_settings
 
@@ -47,8 +48,19 @@ def add_schemas_command(subparsers: Any) -> None:
     test_parser.set_defaults(func=run_test)
 
 
+def _require_contracts(directory: Path) -> None:
+    """Raises `SchemaLoadError` for a contracts directory that is missing or holds none."""
+    if not contract_files(directory):
+        raise SchemaLoadError(
+            f"no contracts in {directory} (expected <domain>/<tool>.v<N>.schema.json or "
+            "<server>.tools.json files)"
+        )
+
+
 def run_lint(args: argparse.Namespace) -> int:
     try:
+        if not args.dir.is_file():
+            _require_contracts(args.dir)
         findings = lint.lint_path(args.dir)
     except SchemaLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -92,6 +104,11 @@ def run_compat(args: argparse.Namespace) -> int:
 
 
 def run_test(args: argparse.Namespace) -> int:
+    try:
+        _require_contracts(args.dir)
+    except SchemaLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return UNREADABLE
     engines = ENGINES if args.engine == "all" else (args.engine,)
     status = OK
     for engine in engines:

@@ -14,6 +14,9 @@ Rules (each finding names file, JSON Pointer into that file, rule and why):
 * `no-version`: a tool whose file name carries no `.v<N>`.
 * `unenforceable`: the schema would be refused at load by an engine (the reason says which).
 * `no-changelog`: a domain folder without `CHANGELOG.md`.
+* `idempotency-key-argument`: `x-callgate.idempotency_key_argument` names an argument the
+  schema does not declare at its top level, or one that may be something else than a string
+  (only a string is taken as the call's key: any other value leaves the call without one).
 
 A schema may silence rules on purpose with a root annotation
 `"x-lint": {"ignore": ["<rule>", ...], "why": "<reason>"}`; `why` is required, and the
@@ -147,7 +150,43 @@ def _suppressed(schema: Any) -> tuple[frozenset[str], str | None]:
     return rules, None
 
 
+def _key_argument(schema: dict[str, Any], file: str, base: str) -> Iterator[Finding]:
+    meta = schema.get("x-callgate")
+    named = meta.get("idempotency_key_argument") if isinstance(meta, dict) else None
+    if not isinstance(named, str):
+        return  # absent, or refused at load (`contract_meta`)
+    at = f"{base}/x-callgate/idempotency_key_argument"
+    properties = schema.get("properties")
+    declared = properties.get(named) if isinstance(properties, dict) else None
+    if declared is None:
+        yield Finding(
+            file,
+            at,
+            "idempotency-key-argument",
+            f"names {named!r}, which the schema does not declare in its top-level `properties`: "
+            "no call would carry a key from it",
+        )
+    elif isinstance(declared, dict) and not _string_only(declared):
+        yield Finding(
+            file,
+            at,
+            "idempotency-key-argument",
+            f"names {named!r}, which may be something else than a string or null (only a "
+            "string is taken as the key)",
+        )
+
+
+def _string_only(node: dict[str, Any]) -> bool:
+    """Whether a property admits only strings (or null: a strict-mode optional one)."""
+    types = _types(node)
+    if types:
+        return types <= {"string", "null"}
+    return any(keyword in node for keyword in ("enum", "const", "$ref"))
+
+
 def _findings(schema: Any, file: str, base: str, *, model_input: bool) -> Iterator[Finding]:
+    if model_input and isinstance(schema, dict):
+        yield from _key_argument(schema, file, base)
     for engine in ENGINES:
         try:
             vet(schema, file=file, engine=engine)

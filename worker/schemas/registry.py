@@ -121,6 +121,17 @@ class SchemaSource:
     output_file: str | None = None
 
 
+def contract_files(directory: Path) -> list[Path]:
+    """The files of a contracts directory that its layout reads (each a contract, or one the
+    loader refuses by name); raises `SchemaLoadError` when the directory does not exist."""
+    if not directory.is_dir():
+        raise SchemaLoadError(f"schema directory {directory} does not exist")
+    nested = [
+        p for p in directory.glob("*/*.json") if p.name.endswith((".schema.json", ".tools.json"))
+    ]
+    return sorted([*nested, *directory.glob("*.tools.json")])
+
+
 def discover(directory: Path) -> list[SchemaSource]:
     """Every contract source under a directory, in a stable order (no compiling)."""
     if not directory.is_dir():

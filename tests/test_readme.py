@@ -1,0 +1,72 @@
+"""Every `callgate` command the README shows runs as written, from the repository's root.
+
+The commands are read from the README's `sh` blocks, so a changed example is tested as changed.
+A command's expected exit status is the one its comment names (`status N`), 0 otherwise. A
+`check` that reads a file is judged too: no record of an example may be `malformed_record` (an
+example that only shows a rejection of its own input would teach nothing). The commands that
+need a Kafka cluster (`callgate run` and `callgate topics` but for `--help`) run against the
+session's Apache Kafka broker in `test_the_deployment_commands_run_on_a_real_cluster`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from tests.datafiles import REPO
+
+README = REPO / "README.md"
+_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_STATUS = re.compile(r"\bstatus (\d)\b")
+
+
+def readme_commands() -> list[tuple[list[str], int]]:
+    """Each `callgate ...` line of the README's sh blocks: its arguments and expected status."""
+    found = []
+    for block in _BLOCK.findall(README.read_text(encoding="utf-8")):
+        for line in block.splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:1] != ["callgate"]:
+                continue
+            comment = line.partition(" #")[2]
+            status = _STATUS.search(comment)
+            found.append((words[1:], int(status[1]) if status else 0))
+    return found
+
+
+def needs_a_cluster(args: list[str]) -> bool:
+    return args[:1] in (["run"], ["topics"]) and "--help" not in args
+
+
+OFFLINE = [(args, status) for args, status in readme_commands() if not needs_a_cluster(args)]
+
+
+def test_the_readme_shows_the_commands() -> None:
+    shown = {tuple(args[:2]) for args, _ in readme_commands()}
+    assert {("check", "--schemas"), ("schemas", "lint"), ("schemas", "test")} <= shown
+    assert len(OFFLINE) >= 8
+
+
+@pytest.mark.parametrize(("args", "status"), OFFLINE, ids=[" ".join(a) for a, _ in OFFLINE])
+def test_an_offline_readme_command_runs_as_written(args: list[str], status: int) -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        cwd=REPO,
+        env=clean,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == status, result.stderr.decode()
+    assert b"Traceback" not in result.stderr
+    if args[0] == "check":
+        events = [orjson.loads(line) for line in result.stdout.splitlines()]
+        assert events, "an example with no call"
+        assert all(event["error_code"] != "malformed_record" for event in events), events
