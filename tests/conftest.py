@@ -16,11 +16,15 @@ import hypothesis  # noqa: F401  (see below)
 import pytest
 
 from callgate_demo.broker import BrokerStartError, EmbeddedBroker
+from tests.support import published
 from tests.support.apache_kafka import ApacheKafka, ApacheKafkaError, fetch_libs
 
 # hypothesis is imported above, at collection, even for a run of tests that do not use it:
 # otherwise its pytest plugin imports it at the session's end, from a stack deep enough for
 # Python 3.11.7's parser to fail ("AST constructor recursion depth mismatch").
+
+# every published record a test makes in this process is held to its schema as it is made
+published.install()
 
 BROKER_START_TIMEOUT_S = 15.0
 # both within pytest's per-test timeout, which counts the set-up of the first test that asks:

@@ -48,7 +48,7 @@ def calls(draw: st.DrawFn) -> AssembledCall:
         run_id=draw(maybe),
         step_id=draw(maybe),
         traceparent=draw(maybe),
-        attempt=draw(st.none() | st.integers(0, 2**32 - 1)),
+        attempt=draw(st.none() | st.integers(1, 2**32 - 1)),
         topic=draw(st.text(max_size=20)),
         partition=draw(st.integers(0, 2**31 - 1)),
         first_offset=draw(st.integers(0, 2**62)),
@@ -63,7 +63,8 @@ violations = st.lists(
     max_size=60,
 )
 phases = st.dictionaries(st.sampled_from([p.value for p in Phase]), st.integers(0, 10**6))
-schemas = st.none() | st.builds(SchemaRef, st.text(max_size=30), st.text(max_size=5))
+contracts = st.builds(SchemaRef, st.text(max_size=30), st.text(max_size=5))
+schemas = st.none() | contracts
 
 
 @st.composite
@@ -76,7 +77,7 @@ def verdicts(draw: st.DrawFn) -> Verdict:
         size = draw(st.integers(0, 90_000))
         return Verdict(
             outcome,
-            schema=schema,
+            schema=draw(contracts),  # an accepted call was judged by a contract
             arguments_json=orjson.dumps({"blob": "x" * size}),
             repairs=repairs,
             requires_approval=draw(st.booleans()),

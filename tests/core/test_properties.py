@@ -102,7 +102,7 @@ def consistent(verdict: Verdict, the_call: AssembledCall) -> None:
     version=VERSIONS,
     channel=CHANNELS,
     key=st.none() | st.text(max_size=4),
-    attempt=st.none() | st.integers(0, 10),
+    attempt=st.none() | st.integers(1, 10),
 )
 def test_any_bytes_yield_one_consistent_verdict(
     *,

@@ -366,3 +366,48 @@ def test_every_compatible_verdict_holds_for_generated_instances(
         if not old_check(instance):
             event("an instance OLD accepts")
             assert new_check(instance) == (), (old, new, instance)
+
+
+def union(*branches: dict[str, Any]) -> dict[str, Any]:
+    return {"oneOf": list(branches)}
+
+
+def variant(kind: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return obj({"kind": {"const": kind}, **properties}, ["kind", *required], closed=False)
+
+
+def test_a_discriminated_union_is_compared_branch_by_branch() -> None:
+    """A `oneOf` whose branches each require one same property with a const of their own is
+    matched by that value: a change inside a branch is judged as that branch's change, the
+    order of the branches does not matter, and a branch gone is a variant removed."""
+    a = variant("a", {"x": S}, ["x"])
+    b = variant("b", {"y": {"type": "integer"}}, ["y"])
+    v1 = union(a, b)
+    assert rules(v1, union(b, a), Mode.FULL) == set()
+    grown = union(variant("a", {"x": S, "z": S}, ["x"]), b)
+    assert rules(v1, grown, Mode.FORWARD) == set()
+    retyped = union(a, variant("b", {"y": S}, ["y"]))
+    assert rules(v1, retyped) == {("/oneOf/1/properties/y/type", "retyped")}
+    assert rules(v1, union(b)) == {("/oneOf/0", "variant-removed")}
+    assert rules(v1, union(a, b, variant("c", {}, [])), Mode.FORWARD) == {
+        ("/oneOf/2", "variant-removed")
+    }
+
+
+@pytest.mark.parametrize(
+    "branches",
+    [
+        # the same value twice, no property every branch has as a const, a non-object branch
+        [{"properties": {"kind": {"const": "a"}}, "required": ["kind"]}] * 2,
+        [
+            {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+            {"properties": {"kind": {"type": "string"}}, "required": ["kind"]},
+        ],
+        [{"properties": {"kind": {"const": "a"}}, "required": []}, {"type": "string"}],
+    ],
+)
+def test_a_union_that_is_not_discriminated_is_not_analysed(branches: list[Any]) -> None:
+    changed = [*branches, {"type": "null"}]
+    assert rules({"oneOf": branches}, {"oneOf": changed}, Mode.FORWARD) == {
+        ("/oneOf", "composition-changed")
+    }

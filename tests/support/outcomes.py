@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from tests.support.published import check_event
 from tests.support.traffic import Expect
 from worker.compose import build_processor, build_registry
 from worker.core.events import idempotency_rejection, read_idempotency_request
@@ -46,14 +47,15 @@ class Seen:
 
 
 def as_seen(record: Any) -> Seen:
-    """An outcome record (as aiokafka reads it, or any record with its fields) as `Seen`."""
+    """An outcome record (as aiokafka reads it, or any record with its fields) as `Seen`, once
+    its event holds to the published schema."""
     return Seen(
         record.topic,
         record.partition,
         record.offset,
         record.key,
         tuple(record.headers or ()),
-        orjson.loads(record.value),
+        check_event(record.value),
     )
 
 

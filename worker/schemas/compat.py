@@ -19,9 +19,13 @@ changed; `uniqueItems`; a property newly required; the schema of each property, 
 `properties` entry and every `patternProperties` entry whose pattern matches the name (RE2, with
 its ECMA-262 meaning), or `additionalProperties` when none applies; the schema of each array
 position, from draft 7 `items` / `additionalItems` or 2020-12 `prefixItems` / `items`; and
-`allOf`, each of whose schemas must be implied by OLD or by one of OLD's. `patternProperties`
-themselves, `anyOf`, `oneOf`, `not`, `if`/`then`/`else`, `contains`, dependencies and the rest
-are compared as written; `unevaluated*` makes any change of its schema object breaking.
+`allOf`, each of whose schemas must be implied by OLD or by one of OLD's; and a *discriminated
+union*, a `oneOf` or `anyOf` whose branches each require one same property with a `const` of
+their own (as `outcome` in callgate's events): an instance can match only the branch of its
+value, so the two are compared branch by branch, matched by that value, and a branch the reading
+schema lacks is a variant removed. `patternProperties` themselves, any other `anyOf` / `oneOf`,
+`not`, `if`/`then`/`else`, `contains`, dependencies and the rest are compared as written;
+`unevaluated*` makes any change of its schema object breaking.
 
 Both documents must load as contracts (`worker.schemas.vetting`, with jsonschema-rs's rules).
 Local `$ref`s are inlined first as each draft means them: in 2020-12 beside their siblings (as
@@ -217,6 +221,33 @@ def _allowed(node: dict[str, Any]) -> list[Any] | None:
     return list(node["enum"]) if "enum" in node else None
 
 
+def _union(branches: Any) -> tuple[str, dict[str, tuple[int, Any]]] | None:
+    """A discriminated union's property and its branches (value as JSON -> (index, branch)), or
+    None when `branches` is not one. The property is one every branch requires with a `const` (a
+    string, an integer or a boolean), a different one in each; the first by name when several
+    are."""
+    if not isinstance(branches, list) or not branches:
+        return None
+    constants: list[dict[str, Any]] = []
+    for branch in branches:
+        if not isinstance(branch, dict):
+            return None
+        required = branch.get("required", ())
+        constants.append(
+            {
+                name: prop["const"]
+                for name, prop in branch.get("properties", {}).items()
+                if isinstance(prop, dict) and "const" in prop and name in required
+            }
+        )
+    for name in sorted(set.intersection(*(set(found) for found in constants))):
+        values = [found[name] for found in constants]
+        keys = [_json(value) for value in values]
+        if all(type(v) in (str, int, bool) for v in values) and len(set(keys)) == len(keys):
+            return name, {key: (index, branches[index]) for index, key in enumerate(keys)}
+    return None
+
+
 # --- the comparison ----------------------------------------------------------------------------
 
 
@@ -253,8 +284,13 @@ class _Comparison:
         out.extend(self._object(old, new, path))
         out.extend(self._array(old, new, path))
         out.extend(self._all_of(old, new, path))
+        unions = [k for k in ("oneOf", "anyOf") if _union(old.get(k)) and _union(new.get(k))]
+        for keyword in unions:
+            out.extend(self._union(old[keyword], new[keyword], (*path, keyword)))
         for keyword in sorted(set(old) | set(new)):
             if keyword in _ANALYSED or (keyword not in new and keyword in _REMOVAL_WIDENS):
+                continue
+            if keyword in unions:
                 continue
             if keyword not in new or keyword not in old or not _same(old[keyword], new[keyword]):
                 rule = "composition-changed" if keyword in _APPLICATORS else "assertion-changed"
@@ -318,6 +354,28 @@ class _Comparison:
             "multipleOf" not in old or not is_multiple(old["multipleOf"], step)
         ):
             add((*path, "multipleOf"), "bound-tightened", "multipleOf is stricter")
+
+    def _union(self, was: list[Any], now: list[Any], path: Pointer) -> list[BreakingChange]:
+        """Two discriminated unions (`_union`), branch by branch."""
+        old_union, new_union = _union(was), _union(now)
+        assert old_union is not None, "called for unions only"
+        assert new_union is not None, "called for unions only"
+        (old_name, old_branches), (new_name, new_branches) = old_union, new_union
+        if old_name != new_name:
+            why = f"now told apart by {new_name!r}, not {old_name!r}"
+            return [BreakingChange(self.direction, pointer(path), "composition-changed", why)]
+        out: list[BreakingChange] = []
+        for value, (index, branch) in old_branches.items():
+            found = new_branches.get(value)
+            if found is None:
+                why = f"no branch for {old_name} {value}"
+                out.append(
+                    BreakingChange(self.direction, pointer((*path, index)), "variant-removed", why)
+                )
+                continue
+            new_index, new_branch = found
+            out.extend(self.narrower(branch, new_branch, (*path, new_index)))
+        return out
 
     # --- objects ---------------------------------------------------------------------------------
 
