@@ -15,11 +15,16 @@ import re
 import shlex
 import subprocess
 import sys
+import uuid
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from tests.datafiles import REPO
+from tests.support.apache_kafka import ApacheKafka
+from tests.support.workers import ASSIGNED, WorkerProcess, env_of
 
 README = REPO / "README.md"
 _BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -70,3 +75,54 @@ def test_an_offline_readme_command_runs_as_written(args: list[str], status: int)
         events = [orjson.loads(line) for line in result.stdout.splitlines()]
         assert events, "an example with no call"
         assert all(event["error_code"] != "malformed_record" for event in events), events
+
+
+CLUSTER = [args for args, _ in readme_commands() if needs_a_cluster(args)]
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+@pytest.mark.timeout(180)
+async def test_the_deployment_commands_run_on_a_real_cluster(
+    apache_kafka: ApacheKafka, tmp_path: Path
+) -> None:
+    """The README's deployment commands, in its order, on a cluster with nothing made yet:
+    `topics create` makes what `topics check` then passes, `topics acls` prints, and `run`
+    starts a worker on those topics that joins its group, then stops on SIGTERM with status 0."""
+    assert [args[:2] for args in CLUSTER] == [
+        ["topics", "create"],
+        ["topics", "check"],
+        ["topics", "acls"],
+        ["run"],
+    ]
+    run = uuid.uuid4().hex[:8]
+    config: dict[str, Any] = {
+        "kafka": {"bootstrap_servers": apache_kafka.bootstrap_servers, "group_id": f"g-{run}"},
+        "topics": {
+            "input": f"model-output-{run}",
+            "accepted": f"ok-{run}",
+            "rejected": f"no-{run}",
+            "incomplete": f"part-{run}",
+            "replication_factor": 1,  # one broker here; the README's cluster has three
+        },
+        "metrics": {"port": 0},
+    }
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
+    for args in CLUSTER[:-1]:
+        result = subprocess.run(
+            [sys.executable, "-m", "worker", *args],
+            cwd=REPO,
+            env={**clean, **env_of(config)},
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+    worker = WorkerProcess("readme-run", config, tmp_path).start()
+    try:
+        await worker.wait_log(ASSIGNED, timeout_s=60)
+        assert "created topic" not in worker.text()  # `topics create` made every one
+        assert await worker.stop(timeout_s=30) == 0
+    finally:
+        worker.cleanup()

@@ -13,6 +13,7 @@ from worker.check import FAILED_ON, PASSED, main_check, parse_fail_on
 from worker.compose import build_key_store, build_processor
 from worker.errors import CallgateError, ConfigError
 from worker.runtime.cli import add_run_command
+from worker.runtime.topics_cli import add_topics_command
 from worker.schemas.cli import add_schemas_command
 from worker.settings import load_settings
 
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_schemas_command(commands)
     add_run_command(commands)
+    add_topics_command(commands)
     return parser
 
 

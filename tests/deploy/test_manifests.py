@@ -111,6 +111,17 @@ def test_compose_services_and_kafka_kraft() -> None:
     assert job["dns_sd_configs"][0]["port"] == METRICS_PORT
 
 
+def test_compose_makes_the_topics_with_callgate_before_the_workers() -> None:
+    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    topics, worker = services["topics"], services["worker"]
+    assert topics["command"][:2] == ["topics", "create"]
+    assert topics["environment"] == worker["environment"]  # the settings the workers read
+    assert topics["build"] == worker["build"]
+    assert topics["image"] == worker["image"]
+    assert topics["depends_on"] == {"kafka": {"condition": "service_healthy"}}
+    assert worker["depends_on"] == {"topics": {"condition": "service_completed_successfully"}}
+
+
 # -- kubernetes ----------------------------------------------------------------------------------
 
 
@@ -175,6 +186,18 @@ def test_deployment_probes_ports_and_resources(monkeypatch: pytest.MonkeyPatch) 
         assert path == f"{domain}/{file}"
         assert re.fullmatch(r"[A-Za-z0-9_\-]+\.v[0-9]+(\.output)?\.schema\.json", file)
         assert yaml.safe_load(schema_map[key])["type"] == "object"  # JSON is YAML
+
+
+def test_the_topics_job_runs_callgate_topics_create_with_the_workers_settings() -> None:
+    objects = k8s_objects()
+    job = objects["Job"]["spec"]["template"]["spec"]
+    (container,) = job["containers"]
+    (worker,) = objects["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][:2] == ["topics", "create"]
+    assert container["image"] == worker["image"]
+    assert container["envFrom"] == worker["envFrom"]
+    assert job["restartPolicy"] == "OnFailure"
+    assert job["securityContext"]["runAsNonRoot"] is True
 
 
 def test_service_servicemonitor_and_pdb_select_the_workers() -> None:

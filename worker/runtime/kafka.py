@@ -41,7 +41,12 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from worker.errors import BrokerError, ConfigError
 from worker.runtime.kafka_options import connection_options, consumer_options, producer_options
-from worker.runtime.topics import TopicSpec, state_topics_deleted
+from worker.runtime.topics import (
+    TopicLayout,
+    TopicSpec,
+    state_policy_problem,
+    state_topics_deleted,
+)
 from worker.settings import Settings
 
 log = logging.getLogger("callgate.kafka")
@@ -129,33 +134,55 @@ class Kafka:
     async def partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
         """How many partitions each existing topic has (missing topics are left out, and one
         whose partitions have no leader yet, just made)."""
-        return {topic: count for topic, count in (await self._describe(topics)).items() if count}
+        return {
+            topic: layout.partitions
+            for topic, layout in (await self.describe(topics)).items()
+            if layout.partitions
+        }
 
     async def missing_topics(self, topics: Iterable[str]) -> list[str]:
         """The topics the cluster does not have."""
         wanted = set(topics)
-        return sorted(wanted - set(await self._describe(wanted)))
+        return sorted(wanted - set(await self.describe(wanted)))
 
-    async def _describe(self, topics: Iterable[str]) -> dict[str, int]:
-        """Each of the topics the cluster has, with its partitions (0 while they have no
-        leader yet); a topic the cluster does not have is left out. Raises the error the
-        cluster gives for a topic otherwise (not authorized, an invalid name): a topic that
-        cannot be seen is not taken for a deleted one."""
+    async def describe(self, topics: Iterable[str]) -> dict[str, TopicLayout]:
+        """Each of the topics the cluster has, with its partitions and replicas (none while
+        its partitions have no leader yet); a topic the cluster does not have is left out.
+        Raises the error the cluster gives for a topic otherwise (not authorized, an invalid
+        name): a topic that cannot be seen is not taken for a deleted one."""
         wanted = sorted(set(topics))
         if not wanted:
             return {}
         request = MetadataRequest(wanted, allow_auto_topic_creation=False)
         async with self._metadata_client() as client:
             response = await client.send(client.get_random_node(), request)
-        described: dict[str, int] = {}
+        described: dict[str, TopicLayout] = {}
         for entry in response.to_object()["topics"]:
             code, topic = entry["error_code"], entry["topic"]
             if code == UnknownTopicOrPartitionError.errno:
                 continue
             if code not in (0, LeaderNotAvailableError.errno):
                 raise for_code(code)(f"topic {topic}")
-            described[topic] = len(entry["partitions"]) if code == 0 else 0
+            partitions = entry["partitions"] if code == 0 else []
+            replicas = min((len(p["replicas"]) for p in partitions), default=0)
+            described[topic] = TopicLayout(len(partitions), replicas)
         return described
+
+    async def topic_configs(self, names: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Each topic's configuration as the cluster applies it (its own and the defaults)."""
+        if not names:
+            return {}
+        async with self.admin() as admin:
+            responses = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+            )
+        configs: dict[str, dict[str, str]] = {}
+        for response in responses:
+            for code, message, _type, name, entries in response.resources:
+                if code:
+                    raise for_code(code)(f"topic {name}: {message}")
+                configs[name] = {entry[0]: str(entry[1]) for entry in entries}
+        return configs
 
     async def ensure_topics(self, specs: Sequence[TopicSpec]) -> None:
         """Create the internal topics that are missing; check those that exist, and add
@@ -175,9 +202,7 @@ class Kafka:
                                 spec.name,
                                 num_partitions=spec.partitions,
                                 replication_factor=self._settings.topics.replication_factor,
-                                topic_configs={"cleanup.policy": "compact"}
-                                if spec.compacted
-                                else {},
+                                topic_configs=spec.configs(),
                             )
                             for spec in missing
                         ]
@@ -231,31 +256,15 @@ class Kafka:
             await asyncio.sleep(0.05)
 
     async def _check_compacted(self, names: list[str]) -> None:
-        if not names:
-            return
         try:
-            async with self.admin() as admin:
-                responses = await admin.describe_configs(
-                    [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
-                )
+            configs = await self.topic_configs(names)
         except KafkaError as exc:  # a broker without DescribeConfigs: nothing to check with
             log.warning("cannot read the cleanup.policy of %s: %r", ", ".join(names), exc)
             return
-        for response in responses:
-            for _code, _message, _type, name, entries in response.resources:
-                configs = {entry[0]: entry[1] for entry in entries}
-                policy, retention = configs.get("cleanup.policy"), configs.get("retention.ms")
-                if policy is None:
-                    continue
-                policies = {part.strip() for part in str(policy).split(",")}
-                # compact,delete also deletes by age: only a retention of -1 keeps the state
-                if "compact" in policies and ("delete" not in policies or str(retention) == "-1"):
-                    continue
-                raise ConfigError(
-                    f"topic {name} has cleanup.policy={policy} (retention.ms={retention}); it "
-                    "holds state that deletion by age would lose: it must be compact (or "
-                    "compact,delete with retention.ms=-1)"
-                )
+        for name, config in configs.items():
+            problem = state_policy_problem(config)
+            if problem:
+                raise ConfigError(f"topic {name} {problem}")
 
     async def read_to_end(
         self, partitions: Sequence[tuple[str, int]]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from worker.errors import StateError
@@ -32,6 +32,40 @@ class TopicSpec:
     #: partitions are added when it has too few (a changelog follows its input's growth; a
     #: keyed topic never grows: its partition count routes the keys)
     grows: bool = False
+    #: the `max.message.bytes` it is made with (None: the cluster's default)
+    max_message_bytes: int | None = None
+
+    def configs(self) -> dict[str, str]:
+        """The topic configuration it is made with."""
+        configs = {"cleanup.policy": "compact" if self.compacted else "delete"}
+        if self.max_message_bytes is not None:
+            configs["max.message.bytes"] = str(self.max_message_bytes)
+        return configs
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLayout:
+    """What the cluster says of a topic: its partitions, and the replicas of each (the fewest
+    any partition has); none while its partitions have no leader yet."""
+
+    partitions: int
+    replication: int
+
+
+def state_policy_problem(config: Mapping[str, str]) -> str | None:
+    """What is wrong with a state topic's configuration (None: nothing). It holds state that
+    deletion by age would lose: it must be compacted, and may also delete only with a
+    retention of -1. A configuration that does not say is taken as it is."""
+    policy, retention = config.get("cleanup.policy"), config.get("retention.ms")
+    if policy is None:
+        return None
+    policies = {part.strip() for part in policy.split(",")}
+    if "compact" in policies and ("delete" not in policies or retention == "-1"):
+        return None
+    return (
+        f"has cleanup.policy={policy} (retention.ms={retention}); it holds state that "
+        "deletion by age would lose: it must be compact (or compact,delete with retention.ms=-1)"
+    )
 
 
 def _bounded(name: str) -> str:

@@ -1,0 +1,200 @@
+"""What a worker group needs of its cluster, from the settings: its topics and its privileges.
+
+Pure: no client, no I/O. `callgate topics create|check` (`worker.runtime.topics_cli`) makes and
+verifies the topics `plan` lays out; `callgate topics acls` prints the `grants`.
+
+Topics. Every topic's `max.message.bytes` must take the largest record batch the worker may
+write to it: the producer's batch (`CALLGATE_KAFKA__MAX_BATCH_BYTES`), or one record alone when
+it is larger, whose value is bounded by the settings (an outcome event by
+`CALLGATE_LIMITS__MAX_EVENT_BYTES`, a checkpoint part by
+`CALLGATE_DELIVERY__CHECKPOINT_RECORD_BYTES`) and whose key, headers and framing by
+`record_overhead`. The group's state topics are compacted (`worker.runtime.topics`).
+
+Privileges. The least the worker's principal needs, per topic, group and transactional id, for
+the delivery guarantee of the settings, with the reason for each. Read and Write imply Describe
+in Kafka's authorizer, and so do Create and Alter; none is listed twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
+from worker.settings import LimitSettings, Settings
+
+
+class Role(StrEnum):
+    INPUT = "input"
+    OUTCOME = "outcome"
+    CHANGELOG = "changelog"
+    REQUESTS = "idempotency requests"
+    KEYS = "idempotency keys"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPlan:
+    """A topic the group needs, and how it must be made."""
+
+    name: str
+    role: Role
+    #: partitions it must have at least (None: any; an outcome topic's count is the operator's)
+    partitions: int | None
+    compacted: bool
+    #: the largest record batch the worker writes to it (None: the worker writes none)
+    max_message_bytes: int | None
+
+    @property
+    def created_by_worker(self) -> bool:
+        """The group's own topics: a worker makes them when missing; the others must exist."""
+        return self.role in (Role.CHANGELOG, Role.REQUESTS, Role.KEYS)
+
+
+def record_overhead(limits: LimitSettings) -> int:
+    """What a record batch of one record carries beyond its value, at most.
+
+    An identifier is at most `max_id_bytes`, and JSON writes a byte of it in 6 at most (a
+    control character as `\\u001f`). An idempotency request's value starts with a header of
+    five identifiers in JSON (key, call id, tool, schema id and version) before the event it
+    carries; a record's key is one identifier, its headers (outcome, tool, schema version, a
+    trace parent) three and their names; the batch's header (61 bytes), the record's framing
+    and the header names take under 512 bytes.
+    """
+    escaped_header = 5 * 6 * limits.max_id_bytes
+    key_and_headers = 4 * limits.max_id_bytes
+    return escaped_header + key_and_headers + 512
+
+
+def plan(settings: Settings, input_partitions: dict[str, int]) -> list[TopicPlan]:
+    """The topics of the group: the inputs named (with the partitions given for each), the
+    outcome topics, each input's changelog (as many partitions), the idempotency topics."""
+    group = settings.kafka.group_id
+    batch = settings.kafka.max_batch_bytes
+    overhead = record_overhead(settings.limits)
+    event = max(batch, settings.limits.max_event_bytes + overhead)
+    checkpoint = max(batch, settings.delivery.checkpoint_record_bytes + overhead)
+    topics = settings.topics
+    plans = [
+        TopicPlan(name, Role.INPUT, input_partitions.get(name), False, None)
+        for name in topics.input_topics
+    ]
+    for name in dict.fromkeys((topics.accepted, topics.rejected, topics.incomplete)):
+        plans.append(TopicPlan(name, Role.OUTCOME, None, False, event))
+    for name in topics.input_topics:
+        changelog = changelog_topic(group, name)
+        plans.append(
+            TopicPlan(changelog, Role.CHANGELOG, input_partitions.get(name), True, checkpoint)
+        )
+    partitions = settings.idempotency.partitions
+    plans.append(TopicPlan(requests_topic(group), Role.REQUESTS, partitions, False, event))
+    plans.append(TopicPlan(keys_topic(group), Role.KEYS, partitions, True, batch))
+    return plans
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Operations the worker's principal needs on one resource, and why."""
+
+    resource: str  # "topic", "group" or "transactional-id"
+    name: str
+    prefixed: bool
+    operations: tuple[str, ...]
+    why: str
+
+
+def grants(settings: Settings) -> list[Grant]:
+    """The least privileges of the worker's principal under the settings' delivery guarantee."""
+    group = settings.kafka.group_id
+    topics = settings.topics
+    found: list[Grant] = []
+    if topics.input_pattern:
+        found.append(
+            Grant(
+                "topic",
+                f"{group}-",
+                True,
+                ("Read", "Write", "Create", "Alter", "DescribeConfigs"),
+                "the group's own topics (a changelog is named after each topic the input "
+                "pattern matches): read and write state, create it, add partitions to a "
+                "changelog, check its cleanup.policy",
+            )
+        )
+    else:
+        for name in topics.input_topics:
+            found.append(Grant("topic", name, False, ("Read",), "consume the input"))
+        for name in topics.input_topics:
+            found.append(
+                Grant(
+                    "topic",
+                    changelog_topic(group, name),
+                    False,
+                    ("Read", "Write", "Create", "Alter", "DescribeConfigs"),
+                    f"checkpoints of {name}'s open calls: restore, write, create when "
+                    "missing, add partitions when the input grows, check cleanup.policy",
+                )
+            )
+        for name, why in (
+            (requests_topic(group), "keyed calls waiting for their key's owner"),
+            (keys_topic(group), "the keys each owner remembers"),
+        ):
+            found.append(
+                Grant(
+                    "topic",
+                    name,
+                    False,
+                    ("Read", "Write", "Create", "DescribeConfigs"),
+                    f"{why}: read, write, create when missing, check cleanup.policy",
+                )
+            )
+    for name in dict.fromkeys((topics.accepted, topics.rejected, topics.incomplete)):
+        found.append(Grant("topic", name, False, ("Write",), "write outcome events"))
+    found.append(
+        Grant("group", group, False, ("Read",), "join the consumer group, commit its offsets")
+    )
+    if settings.delivery.guarantee == "exactly_once":
+        prefix = settings.delivery.transactional_id_prefix or group
+        found.append(
+            Grant(
+                "transactional-id",
+                f"{prefix}-",
+                True,
+                ("Write",),
+                "exactly_once: a transactional producer per owned partition, "
+                f"{prefix}-<topic>-<partition>",
+            )
+        )
+    return found
+
+
+def acl_commands(
+    settings: Settings, principal: str, *, command_config: str = "client.properties"
+) -> list[str]:
+    """`grants` as `kafka-acls.sh` commands, each after a comment saying why."""
+    servers = ",".join(settings.kafka.bootstrap_servers) or "HOST:PORT"
+    lines = [
+        f"# callgate worker: group {settings.kafka.group_id}, "
+        f"{settings.delivery.guarantee}; principal {principal}"
+    ]
+    for grant in grants(settings):
+        words = [
+            "kafka-acls.sh",
+            "--bootstrap-server",
+            servers,
+            "--command-config",
+            command_config,
+            "--add",
+            "--allow-principal",
+            principal,
+        ]
+        for operation in grant.operations:
+            words += ["--operation", operation]
+        words += [f"--{grant.resource}", grant.name]
+        if grant.prefixed:
+            words += ["--resource-pattern-type", "prefixed"]
+        lines += [f"# {grant.why}", " ".join(words)]
+    if settings.topics.input_pattern:
+        lines.append(
+            f"# and Read on every topic the input pattern {settings.topics.input_pattern} "
+            "matches: an ACL names a topic or a prefix, never a regex"
+        )
+    return lines
