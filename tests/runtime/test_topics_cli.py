@@ -58,6 +58,20 @@ def topics(config: dict[str, Any], *args: str) -> subprocess.CompletedProcess[st
     )
 
 
+def make_topics(bootstrap: str, *new: NewTopic) -> None:
+    """Topics made as an operator might have made them, right or wrong."""
+
+    async def make() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics(list(new))
+        finally:
+            await admin.close()
+
+    asyncio.run(make())
+
+
 def test_create_makes_every_topic_as_planned_and_check_passes(apache_kafka: ApacheKafka) -> None:
     config = config_for(apache_kafka.bootstrap_servers)
     settings = Settings.model_validate(config)
@@ -105,25 +119,16 @@ def test_check_names_each_way_a_topic_cannot_serve(apache_kafka: ApacheKafka) ->
     group, names = config["kafka"]["group_id"], config["topics"]
     compact = {"cleanup.policy": "compact"}
 
-    async def make() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=apache_kafka.bootstrap_servers)
-        await admin.start()
-        try:
-            await admin.create_topics(
-                [
-                    NewTopic(names["input"], 4, 1),
-                    NewTopic(names["accepted"], 2, 1, topic_configs=compact),
-                    NewTopic(names["rejected"], 2, 1, topic_configs={"max.message.bytes": "2048"}),
-                    # incomplete: missing
-                    NewTopic(changelog_topic(group, names["input"]), 2, 1, topic_configs=compact),
-                    NewTopic(requests_topic(group), 3, 1),
-                    NewTopic(keys_topic(group), 3, 1, topic_configs={"cleanup.policy": "delete"}),
-                ]
-            )
-        finally:
-            await admin.close()
-
-    asyncio.run(make())
+    make_topics(
+        apache_kafka.bootstrap_servers,
+        NewTopic(names["input"], 4, 1),
+        NewTopic(names["accepted"], 2, 1, topic_configs=compact),
+        NewTopic(names["rejected"], 2, 1, topic_configs={"max.message.bytes": "2048"}),
+        # incomplete: missing
+        NewTopic(changelog_topic(group, names["input"]), 2, 1, topic_configs=compact),
+        NewTopic(requests_topic(group), 3, 1),
+        NewTopic(keys_topic(group), 3, 1, topic_configs={"cleanup.policy": "delete"}),
+    )
     found = topics(config, "check")
     assert found.returncode == 1
     report = found.stdout
@@ -151,20 +156,11 @@ def test_keys_must_have_as_many_partitions_as_their_requests(apache_kafka: Apach
     config = config_for(apache_kafka.bootstrap_servers)
     group = config["kafka"]["group_id"]
 
-    async def make() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=apache_kafka.bootstrap_servers)
-        await admin.start()
-        try:
-            await admin.create_topics(
-                [
-                    NewTopic(requests_topic(group), 5, 1),
-                    NewTopic(keys_topic(group), 3, 1, topic_configs={"cleanup.policy": "compact"}),
-                ]
-            )
-        finally:
-            await admin.close()
-
-    asyncio.run(make())
+    make_topics(
+        apache_kafka.bootstrap_servers,
+        NewTopic(requests_topic(group), 5, 1),
+        NewTopic(keys_topic(group), 3, 1, topic_configs={"cleanup.policy": "compact"}),
+    )
     created = topics(config, "create")
     assert created.returncode == 1
     assert "fewer than the idempotency requests' 5" in created.stdout
