@@ -90,7 +90,7 @@ _START_AND_STOP = (
 )  # fmt: skip
 _WRITE_PREFIXES = (
     "Outbox.", "Sender.", "SendProduceReqHandler.", "BatchBuilder.", "MessageAccumulator.",
-    "AIOKafkaProducer.", "_send", "Worker.acknowledged", "Worker._advance",
+    "AIOKafkaProducer.", "_send", "AtLeastOnce.", "ExactlyOnce.", "Outcomes.", "Transactions.",
 )  # fmt: skip
 
 #: (bucket, rule), the first that matches a sample's stack takes it
@@ -100,9 +100,9 @@ BUCKETS: tuple[tuple[str, Callable[[Stack], bool]], ...] = (
     ("read", _has_prefix("AIOKafkaConsumer.getmany", "Fetcher.", "PartitionRecords.")),
     ("judge: native reassembly", _native_reassembly),
     ("judge: per call", _has("Processor.emit")),
-    ("judge: metrics", _has("Worker._observe", "Metrics.set_lag")),
-    ("judge: checkpoints", _has("Worker._checkpoint")),
-    ("judge: rest", _has("Worker._judge")),
+    ("judge: metrics", _has("Metrics.observe", "Metrics.set_lag")),
+    ("judge: checkpoints", _has("Partitions.checkpoint")),
+    ("judge: rest", _has("Judge.round")),
     ("write", _has_prefix(*_WRITE_PREFIXES)),
     ("other", lambda stack: True),
 )

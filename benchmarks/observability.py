@@ -1,6 +1,6 @@
 """Benchmark: the cost of observability, the same core run with metrics on and off.
 
-"On" is what the worker does per fetched batch (`worker.runtime.worker.Worker._judge`):
+"On" is what the worker does per fetched batch (`worker.runtime.judging.Judge.round`):
 `Metrics.add_records`, `Metrics.observe(verdict, tool)` per outcome, and the open-call and
 buffered-byte gauges, on a real `worker.metrics.Metrics` (its own Prometheus registry); "off"
 feeds the same records through the same processor and observes nothing. One core, valid and

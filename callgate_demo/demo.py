@@ -117,7 +117,7 @@ async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
             done = (
                 runner.stats.records >= len(records) + DEMO_PARTITIONS
                 and processor.assembler.open_calls == 0
-                and runner.ledger.idle()
+                and runner.idle()
                 and reader.unique >= reader.expected(runner)
             )
             progress.show(len(records), runner, reader)

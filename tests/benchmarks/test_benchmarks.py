@@ -308,15 +308,15 @@ def test_e2e_profile_samples_both_contenders_while_they_drain(tmp_path: Path) ->
 def test_e2e_profile_puts_each_sample_in_the_part_its_stack_names() -> None:
     loop = "run (asyncio/runners.py:190);BaseEventLoop._run_once (asyncio/base_events.py:1922)"
     round_ = f"{loop};Worker.step (worker/runtime/worker.py:386)"
-    judge = f"{round_};Worker._judge (worker/runtime/worker.py:475)"
+    judge = f"{round_};Judge.round (worker/runtime/judging.py:70)"
     feed = f"{judge};Processor.feed (worker/core/processor.py:80)"
     cases = {
         f"{feed}": "judge: native reassembly",
         f"{feed};Processor.emit (worker/core/processor.py:93);Gate.judge (x.py:1)": (
             "judge: per call"
         ),
-        f"{judge};Worker._observe (worker/runtime/worker.py:560)": "judge: metrics",
-        f"{judge};Worker._checkpoint (worker/runtime/worker.py:500)": "judge: checkpoints",
+        f"{judge};Judge._feed (x.py:1);Metrics.observe (worker/metrics.py:298)": "judge: metrics",
+        f"{judge};Partitions.checkpoint (worker/runtime/partitions.py:160)": "judge: checkpoints",
         f"{judge}": "judge: rest",
         f"{round_};AIOKafkaConsumer.getmany (aiokafka/consumer/consumer.py:1160)": "read",
         f"{loop};Outbox._sender (worker/runtime/outbox.py:305)": "write",

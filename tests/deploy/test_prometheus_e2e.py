@@ -140,7 +140,7 @@ def run_every_query(prometheus: PrometheusProcess) -> None:
 
 class ChainFeeder:
     """Feeds `traffic()` rounds through a Processor and a key store, updating Metrics as the
-    worker does (`worker.runtime.worker.Worker._judge` and `_decide_keys`)."""
+    worker does (`worker.runtime.judging.Judge.round` and `_decide_keys`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

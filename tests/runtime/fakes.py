@@ -327,6 +327,8 @@ class FakeConsumer:
         self._paused: set[TopicPartition] = set()
         self.assigned: set[TopicPartition] = set()
         self.commits: list[dict[TopicPartition, int]] = []
+        #: every commit asked for, in order, including those not done (held, or cut off)
+        self.commits_asked: list[dict[TopicPartition, int]] = []
         #: when set, a fetch waits for this event (as aiokafka's does during a rebalance)
         self.held_up: asyncio.Event | None = None
 
@@ -398,6 +400,7 @@ class FakeConsumer:
         return batch
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits_asked.append(dict(offsets))
         await self._broker.reach("commit")
         self.commits.append(dict(offsets))
         for tp, offset in offsets.items():
@@ -405,6 +408,14 @@ class FakeConsumer:
 
     async def committed(self, tp: TopicPartition) -> int | None:
         return self._broker.committed.get((self._group, tp.topic, tp.partition))
+
+    def positions(self) -> dict[TopicPartition, int]:
+        """Where each partition held is fetched from next."""
+        return dict(self._positions)
+
+    def behind(self) -> bool:
+        """Whether any partition held has records not fetched yet."""
+        return any(self.highwater(tp) > at for tp, at in self._positions.items())
 
     def highwater(self, tp: TopicPartition) -> int:
         return len(self._broker.logs[tp.topic][tp.partition])

@@ -21,13 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.datafiles import SCHEMAS
-from tests.runtime.fakes import FakeBroker, FakeKafka, Hold
+from tests.runtime.fakes import FakeBroker, FakeConsumer, FakeKafka, Hold
 from tests.support.outcomes import as_seen, check, reference
 from tests.support.traffic import IDLE_TIMEOUT_S, mixed
 from worker._native import partition_for_key
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
 from worker.errors import BrokerError, StateError
 from worker.metrics import Metrics
+from worker.runtime.exactly_once import ExactlyOnce
 from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
 from worker.runtime.worker import Worker
 from worker.settings import Settings
@@ -76,7 +77,11 @@ def new_broker() -> FakeBroker:
 
 
 def new_worker(
-    broker: FakeBroker, clock: Callable[[], float] | None = None, **overrides: Any
+    broker: FakeBroker,
+    clock: Callable[[], float] | None = None,
+    *,
+    fake_kafka: FakeKafka | None = None,
+    **overrides: Any,
 ) -> Worker:
     settings = make_settings(**overrides)
     registry = build_registry(settings)
@@ -85,9 +90,16 @@ def new_worker(
         build_processor(settings, registry),
         lambda: build_key_store(settings),
         Metrics(tool_labels(registry)),
-        kafka=FakeKafka(broker, GROUP),  # type: ignore[arg-type]
+        kafka=fake_kafka or FakeKafka(broker, GROUP),  # type: ignore[arg-type]
         **({} if clock is None else {"clock": clock}),
     )
+
+
+def consumer(worker: Worker) -> FakeConsumer:
+    """The worker's (fake) group consumer: the test joins, revokes and reads positions there."""
+    fake = worker.fetcher.consumer
+    assert isinstance(fake, FakeConsumer)
+    return fake
 
 
 def envelope(stream: str, call: str, seq: int, delta: str, **fields: Any) -> bytes:
@@ -178,10 +190,7 @@ async def run_until_idle(worker: Worker, broker: FakeBroker, *, rounds: int = 50
     for _ in range(rounds):
         await asyncio.wait_for(worker.step(), ROUND_S)
         broker.deliver()
-        if worker.ledger.idle() and not any(
-            worker._consumer.highwater(tp) > pos  # type: ignore[union-attr]
-            for tp, pos in worker._consumer._positions.items()  # type: ignore[union-attr]
-        ):
+        if worker.idle() and not consumer(worker).behind():
             await worker.step()
             broker.deliver()
             await worker.step()
@@ -202,8 +211,14 @@ async def rounds_until_seen_gone(worker: Worker, broker: FakeBroker, rounds: int
 
 async def commit_settled(worker: Worker) -> None:
     """The offset commit running beside the rounds, if any, has finished."""
-    if worker._committing is not None:
-        await worker._committing
+    await worker.delivery.settled()
+
+
+def fenced(worker: Worker) -> dict[tuple[str, int], float]:
+    """exactly_once: the partitions whose producer was fenced, and when."""
+    delivery = worker.delivery
+    assert isinstance(delivery, ExactlyOnce)
+    return delivery.fenced
 
 
 def generated(examples: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -330,7 +345,7 @@ async def test_input_deleted_before_it_was_judged_is_counted_exactly(data: st.Da
     await worker.start()
     for _ in range(data.draw(st.integers(0, 6))):
         await worker.step()
-    positions = dict(worker._consumer._positions)  # type: ignore[union-attr]
+    positions = consumer(worker).positions()
     lost: dict[str, int] = {}  # call id -> how many of its records were deleted unread
     deleted = 0
     for partition in range(PARTITIONS):
@@ -373,15 +388,15 @@ async def test_an_out_of_range_position_the_partition_has_moved_on_from_is_not_a
     worker = new_worker(broker)
     await worker.start()
     await run_until_idle(worker, broker)
-    consumer = worker._consumer
-    assert consumer is not None
+    fake = consumer(worker)
     tp = TopicPartition(INPUT, 0)
-    at = await consumer.position(tp)
+    at = await fake.position(tp)
     broker.delete_records(INPUT, 0, at + 1)  # nothing there yet: no record is lost
-    await worker._skip_deleted({tp: at - 1, TopicPartition("other", 0): 0})
-    assert await consumer.position(tp) == at
-    await worker._skip_deleted({tp: at})
-    assert await consumer.position(tp) == at + 1
+    assigned = worker.assignment
+    await worker.fetcher.skip_deleted({tp: at - 1, TopicPartition("other", 0): 0}, assigned)
+    assert await fake.position(tp) == at
+    await worker.fetcher.skip_deleted({tp: at}, assigned)
+    assert await fake.position(tp) == at + 1
     assert worker.metrics.registry.get_sample_value("callgate_input_records_deleted_total") == 1
 
 
@@ -477,12 +492,12 @@ async def test_a_failing_topic_pauses_fetching_until_it_recovers_and_nothing_is_
     ready, why = worker.readiness()
     assert not ready
     assert ACCEPTED in why
-    assert worker._consumer.paused(), "fetching paused while a topic fails"  # type: ignore[union-attr]
+    assert consumer(worker).paused(), "fetching paused while a topic fails"
     assert broker.committed == {}
     broker.fail_topic(ACCEPTED, None)
     for _ in range(100):  # bounded: the retry backoff is short
         await worker.step()
-        if worker.ledger.idle() and worker.readiness()[0]:
+        if worker.idle() and worker.readiness()[0]:
             break
         await asyncio.sleep(0.02)
     await run_until_idle(worker, broker)
@@ -539,10 +554,9 @@ async def test_every_partition_assigned_gets_its_changelog_when_the_cluster_says
     broker = new_broker()
     streams, calls = traffic(9)
     produce(broker, streams)
-    worker = new_worker(broker)
-    kafka = worker._kafka
-    assert isinstance(kafka, FakeKafka)
+    kafka = FakeKafka(broker, GROUP)
     kafka.lagging = {INPUT: 1}
+    worker = new_worker(broker, fake_kafka=kafka)
     await worker.start()
     await run_until_idle(worker, broker)
     assert not worker.stopping, worker.readiness()
@@ -560,13 +574,12 @@ async def test_a_topic_missing_for_many_checks_is_rewound_to_once() -> None:
     broker.auto_deliver = False
     first, calls = traffic(6)
     produce(broker, first)
-    worker = new_worker(broker, lambda: float(next(ticks)))
+    kafka = FakeKafka(broker, GROUP)
+    worker = new_worker(broker, lambda: float(next(ticks)), fake_kafka=kafka)
     await worker.start()
     await worker.step()
     broker.delete_topic_but_acknowledge_writes(ACCEPTED)
     broker.deliver()
-    kafka = worker._kafka
-    assert isinstance(kafka, FakeKafka)
     reads = None
     for _ in range(20):
         await worker.step()
@@ -600,7 +613,7 @@ async def test_a_topic_deleted_while_its_writes_fail_holds_up_nothing_once_it_is
     broker.create_topic(ACCEPTED, 2)
     await run_until_idle(worker, broker)
     assert worker.readiness()[0]
-    assert worker.ledger.pending_records == 0
+    assert worker.delivery.pending_records == 0
     assert_input_committed(broker)
     events = outcome_events(broker)
     assert set(events) >= calls
@@ -624,7 +637,7 @@ async def test_a_deleted_topic_every_round_owes_is_seen_gone(calls: int) -> None
     broker.create_topic(ACCEPTED, 2)
     await run_until_idle(worker, broker)
     assert worker.readiness()[0]
-    assert worker.ledger.pending_records == 0
+    assert worker.delivery.pending_records == 0
     assert_one_verdict_per_call(broker, judged)
     assert_input_committed(broker)
 
@@ -682,7 +695,8 @@ async def test_an_offset_past_the_logs_end_is_never_committed() -> None:
     # the broker lost its logs (a memory-only broker restarted): what was read is gone
     for partition in range(PARTITIONS):
         broker.logs[INPUT][partition].clear()
-    await worker._commit({(INPUT, p): 5 for p in range(PARTITIONS)})
+    offsets = {(INPUT, p): 5 for p in range(PARTITIONS)}
+    assert not await worker.fetcher.commit(offsets, 1.0), "nothing to commit"
     assert broker.committed == before
 
 
@@ -702,7 +716,7 @@ async def test_a_partition_moves_to_another_worker_with_its_open_calls() -> None
     await run_until_idle(one, broker)
     assert one.processor.assembler.open_calls == 1
     tp = TopicPartition(INPUT, partition)
-    await one._consumer.revoke([tp])  # type: ignore[union-attr]
+    await consumer(one).revoke([tp])
     closing = envelope(stream, "c0", 1, second, final=True)
     broker.append(INPUT, partition, key=b"s0", value=closing, timestamp=2)
     two = new_worker(broker)
@@ -741,20 +755,20 @@ async def test_a_stalled_call_times_out_once_whenever_its_partition_moves(
     mode = {"kafka": {"fetch_max_records": per_round}}
     one = new_worker(broker, **mode)
     await one.start()
-    await one._consumer.join()  # type: ignore[union-attr]
+    await consumer(one).join()
     if aged_first:
         age_open_calls(broker)
     for _ in range(before):
         await asyncio.wait_for(one.step(), ROUND_S)
         broker.deliver()
-    await one._consumer.revoke(moved)  # type: ignore[union-attr]
+    await consumer(one).revoke(moved)
     if not aged_first:
         age_open_calls(broker)
     owner = one
     if moves_away:
         owner = new_worker(broker, **mode)
         await owner.start()
-    await owner._consumer.join(moved)  # type: ignore[union-attr]
+    await consumer(owner).join(moved)
     for worker in [one] if owner is one else [one, owner]:
         await run_until_idle(worker, broker, rounds=200)
     assert_one_verdict_per_call(broker, calls | {f"x{i}" for i in range(3)})
@@ -805,7 +819,7 @@ async def test_every_kind_of_call_crosses_a_change_of_owner_unchanged(
     broker.auto_deliver = False
     one = new_worker(broker, **mode)
     await one.start()
-    await one._consumer.join()  # type: ignore[union-attr]
+    await consumer(one).join()
     for _ in range(before):
         await asyncio.wait_for(one.step(), ROUND_S)
         broker.deliver(data.draw(st.integers(0, len(broker.pending)), label="acknowledged"))
@@ -820,11 +834,11 @@ async def test_every_kind_of_call_crosses_a_change_of_owner_unchanged(
     owners = [two]
     if handover == "revoke":
         moved = draw_partitions(data, "partitions given up")
-        await one._consumer.revoke(moved)  # type: ignore[union-attr]
-        await two._consumer.join(moved)  # type: ignore[union-attr]
+        await consumer(one).revoke(moved)
+        await consumer(two).join(moved)
         owners = [one, two]
     else:
-        await two._consumer.join()  # type: ignore[union-attr]
+        await consumer(two).join()
     for owner in owners:
         await run_until_idle(owner, broker, rounds=400)
     settings = make_settings(**mode)
@@ -877,11 +891,11 @@ async def test_a_rebalance_waits_for_the_round_in_progress(data: st.DataObject) 
     mode = {"delivery": {"guarantee": guarantee}}
     one = new_worker(broker, **mode)
     await one.start()
-    await one._consumer.join()  # type: ignore[union-attr]
+    await consumer(one).join()
     hold = broker.hold = Hold(point)
     rounds = asyncio.create_task(held_round(one, broker, hold))
     await asyncio.wait_for(hold.reached.wait(), timeout=5.0)
-    rebalance = asyncio.create_task(one._consumer.revoke(moved))  # type: ignore[union-attr]
+    rebalance = asyncio.create_task(consumer(one).revoke(moved))
     for _ in range(20):
         await asyncio.sleep(0)
     assert not rebalance.done(), "the partitions left in the middle of a round"
@@ -891,10 +905,10 @@ async def test_a_rebalance_waits_for_the_round_in_progress(data: st.DataObject) 
     if moves_away:
         two = new_worker(broker, **mode)
         await two.start()
-        await two._consumer.join(moved)  # type: ignore[union-attr]
+        await consumer(two).join(moved)
         workers.append(two)
     else:
-        await one._consumer.join(moved)  # type: ignore[union-attr]
+        await consumer(one).join(moved)
     for _ in range(10):
         for worker in workers:
             await worker.step()
@@ -993,17 +1007,17 @@ async def test_a_former_owner_is_fenced_and_its_round_never_lands() -> None:
     moved = TopicPartition(INPUT, 0)
     two = new_worker(broker, **exactly_once)
     await two.start()
-    await two._consumer.join([moved])  # type: ignore[union-attr]
+    await consumer(two).join([moved])
     epoch = broker.epochs[f"{GROUP}-{INPUT}-0"]
     produce(broker, dict(list(streams.items())[4:]))
     for _ in range(5):
         await one.step()  # still believes it owns the moved partition: fenced there
         await two.step()
-    assert moved not in one._assignment
-    assert (INPUT, 0) in one._fenced
+    assert (INPUT, 0) not in one.assignment
+    assert (INPUT, 0) in fenced(one)
     assert broker.epochs[f"{GROUP}-{INPUT}-0"] == epoch, "the former owner fenced the new one"
-    assert not one._topics.failing, "a fenced producer says nothing about the topics it wrote to"
-    await one._consumer.revoke([moved])  # the group tells it, late
+    assert one.readiness()[0], "a fenced producer says nothing about the topics it wrote to"
+    await consumer(one).revoke([moved])  # the group tells it, late
     for _ in range(3):
         await one.step()
         await two.step()
@@ -1026,11 +1040,11 @@ async def test_a_partition_fenced_but_still_held_a_session_later_is_taken_back()
         broker.epochs[f"{GROUP}-{INPUT}-{partition}"] += 1
     produce(broker, dict(list(streams.items())[3:]))
     await worker.step()
-    assert worker._fenced
+    assert fenced(worker)
     now[0] += settings.kafka.session_timeout_ms / 1000
     for _ in range(5):
         await worker.step()
-    assert not worker._fenced
+    assert not fenced(worker)
     assert_one_event_per_call(broker, calls)
     assert_input_committed(broker)
 
@@ -1067,7 +1081,7 @@ async def test_a_transaction_that_never_commits_is_given_up_within_its_timeout()
         broker, delivery={"guarantee": "exactly_once", "transaction_timeout_ms": 1000}
     )
     await worker.start()
-    await worker._consumer.join()  # type: ignore[union-attr]
+    await consumer(worker).join()
     hold = broker.hold = Hold("commit_transaction")  # never released
     await asyncio.wait_for(worker.step(), timeout=5.0)
     assert hold.reached.is_set()
@@ -1106,16 +1120,16 @@ async def test_rounds_go_on_while_a_commit_waits_and_a_stop_waits_for_it() -> No
     await worker.start()
     hold = broker.hold = Hold("commit")
     await asyncio.wait_for(held_round(worker, broker, hold), timeout=5.0)
-    committing = worker._committing
-    assert committing is not None
-    assert not committing.done()
+    fake = consumer(worker)
     assert broker.committed == {}, "the first commit is held"
+    assert len(fake.commits_asked) == 1
     later = {f"t{i}": weather_call(f"t{i}", f"d{i}", f"town{i}") for i in range(6)}
     produce(broker, later)
     for _ in range(6):
         await asyncio.wait_for(worker.step(), timeout=1.0)
         broker.deliver()
-    assert worker._committing is committing, "one commit in flight at a time"
+    assert len(fake.commits_asked) == 1, "one commit in flight at a time"
+    assert broker.committed == {}
     assert_one_verdict_per_call(broker, calls | {f"d{i}" for i in range(6)})
     worker.request_stop()
     closing = asyncio.create_task(worker.close())
@@ -1157,7 +1171,7 @@ async def test_a_stop_does_not_wait_for_a_rebalance_in_progress() -> None:
     worker = new_worker(broker)
     await worker.start()
     await worker.step()
-    worker._consumer.held_up = asyncio.Event()  # type: ignore[union-attr]
+    consumer(worker).held_up = asyncio.Event()
     running = asyncio.create_task(worker.run())
     await asyncio.sleep(0)
     worker.request_stop()

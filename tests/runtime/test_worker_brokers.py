@@ -206,7 +206,7 @@ def judged(worker: Worker, events: int) -> Callable[[], Awaitable[bool]]:
     """Whether the worker wrote `events` events and has nothing in flight."""
 
     async def done() -> bool:
-        return worker.stats.events >= events and worker.ledger.idle()
+        return worker.stats.events >= events and worker.idle()
 
     return done
 
@@ -281,7 +281,7 @@ async def test_a_stopped_worker_s_open_calls_are_finished_by_the_next(
     try:
 
         async def all_open() -> bool:
-            return first.processor.assembler.open_calls == 12 and first.ledger.idle()
+            return first.processor.assembler.open_calls == 12 and first.idle()
 
         await run_until(first, all_open)
     finally:
@@ -321,7 +321,7 @@ async def test_a_pattern_that_matches_the_outcome_and_internal_topics_reads_only
         deadline = asyncio.get_running_loop().time() + 3
         while asyncio.get_running_loop().time() < deadline:  # what an echo would take
             await worker.step()
-        assigned = {tp.topic for tp in worker._assignment}
+        assigned = {topic for topic, _ in worker.assignment}
     finally:
         await worker.close()
     assert assigned == {run.input, f"{run.group}-idempotency-requests"}
@@ -372,7 +372,7 @@ async def test_inputs_found_and_grown_while_the_worker_runs_are_checkpointed_and
 
         def open_calls(count: int) -> Any:
             async def ready() -> bool:
-                return first.processor.assembler.open_calls == count and first.ledger.idle()
+                return first.processor.assembler.open_calls == count and first.idle()
 
             return ready
 
@@ -554,10 +554,9 @@ async def test_an_outcome_topic_deleted_while_its_writes_fail_is_judged_again_on
         return not running.done() and not (feeding.done() and feeding.exception() is not None)
 
     def state() -> str:
-        ledger = worker.ledger
         return (
-            f"readiness {worker.readiness()}, {ledger.pending_records} records unacknowledged "
-            f"in {ledger.rounds_in_flight} rounds, {worker.stats}"
+            f"readiness {worker.readiness()}, {worker.delivery.pending_records} records "
+            f"unacknowledged, {worker.stats}"
         )
 
     def produce_errors() -> float:
@@ -568,7 +567,7 @@ async def test_an_outcome_topic_deleted_while_its_writes_fail_is_judged_again_on
         return feeder.held and all(committed > 0 for committed, _ in offsets.values())
 
     async def finished() -> bool:
-        return feeder.done and worker.ledger.idle() and await run.input_committed()
+        return feeder.done and worker.idle() and await run.input_committed()
 
     try:
         # every partition has a checkpoint (and a commit) before the topic goes
@@ -624,7 +623,7 @@ async def test_an_outcome_topic_deleted_while_its_writes_fail_is_judged_again_on
             interval_s=0.1,
             context=state,
         )
-        assert worker.ledger.pending_records == 0
+        assert worker.delivery.pending_records == 0
         open_calls = metrics.get_sample_value("callgate_open_calls")
         lags = [
             metrics.get_sample_value(
@@ -639,7 +638,7 @@ async def test_an_outcome_topic_deleted_while_its_writes_fail_is_judged_again_on
             feeding.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await feeding
-    assert worker.ledger.idle()
+    assert worker.idle()
     assert lags == [0.0] * PARTITIONS
 
     inputs = await read_records(run.bootstrap, {run.input: PARTITIONS})
@@ -724,12 +723,12 @@ async def test_a_write_failing_because_its_topic_was_deleted_has_the_topic_check
 
     def state() -> str:
         return (
-            f"readiness {worker.readiness()}, {worker.ledger.pending_records} unacknowledged, "
+            f"readiness {worker.readiness()}, {worker.delivery.pending_records} unacknowledged, "
             f"{worker.stats}"
         )
 
     async def all_committed() -> bool:
-        return worker.ledger.idle() and await run.input_committed()
+        return worker.idle() and await run.input_committed()
 
     alive = lambda: not running.done()  # noqa: E731
     try:
@@ -770,9 +769,7 @@ async def test_input_deleted_before_it_was_judged_is_counted_and_skipped(
     settings = run.settings()
 
     async def judged_and_committed(worker: Worker, events: int) -> bool:
-        return (
-            worker.stats.events >= events and worker.ledger.idle() and await run.input_committed()
-        )
+        return worker.stats.events >= events and worker.idle() and await run.input_committed()
 
     first = worker_for(settings)
     await first.start()

@@ -1,219 +1,303 @@
 """The delivery protocol: what is written, acknowledged and committed, in which order, and why.
 
 The worker judges input in *rounds*: one fetched batch of its assigned partitions, and what that
-batch makes. Per input partition the state of its open calls (and vendor streams) is kept in a
-compacted changelog topic, co-partitioned with the input (`worker.runtime.checkpoints`). A
-checkpoint reflects an input offset: every record before it was fed, none after.
+batch makes (`worker.runtime.judging`). Per input partition the state of its open calls (and
+vendor streams) is kept in a compacted changelog topic, co-partitioned with the input
+(`worker.runtime.checkpoints`). A checkpoint reflects an input offset: every record before it
+was fed, none after. A round's records are of four kinds (`Kind`): outcome events and
+idempotency requests (`OUTPUT`), key-store changes (`KEY_CHANGE`), checkpoint frames
+(`CHECKPOINT`) and the tombstones that delete the frames a newer generation replaces
+(`TOMBSTONE`).
 
-`at_least_once` (the default; the only mode on a broker without transactions), for each round:
+`Delivery` is what a guarantee does with the rounds; there are two, each stating its steps in
+its own docstring:
 
-1. Fetch a batch; feed each partition's records to the processor. Every call the batch closes
-   is judged and becomes one record: an outcome event, or (a call with an idempotency key) a
-   request to the owner of the key. Records of idempotency requests are decided by their owner
-   and become outcome events and key-store changes.
-2. Take each input partition's checkpoint (what changed since the previous one) right away, so
-   it reflects exactly the records fed so far.
-3. Send every record of the round, batched per topic partition. The next round may start.
-4. When every record of this round and of every earlier round is acknowledged, and the outcome
-   topics were seen to exist after that (a broker may acknowledge writes to a deleted topic and
-   drop them; the state must not move past outputs that may be gone), send the round's
-   checkpoints, in round order (rounds ready together are sent together, each partition's
-   frames in order; a frame names its place, so a restore applies them in order regardless).
-5. When they are acknowledged, commit the round's input offsets (and the offsets of the
-   idempotency requests it decided), at most once per `kafka.commit_interval_ms`: one commit
-   at a time, beside the rounds (no round waits for it); a revoke or a stop waits for the
-   commit in flight, then commits the rest.
+- `at_least_once` (`worker.runtime.at_least_once.AtLeastOnce`; the default, and the only mode on
+  a broker without transactions): a round's records are written, then its checkpoints, then its
+  input offsets are committed, each step after the one before is acknowledged;
+- `exactly_once` (`worker.runtime.exactly_once.ExactlyOnce`; needs transactions): each owned
+  partition's round is one Kafka transaction of its records, its checkpoint and its next input
+  offset, which commit together or not at all.
 
-Why each crash point loses nothing and never yields a second, different verdict:
-- before 4: the last checkpoint is an earlier one; the partition is restored from it and the
-  records after it are fed again. The reassembler decides by the records alone (record time, no
-  wall clock), so the same calls close the same way: the re-emitted events equal the first ones
-  but for the measured phase timings (same `event_id`, same verdict, same fields).
-- between 4 and 5: on assignment the partition resumes right after the offset its checkpoint
-  reflects, whatever the committed offset says; a call is never judged from a fragment.
-- after 5: nothing is replayed.
-A record that is acknowledged only after a retry may be written twice: an identical duplicate,
-which consumers drop by `event_id`. An idempotency decision replayed after a crash finds its own
-key-store change (written in step 3) and re-emits the same event (`Decision.REPLAY`).
+Why no crash point loses a call or yields a second, different verdict:
 
-`exactly_once` (needs transactions): each owned partition (input or idempotency requests) has a
-transactional producer of its own, with the transactional id `<prefix>-<topic>-<partition>`
-(`delivery.transactional_id_prefix`, by default the group id; `worker.runtime.transactions`).
-Per round, steps 3 to 5 are one Kafka transaction per partition: the records the round made
-from that partition, its checkpoint and its next input offset (`send_offsets_to_transaction`)
-commit together or not at all. A partition whose transaction fails is rewound alone (restored
-from its committed checkpoint, fetching resumed there). When a partition's next owner opens its
-producer, the broker aborts the former owner's open transaction and refuses its later ones
-(`ProducerFenced`), so a former owner paused past its session cannot commit a round for a
-partition that has moved on; the fenced worker pauses the partition and forgets its state.
-Consumers of the outcome topics read with `isolation.level=read_committed` and never see an
-event twice.
-
-`Ledger` below is the bookkeeping of steps 3 to 5 for `at_least_once`; it is pure.
+- a partition is restored from its last checkpoint and the records after it are fed again. The
+  reassembler decides by the records alone (record time, no wall clock), so the same calls close
+  the same way: an event written again equals the first but for the measured phase timings
+  (same `event_id`, same verdict, same fields); under `exactly_once` only a committed round's
+  events are visible, so a `read_committed` reader sees each once;
+- a partition resumes right after the offset its checkpoint reflects, whatever the committed
+  offset says: a call is never judged from a fragment.
+- an idempotency decision made again after a crash finds its own key-store change (written with
+  the decision) and writes the same event (`Decision.REPLAY`).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING, Protocol
 
-#: (topic, partition)
-Partition = tuple[str, int]
+from aiokafka.errors import KafkaError
+
+from worker.core.processor import Emission
+from worker.errors import InfrastructureError, StateError
+from worker.metrics import Metrics
+from worker.runtime.checkpoints import ChangelogRecord
+from worker.runtime.ledger import Partition
+from worker.runtime.outbox import Record
+from worker.runtime.topic_watch import TopicWatch
+from worker.settings import Settings
+
+if TYPE_CHECKING:  # they use this module's types
+    from worker.runtime.fetcher import Fetcher
+    from worker.runtime.kafka import Kafka
+    from worker.runtime.partitions import State
+
+__all__ = [
+    "NOTHING_LOST",
+    "Context",
+    "Delivery",
+    "Judged",
+    "Kind",
+    "Lost",
+    "Origin",
+    "Outcomes",
+    "Partition",
+    "Stats",
+]
 
 
-class Stage(Enum):
-    SENDING = 1  # step 3: records sent, not all acknowledged
-    CHECKPOINTING = 2  # step 4: checkpoints sent, not all acknowledged
-    DONE = 3  # step 5: offsets may be committed
+class Kind(Enum):
+    """What an outbox record is, for what its acknowledgement moves."""
+
+    #: an outcome event, or an idempotency request to its key's owner
+    OUTPUT = "output"
+    #: a change of an idempotency key store (its compacted changelog)
+    KEY_CHANGE = "key-change"
+    #: a part of a checkpoint frame (an input partition's changelog)
+    CHECKPOINT = "checkpoint"
+    #: the deletion of a frame a newer generation replaced
+    TOMBSTONE = "tombstone"
 
 
 @dataclass(slots=True)
-class Round:
+class Origin:
+    """Where an outbox record comes from: its kind and input partition, and what a substitute
+    is made from when a topic refuses it for good."""
+
+    kind: Kind
+    partition: Partition
+    emission: Emission | None = None
+    #: the last record of a checkpoint frame: its size and kind, counted once acknowledged
+    frame_bytes: int = 0
+    full_frame: bool = False
+
+
+@dataclass(slots=True)
+class Judged:
+    """A judged round: what it made, per input partition it came from."""
+
     id: int
-    #: records sent in step 3 and not acknowledged yet, per input partition they came from
-    outstanding: dict[Partition, int]
-    #: what is written in step 4, per input partition: records (key, value, headers) in order
-    checkpoints: dict[Partition, list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]]
-    #: what is committed in step 5: the next offset to read, per partition
-    offsets: dict[Partition, int]
-    stage: Stage = Stage.SENDING
-    #: checkpoint records sent in step 4 and not acknowledged yet, per input partition
-    checkpoints_outstanding: dict[Partition, int] = field(default_factory=dict)
-    #: when the last of its records was acknowledged (the worker's clock)
-    acked_at: float | None = None
+    #: records made (handed to the delivery with `Delivery.add`)
+    records: dict[Partition, int] = field(default_factory=dict)
+    #: the checkpoint frames taken right after the partition's records were fed
+    checkpoints: dict[Partition, list[ChangelogRecord]] = field(default_factory=dict)
+    #: the next input offset of each partition the round read
+    offsets: dict[Partition, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
-class Ledger:
-    """Rounds in flight, oldest first, moved through the protocol's steps in order.
+class Stats:
+    """Counts since start, for logs and tests."""
 
-    Records and checkpoint records are counted per input partition, so forgetting a partition
-    (revoked, or rewound to its checkpoint) forgets what was still owed for it, whether the
-    outbox dropped those records or still sends them: a round never waits for a record that
-    will not be acknowledged, and a late acknowledgement of a forgotten one counts for nothing.
-    """
+    records: int = 0
+    emitted: int = 0
+    acknowledged: int = 0
+    #: outcome events acknowledged (what a reader of the outcome topics can count)
+    events: int = 0
+    substituted: int = 0
+    dropped: int = 0
+    commits: int = 0
+    commit_errors: int = 0
+    rebalances: int = 0
+    pauses: int = 0
+    checkpoints: int = 0
+    checkpoint_bytes: int = 0
+    rewinds: int = 0
 
-    _rounds: deque[Round] = field(default_factory=deque)
-    _by_id: dict[int, Round] = field(default_factory=dict)
-    _committable: dict[Partition, int] = field(default_factory=dict)
-    pending_records: int = 0
 
-    def open_round(
-        self,
-        round_id: int,
-        records: Mapping[Partition, int],
-        checkpoints: Mapping[Partition, list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]],
-        offsets: Mapping[Partition, int],
-    ) -> None:
-        """Step 3: a round's records, counted per input partition, were handed to the outbox
-        (ids only ever grow)."""
-        outstanding = {where: count for where, count in records.items() if count}
-        round_ = Round(round_id, outstanding, dict(checkpoints), dict(offsets))
-        if not outstanding:
-            round_.acked_at = float("-inf")
-        self._rounds.append(round_)
-        self._by_id[round_id] = round_
-        self.pending_records += sum(outstanding.values())
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """Partitions a delivery can no longer write for as they are: each is restored from its
+    committed state and fetched from there (`rewind`), or given up until the group assigns it
+    again (`fenced`: a newer owner has it)."""
 
-    def acknowledged(self, round_id: int, where: Partition, now: float, count: int = 1) -> None:
-        """`count` records of the round (step 3) made from partition `where` were acknowledged
-        at `now`."""
-        round_ = self._by_id.get(round_id)
-        if round_ is None or round_.stage is not Stage.SENDING:
-            return
-        owed = round_.outstanding.get(where)
-        if owed is None:
-            return  # the partition was forgotten
-        count = min(count, owed)
-        self.pending_records -= count
-        if count < owed:
-            round_.outstanding[where] = owed - count
-            return
-        del round_.outstanding[where]
-        if not round_.outstanding:
-            round_.acked_at = now
+    rewind: tuple[Partition, ...] = ()
+    fenced: tuple[Partition, ...] = ()
 
-    def awaiting_verification(self) -> bool:
-        """Some round's records are all acknowledged and its checkpoints wait (step 4)."""
-        return any(r.stage is Stage.SENDING and not r.outstanding for r in self._rounds)
+    def __bool__(self) -> bool:
+        return bool(self.rewind or self.fenced)
 
-    def checkpoints_to_send(self, verified_at: float) -> list[Round]:
-        """Step 4: rounds whose records, and every earlier round's, were all acknowledged
-        before `verified_at` (when the outcome topics were last seen to exist), and whose
-        checkpoints are not sent yet, oldest first. Marks them as checkpointing."""
-        ready: list[Round] = []
-        for round_ in self._rounds:
-            if round_.stage is not Stage.SENDING:
-                continue
-            if round_.outstanding or round_.acked_at is None or round_.acked_at > verified_at:
-                break
-            round_.stage = Stage.CHECKPOINTING
-            round_.checkpoints_outstanding = {
-                where: len(frames) for where, frames in round_.checkpoints.items() if frames
-            }
-            ready.append(round_)
-        self._settle()
-        return ready
 
-    def checkpoint_acknowledged(self, round_id: int, where: Partition, count: int = 1) -> None:
-        """`count` checkpoint records of the round, of partition `where`, were acknowledged."""
-        round_ = self._by_id.get(round_id)
-        if round_ is None or round_.stage is not Stage.CHECKPOINTING:
-            return
-        owed = round_.checkpoints_outstanding.get(where)
-        if owed is None:
-            return  # the partition was forgotten
-        if count < owed:
-            round_.checkpoints_outstanding[where] = owed - count
-            return
-        del round_.checkpoints_outstanding[where]
-        self._settle()
+NOTHING_LOST = Lost()
 
-    def _settle(self) -> None:
-        """Step 5: rounds fully written, in order, hand their offsets to the next commit."""
-        while self._rounds:
-            head = self._rounds[0]
-            if head.stage is not Stage.CHECKPOINTING or head.checkpoints_outstanding:
-                break
-            head.stage = Stage.DONE
-            self._rounds.popleft()
-            del self._by_id[head.id]
-            self._committable.update(head.offsets)
 
-    def take_committable(self) -> dict[Partition, int]:
-        """The offsets to commit now (each partition's latest); they are handed out once."""
-        offsets, self._committable = self._committable, {}
-        return offsets
+class Delivery(Protocol):
+    """What a guarantee does with the worker's rounds. The worker holds its round lock around
+    every call but `start` and `close`, so a rebalance never runs in the middle of one."""
 
-    def recommit(self, offsets: Mapping[Partition, int]) -> None:
-        """A commit failed: its offsets are committable again (unless newer ones are)."""
-        for tp, offset in offsets.items():
-            self._committable.setdefault(tp, offset)
+    async def start(self) -> None:
+        """Connect what the guarantee writes with."""
+        ...
 
-    def forget(self, partitions: Iterable[Partition], now: float) -> None:
-        """Partitions were revoked or rewound: nothing in flight may checkpoint or commit them,
-        and nothing still owed for them is waited for. A round that waited only for them is
-        acknowledged at `now`."""
-        gone = set(partitions)
-        for round_ in self._rounds:
-            waiting = bool(round_.outstanding)
-            for where in gone:
-                self.pending_records -= round_.outstanding.pop(where, 0)
-                round_.checkpoints.pop(where, None)
-                round_.checkpoints_outstanding.pop(where, None)
-                round_.offsets.pop(where, None)
-            if waiting and not round_.outstanding:
-                round_.acked_at = now
-        for where in gone:
-            self._committable.pop(where, None)
-        self._settle()
+    def writable(self, where: Partition) -> bool:
+        """Whether a round may judge the partition's records now."""
+        ...
+
+    def add(self, record: Record) -> None:
+        """A record the round being judged made."""
+        ...
+
+    async def submit(self, judged: Judged) -> Lost:
+        """The round is judged: every record it made was added."""
+        ...
+
+    async def advance(self, *, force: bool = False) -> Lost:
+        """Between rounds: move what is in flight on (`force`: commit what may be, now)."""
+        ...
 
     @property
-    def rounds_in_flight(self) -> int:
-        return len(self._rounds)
+    def pending_records(self) -> int:
+        """Records handed over and not acknowledged yet (fetching pauses above a bound)."""
+        ...
+
+    @property
+    def pauses_while_failing(self) -> bool:
+        """Whether fetching pauses while a topic's writes fail."""
+        ...
+
+    async def open(self, partitions: Iterable[Partition]) -> None:
+        """Before the partitions' state is restored. Raises `BrokerError` when they cannot be
+        written for."""
+        ...
+
+    async def release(self, partitions: Iterable[Partition]) -> None:
+        """The group takes the partitions away: finish what is in flight for them (bounded),
+        then let them go."""
+        ...
+
+    def forget(self, partitions: Iterable[Partition]) -> None:
+        """Drop what is queued or owed for the partitions (revoked, or rewound)."""
+        ...
+
+    def clear(self) -> None:
+        """Drop everything queued (a written topic was found deleted: every partition is
+        rewound)."""
+        ...
+
+    async def drain(self, deadline: float) -> None:
+        """Stopping: write and commit what is in flight, until done or the deadline."""
+        ...
+
+    async def close(self, timeout_s: float) -> None:
+        """Stop the clients (what is not committed by now is judged again by the next owner)."""
+        ...
 
     def idle(self) -> bool:
-        """Nothing sent is waiting for an acknowledgement, and nothing waits to be committed."""
-        return not self._rounds and not self._committable
+        """Nothing handed over waits for an acknowledgement or a commit."""
+        ...
+
+    async def settled(self) -> None:
+        """Until what runs beside the rounds for what was handed over so far (a commit) is
+        done."""
+        ...
+
+    def waiting(self) -> str:
+        """How rounds wait while a topic's writes fail, for readiness."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a delivery works with, built once by the worker."""
+
+    settings: Settings
+    kafka: Kafka
+    fetcher: Fetcher
+    state: State
+    topics: TopicWatch
+    metrics: Metrics
+    stats: Stats
+    #: an outcome record refused for good -> what to write instead (`Judge.substitute`)
+    substitute: Callable[[Record, KafkaError], Record | None]
+    #: stop the worker, and have it raise this (state that cannot be kept)
+    stop_fatally: Callable[[InfrastructureError], None]
+    clock: Callable[[], float]
+    #: the accepted, rejected and incomplete topics
+    outcome_topics: frozenset[str]
+
+
+class Outcomes:
+    """What both guarantees do with how records fared (the outbox's `Sink`).
+
+    An acknowledged record is counted (an outcome event, a checkpoint frame and its bytes). A
+    record refused for good: an outcome record is replaced by its `substitute` (None: there is
+    none, and it is dropped); a checkpoint frame or a key-store change stops the worker, as the
+    state it cannot keep would be lost; a tombstone is let go (the frame it deletes stays, and
+    a restore reads it and drops it). A failing write has the topics checked.
+    """
+
+    def __init__(self, context: Context) -> None:
+        self._context = context
+        self._topic_watch = context.topics
+        self._metrics = context.metrics
+        self._stats = context.stats
+
+    def add(self, record: Record) -> None:
+        raise NotImplementedError
+
+    def add_frames(self, round_id: int, where: Partition, frames: list[ChangelogRecord]) -> None:
+        """A checkpoint's frame records, in order; the last one counts the frame's size."""
+        changelog = self._context.state.changelog(where[0])
+        size = sum(len(value or b"") for _, value, _ in frames)
+        full = bool(frames) and dict(frames[0][2]).get("frame-kind") == b"full"
+        last = len(frames) - 1
+        for index, (key, value, headers) in enumerate(frames):
+            origin = Origin(Kind.CHECKPOINT, where)
+            if index == last:
+                origin.frame_bytes, origin.full_frame = size, full
+            self.add(Record(round_id, changelog, key, value, headers, where[1], origin))
+
+    def acknowledged(self, record: Record) -> None:
+        origin: Origin = record.origin
+        if origin.kind in (Kind.OUTPUT, Kind.KEY_CHANGE):
+            self._stats.acknowledged += 1
+            if record.topic in self._context.outcome_topics:
+                self._stats.events += 1
+        elif origin.kind is Kind.CHECKPOINT and origin.frame_bytes:
+            self._stats.checkpoints += 1
+            self._stats.checkpoint_bytes += origin.frame_bytes
+            self._metrics.checkpoint(origin.frame_bytes, full=origin.full_frame)
+
+    def refused(self, record: Record, error: KafkaError) -> Record | None:
+        kind = record.origin.kind
+        if kind in (Kind.CHECKPOINT, Kind.KEY_CHANGE):
+            self._context.stop_fatally(
+                StateError(
+                    f"{record.topic} refuses writes for good ({error!r}): the worker stops, "
+                    "as state it cannot keep would be lost"
+                )
+            )
+            return None
+        if kind is Kind.TOMBSTONE:
+            return None
+        return self._context.substitute(record, error)
+
+    def topic_failing(self, topic: str, error: KafkaError) -> None:
+        self._metrics.produce_error()
+        self._topic_watch.write_failing(topic, error)
+
+    def topic_recovered(self, topic: str) -> None:
+        self._topic_watch.write_recovered(topic)

@@ -7,13 +7,15 @@ that succeeds says nothing of its topic. A check starts at most once per interva
 wanted (checkpoints wait for one: `verified_at`), and at the next chance when a write fails
 (`suspect`).
 
-`finished()` says what a done check found, as a `Found`; the worker acts on it
-(`Worker._apply_check`): a state topic gone stops it, an outcome topic gone rewinds every
-partition, and nothing is judged until the topic is back. A state topic is taken for gone only
-once every check for `STATE_GONE_AFTER_S` missed it: the node a check asks may not have caught
-up with the cluster yet (a topic made a moment ago, as the state topics are at start, is not
-known to every broker at once), and stopping is for good. Until then nothing is verified, so
-no checkpoint is sent and nothing is committed. Time is the caller's clock.
+A check's outcome is taken in as soon as it is done (`verified_at` moves then, whoever waits
+for it); `finished()` hands what the checks done since it was last called found, as a `Found`,
+to the worker, which acts on it (`Worker._apply_check`): a state topic gone stops it, an
+outcome topic gone rewinds every partition, and nothing is judged until the topic is back. A
+state topic is taken for gone only once every check for `STATE_GONE_AFTER_S` missed it: the
+node a check asks may not have caught up with the cluster yet (a topic made a moment ago, as
+the state topics are at start, is not known to every broker at once), and stopping is for
+good. Until then nothing is verified, so no checkpoint is sent and nothing is committed. Time
+is the caller's clock.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class TopicWatch:
         #: when the topics written to were last seen to exist (checkpoints wait for it)
         self.verified_at = float("-inf")
         self._check: asyncio.Future[list[str]] | None = None
+        #: what the checks done since `finished()` was last called found
+        self._found: Found | None = None
         self._started = float("-inf")
         self._last = float("-inf")
         #: state topic -> when the first of the checks that have missed it since started
@@ -95,9 +99,11 @@ class TopicWatch:
         """Start a check unless one runs or the last started within the interval."""
         if self._check is None and self._clock() - self._last >= self._interval_s:
             self._last = self._started = self._clock()
-            self._check = asyncio.ensure_future(
+            check = asyncio.ensure_future(
                 self._missing_topics([*self._written, *self.state_topics])
             )
+            check.add_done_callback(self._checked)
+            self._check = check
 
     async def wait(self, timeout_s: float) -> None:
         """Until the running check is done, or `timeout_s`."""
@@ -107,16 +113,32 @@ class TopicWatch:
             await asyncio.sleep(timeout_s)
 
     def finished(self) -> Found | None:
-        """What the check found, once it is done (None while it runs, or when it failed)."""
-        check = self._check
-        if check is None or not check.done():
-            return None
+        """What the checks done since the last call found (None: none is done, or every one
+        failed)."""
+        found, self._found = self._found, None
+        return found
+
+    def _checked(self, check: asyncio.Future[list[str]]) -> None:
+        if check is not self._check:
+            return
         self._check = None
+        if check.cancelled():
+            return
         try:
             missing = check.result()
         except KafkaError as exc:
             log.warning("cannot check that the output topics exist: %r", exc)
-            return None
+            return
+        found = self._found_in(missing)
+        earlier = self._found
+        if earlier is not None:  # not taken yet: both are news
+            found = Found(
+                tuple(sorted({*earlier.state_gone, *found.state_gone})),
+                tuple(sorted({*earlier.newly_missing, *found.newly_missing})),
+            )
+        self._found = found
+
+    def _found_in(self, missing: list[str]) -> Found:
         gone = self._state_gone(missing)
         if gone:
             return Found(state_gone=gone)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.runtime.delivery import Ledger
+from worker.runtime.ledger import Ledger
 
 FRAME = (b"k", b"v", [])
 P0, P1 = ("in", 0), ("in", 1)

@@ -1,0 +1,189 @@
+"""Judging a round: what a fetched batch makes, as records to write.
+
+Each input partition's records are fed to the processor (`worker.core.processor`); every call
+they close becomes one record: its outcome event, or (a call with an idempotency key that passed
+every other phase) a request to the owner of its key. Each idempotency-requests partition's
+records are decided by its owner (`worker.runtime.keys`) into outcome events and key-store
+changes. The records go to the delivery (`worker.runtime.delivery`) as they are made, each with
+its `Origin`; the metrics are updated from the outcomes here, once per call.
+
+A record a topic refuses for good is replaced by a bounded rejection naming the error
+(`substitute`), written to the rejected topic; one refused there has no place left.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+
+from worker.core.events import encode, record_headers, substitute_rejection
+from worker.core.processor import Processor, Route
+from worker.metrics import Metrics
+from worker.model import Code, Outcome, Phase
+from worker.runtime.checkpoints import ChangelogRecord
+from worker.runtime.delivery import Judged, Kind, Origin, Partition, Stats
+from worker.runtime.keys import KeyOwners
+from worker.runtime.outbox import Record
+from worker.settings import Settings
+
+log = logging.getLogger("callgate.worker")
+
+
+class Judge:
+    """Turns fetched batches into rounds of records."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        processor: Processor,
+        owners: KeyOwners,
+        metrics: Metrics,
+        stats: Stats,
+        *,
+        requests_topic: str,
+        keys_topic: str,
+    ) -> None:
+        self._processor = processor
+        self._owners = owners
+        self._metrics = metrics
+        self._stats = stats
+        self._limits = settings.limits
+        self._requests = requests_topic
+        self._keys = keys_topic
+        topics = settings.topics
+        self._rejected = topics.rejected
+        self._topic_of: dict[str, str] = {
+            Route.ACCEPTED: topics.accepted,
+            Route.REJECTED: topics.rejected,
+            Route.INCOMPLETE: topics.incomplete,
+            Route.IDEMPOTENCY: requests_topic,
+        }
+        self._next_round = 0
+        self._dropped = (0, 0)  # the reassembler's dropped-chunk counts already reported
+
+    def round(
+        self,
+        batch: Mapping[TopicPartition, list[Any]],
+        add: Callable[[Record], None],
+        checkpoint: Callable[[str, int], list[ChangelogRecord]],
+    ) -> Judged:
+        """The batch judged: each record made handed to `add` as it is made, each input
+        partition checkpointed right after its records were fed."""
+        judged = Judged(self._next_round)
+        self._next_round += 1
+        for tp, fetched in batch.items():
+            if not fetched:
+                continue
+            where = (tp.topic, tp.partition)
+            self._stats.records += len(fetched)
+            judged.offsets[where] = fetched[-1].offset + 1
+            if tp.topic == self._requests:
+                judged.records[where] = self._decide_keys(judged.id, tp.partition, fetched, add)
+                continue
+            judged.records[where] = self._feed(judged.id, where, fetched, add)
+            judged.checkpoints[where] = checkpoint(tp.topic, tp.partition)
+        assembler = self._processor.assembler
+        self._metrics.set_open_calls(assembler.open_calls)
+        self._metrics.set_buffered_bytes(assembler.buffered_bytes)
+        duplicate, late = assembler.duplicate_chunks, assembler.late_chunks
+        self._metrics.add_dropped_chunks(duplicate - self._dropped[0], late - self._dropped[1])
+        self._dropped = (duplicate, late)
+        return judged
+
+    def _feed(
+        self, round_id: int, where: Partition, fetched: list[Any], add: Callable[[Record], None]
+    ) -> int:
+        """An input partition's records fed to the processor; its calls closed, as records."""
+        self._metrics.add_records(len(fetched))
+        made = 0
+        for emission in self._processor.feed(where[0], where[1], fetched):
+            add(
+                Record(
+                    round_id,
+                    self._topic_of[emission.route],
+                    emission.key,
+                    emission.value,
+                    emission.headers,
+                    origin=Origin(Kind.OUTPUT, where, emission),
+                )
+            )
+            # a keyed call's phases and repairs count here; its outcome where its key's owner
+            # decides
+            self._metrics.observe(emission.verdict, emission.call.tool)
+            made += 1
+        self._stats.emitted += made
+        return made
+
+    def _decide_keys(
+        self, round_id: int, partition: int, fetched: list[Any], add: Callable[[Record], None]
+    ) -> int:
+        """The owner's decisions on idempotency requests: events, and key-store changes."""
+        where = (self._requests, partition)
+        count = 0
+        for decided in self._owners.decide(partition, fetched):
+            resolution = decided.resolution
+            schema = resolution.schema
+            version = schema.version if schema is not None else None
+            headers = record_headers(resolution.outcome, resolution.tool, version)
+            add(
+                Record(
+                    round_id,
+                    self._topic_of[resolution.outcome],
+                    resolution.call_id.encode(),
+                    resolution.event,
+                    headers,
+                    None,
+                    Origin(Kind.OUTPUT, where),
+                )
+            )
+            for key, value in decided.changes:
+                origin = Origin(Kind.KEY_CHANGE, where)
+                add(Record(round_id, self._keys, key, value, [], partition, origin))
+            count += 1 + len(decided.changes)
+            self._metrics.idempotency_decision(resolution.decision)
+            self._metrics.decided(
+                resolution.outcome,
+                resolution.tool,
+                Phase.IDEMPOTENCY if resolution.code is not None else None,
+                resolution.code,
+            )
+        self._metrics.set_idempotency_keys(len(self._owners))
+        return count
+
+    def substitute(self, record: Record, error: KafkaError) -> Record | None:
+        """An outcome record refused for good: the rejection to write in its place, or None
+        (it was a rejection already, or has no call to reject: it is dropped, and counted)."""
+        origin: Origin = record.origin
+        emission = origin.emission
+        if emission is None or record.topic == self._rejected:
+            self._stats.dropped += 1
+            self._metrics.event_dropped()
+            log.error(
+                "an event for %s was refused for good, with no place for a substitute: %r",
+                record.topic,
+                error,
+            )
+            return None
+        limits = self._limits
+        detail = f"{record.topic} refused the event ({type(error).__name__})"
+        substitute = substitute_rejection(
+            emission.verdict, Code.OUTPUT_REFUSED, detail, limits.max_feedback_bytes
+        )
+        call = emission.call
+        value = encode(call, substitute, limits.max_event_bytes, limits.max_feedback_bytes)
+        self._stats.substituted += 1
+        self._metrics.event_substituted()
+        version = substitute.schema.version if substitute.schema is not None else None
+        return Record(
+            record.round_id,
+            self._rejected,
+            call.call_id.encode(),
+            value,
+            record_headers(Outcome.REJECTED, call.tool, version),
+            None,
+            Origin(Kind.OUTPUT, origin.partition),
+        )
