@@ -332,7 +332,7 @@ def _replay(run: str, file: str, fmt: str, scenario: str) -> _Stream:
     sid = f"{run}:rec-{file.split('.', maxsplit=1)[0]}"
     headers: Headers = (("content-format", fmt.encode()),)
     data = resources.files("callgate_demo").joinpath("samples", file).read_bytes()
-    values = list(read_records(io.BytesIO(data), fmt))
+    values = [value for value in read_records(io.BytesIO(data), fmt) if isinstance(value, bytes)]
     return _Stream(sid, scenario, tuple((value, headers) for value in values))
 
 

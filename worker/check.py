@@ -2,8 +2,14 @@
 
 It runs the same `Processor` as the Kafka worker: each input line is a record of partition 0 of
 a topic named after the input, at the line's number as offset, with no timestamp (so no call
-times out; the end of the input ends every call still open). Idempotency keys are decided in
-the same process, by the same rule the key owners of a worker group apply.
+times out; the end of the input ends every call still open). Envelopes are records without a
+key, as a producer that sets none sends them; vendor events are keyed by their stream id.
+Idempotency keys are decided in the same process, by the same rule the key owners of a worker
+group apply. So `check` and `run` give the same events for the same records.
+
+A record that cannot be read (not UTF-8, not JSON, longer than the input bound) is its own
+`malformed_record`, as in the worker, and the rest of the file is judged; why it could not be
+read goes to the log.
 
 Without a format, the input's own first records tell it (`worker.detect`). Exit status (what a
 pipeline gates on): `PASSED` every call judged, none with an outcome `--fail-on` names;
@@ -14,6 +20,7 @@ or a contract cannot be used.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -24,15 +31,20 @@ import orjson
 
 from worker.adapters import mcp
 from worker.adapters.decoder import ENVELOPE
-from worker.adapters.input import read_records
+from worker.adapters.input import Read, RecordFault, read_lines, read_records
+from worker.core.events import MAX_TOPIC_BYTES
 from worker.core.idempotency import KeyStore, resolve
 from worker.core.processor import Emission, Processor, Route
 from worker.detect import detect, peek
 from worker.errors import ConfigError
 from worker.model import Outcome
 
+log = logging.getLogger("callgate.check")
+
 _BOM = b"\xef\xbb\xbf"
 _BATCH = 1000
+#: the longest record read from a file (Kafka's own default bound is 1 MiB)
+MAX_RECORD_BYTES = 16 * 1024 * 1024
 
 #: exit statuses: every call judged, none with an outcome `--fail-on` names; some had one
 PASSED, FAILED_ON = 0, 1
@@ -56,15 +68,22 @@ def _records(
     headers = dict(extra) if fmt == ENVELOPE else {**extra, "content-format": fmt}
     encoded = tuple((k, v.encode()) for k, v in headers.items())
     key = stream_id.encode() if fmt != ENVELOPE else None
-    if fmt == ENVELOPE:
-        values: Iterator[bytes] = (line.rstrip(b"\r\n") for line in source)
+    values: Iterator[Read]
+    if fmt == ENVELOPE:  # every line, blank ones too: a record's offset is its line's number
+        values = read_lines(b"", source, MAX_RECORD_BYTES)
     else:
-        values = read_records(source, fmt)
+        values = read_records(source, fmt, max_record_bytes=MAX_RECORD_BYTES)
     for offset, value in enumerate(values):
-        if offset == 0 and fmt == ENVELOPE:
-            value = value.removeprefix(_BOM)  # noqa: PLW2901 (a file may start with a BOM)
-        if fmt == ENVELOPE and not value.strip():
+        if isinstance(value, RecordFault):
+            log.warning("%s: record %d cannot be read: %s", name, offset, value.detail)
+            # no text: the record's own strict parse rejects it, as any unreadable record
+            yield FileRecord(name, 0, offset, None, key, b"", encoded)
             continue
+        if fmt == ENVELOPE:
+            if offset == 0:
+                value = value.removeprefix(_BOM)  # noqa: PLW2901 (a file may start with a BOM)
+            if not value.strip():
+                continue
         yield FileRecord(name, 0, offset, None, key, value, encoded)
 
 
@@ -100,16 +119,23 @@ def run_check(
             out.write(value + b"\n")
 
     stream = stream_id or Path(name).stem or "stream"
+    topic = _topic(name)
     batch: list[FileRecord] = []
-    for record in _records(source, name, fmt, stream, headers or {}):
+    for record in _records(source, topic, fmt, stream, headers or {}):
         batch.append(record)
         if len(batch) >= _BATCH:
-            write(processor.feed(name, 0, batch))
+            write(processor.feed(topic, 0, batch))
             batch = []
-    write(processor.feed(name, 0, batch))
+    write(processor.feed(topic, 0, batch))
     write(processor.flush())
     out.flush()
     return tally
+
+
+def _topic(name: str) -> str:
+    """The input's name as the records' topic, cut to the longest topic name Kafka allows."""
+    cut = name.encode("utf-8", "replace")[:MAX_TOPIC_BYTES]
+    return cut.decode("utf-8", "ignore")
 
 
 def format_summary(tally: Counter[tuple[str, str, str]]) -> str:

@@ -71,12 +71,21 @@ def build_assembler(settings: Settings) -> Assembler:
     )
 
 
+def build_decoder(settings: Settings) -> Decoder:
+    limits = settings.limits
+    return Decoder(
+        max_streams_per_partition=limits.max_open_calls_per_partition,
+        closed_streams_per_partition=limits.recently_closed_per_partition,
+        max_id_bytes=limits.max_id_bytes,
+    )
+
+
 def build_processor(settings: Settings, registry: SchemaRegistry | None = None) -> Processor:
     limits = settings.limits
     registry = registry if registry is not None else build_registry(settings)
     return Processor(
         build_assembler(settings),
-        Decoder(max_streams_per_partition=limits.max_open_calls_per_partition),
+        build_decoder(settings),
         build_gate(settings, registry),
         EventLimits(
             max_event_bytes=limits.max_event_bytes,

@@ -24,7 +24,7 @@ import orjson
 
 from worker.adapters import anthropic, mcp, openai_chat, openai_responses
 from worker.adapters.decoder import ENVELOPE, formats
-from worker.adapters.input import read_records
+from worker.adapters.input import RecordFault, read_records
 from worker.errors import ConfigError, InputFormatError
 
 #: How much of the input is read to tell its format.
@@ -128,6 +128,8 @@ def _head_events(head: bytes) -> Iterator[dict[str, Any]]:
         for index, record in enumerate(records):
             if index >= HEAD_RECORDS:
                 return
+            if isinstance(record, RecordFault):
+                continue
             try:
                 event = orjson.loads(record)
             except orjson.JSONDecodeError:

@@ -15,6 +15,7 @@ from typing import Any
 from worker._native import AssembledCall, Chunk, Verdict
 
 __all__ = [
+    "MAX_DEPTH",
     "AssembledCall",
     "Chunk",
     "ChunkKind",
@@ -29,6 +30,11 @@ __all__ = [
     "Verdict",
     "Violation",
 ]
+
+#: The deepest nesting any JSON callgate reads or writes may have: every parser (arguments,
+#: envelopes, vendor records, tool results) stops there with its own rejection, and every
+#: encoder writes that deep (orjson's own limit is 254 levels).
+MAX_DEPTH = 254
 
 
 class Outcome(StrEnum):

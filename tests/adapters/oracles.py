@@ -188,7 +188,11 @@ def sdk_anthropic(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") ->
                 )
             build_events(event=event, message_snapshot=snapshot)
             calls = {
-                str(block.id): Call(block.name, buffers.get(index, b"").decode())
+                # a block that took no text keeps the input it started with
+                str(block.id): Call(
+                    block.name,
+                    buffers.get(index, b"").decode() or orjson.dumps(block.input).decode(),
+                )
                 for index, block in enumerate(snapshot.content)
                 if getattr(block, "type", None) == "tool_use"
             }
@@ -268,8 +272,14 @@ def assembler(**overrides: int) -> Assembler:
     return Assembler(**bounds)
 
 
-def decoder() -> Decoder:
-    return Decoder(max_streams_per_partition=_DEFAULTS.limits.max_open_calls_per_partition)
+def decoder(max_streams: int | None = None, *, closed: int | None = None) -> Decoder:
+    """The worker's decoder (its bounds from the default settings, unless given)."""
+    limits = _DEFAULTS.limits
+    return Decoder(
+        max_streams_per_partition=max_streams or limits.max_open_calls_per_partition,
+        closed_streams_per_partition=closed or limits.recently_closed_per_partition,
+        max_id_bytes=limits.max_id_bytes,
+    )
 
 
 def chunks_of(

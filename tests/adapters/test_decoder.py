@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from tests.adapters import streamgen
-from tests.adapters.oracles import ANTHROPIC, CHAT, MCP, Record, encode, records
+from tests.adapters.oracles import ANTHROPIC, CHAT, MCP, Record, decoder, encode, records
 from worker._native import Chunk
 from worker.adapters import decoder as decoder_module
 from worker.adapters.decoder import Decoder, formats
@@ -23,7 +23,7 @@ RESULT = b'{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":false}}'
 
 def one(value: bytes, fmt: str = MCP, key: bytes | None = b"s", **headers: str) -> list[Chunk]:
     (record,) = records(fmt, [value], headers={"tool": "t", **headers})
-    return Decoder(max_streams_per_partition=10).decode(record._replace(key=key), fmt)
+    return decoder(10).decode(record._replace(key=key), fmt)
 
 
 def kinds(chunks: list[Chunk]) -> list[tuple[str, str | None]]:
@@ -79,7 +79,7 @@ def test_a_bad_event_aborts_every_call_the_stream_holds_and_drops_its_later_reco
     values = _anthropic("a", calls=2)
     bad = _tool_starts(values)[1] + 1  # the second block is open, the first stopped and held
     values[bad] = b'{"type":"content_block_delta","index":2,"delta":{"type":"text_delta"}}'
-    dec = Decoder(max_streams_per_partition=10)
+    dec = decoder(10)
     out = [
         chunk for record in records(ANTHROPIC, values) for chunk in dec.decode(record, ANTHROPIC)
     ]
@@ -117,7 +117,7 @@ def test_an_adapter_bug_is_the_records_internal_error_and_is_logged(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(decoder_module.ADAPTERS, CHAT, _Buggy)
-    dec = Decoder(max_streams_per_partition=10)
+    dec = decoder(10)
     first, second = records(CHAT, [b"{}", b"{}"], "s")
     dec.decode(first, CHAT)
     with caplog.at_level(logging.ERROR, logger="callgate.decoder"):
@@ -131,7 +131,7 @@ def test_an_adapter_bug_is_the_records_internal_error_and_is_logged(
 
 
 def test_streams_are_kept_per_partition_and_dropped_with_it() -> None:
-    dec = Decoder(max_streams_per_partition=10)
+    dec = decoder(10)
     start = _anthropic("a")[:2]
     for partition in (0, 1):
         for record in records(ANTHROPIC, start, "a", partition=partition):
@@ -150,7 +150,7 @@ def _feed(dec: Decoder, stream: str, values: list[bytes], offset: int) -> list[C
 
 
 def test_past_the_bound_of_streams_the_least_recently_active_one_is_aborted() -> None:
-    dec = Decoder(max_streams_per_partition=2)
+    dec = decoder(2)
     start = _tool_starts(_anthropic("a"))[0]
     head = {name: _anthropic(name)[: start + 1] for name in "abc"}  # the tool block open
     _feed(dec, "a", head["a"], 0)
@@ -160,11 +160,11 @@ def test_past_the_bound_of_streams_the_least_recently_active_one_is_aborted() ->
     assert (ChunkKind.ABORT, "toolu_b_0") in kinds(out)
     state = dec.state("in", 0, full=True)
     assert [s[1] for s in state["streams"]] == ["a", "c"]
-    assert state["corrupt"] == [[ANTHROPIC, "b"]]
+    assert state["closed"] == [[ANTHROPIC, "b", "corrupt"]]
 
 
 def test_past_the_bound_of_calls_held_the_least_recently_active_stream_is_aborted() -> None:
-    dec = Decoder(max_streams_per_partition=4)
+    dec = decoder(4)
     a = _anthropic("a", calls=3)
     b = _anthropic("b", calls=2)
     third_start = _tool_starts(a)[2]
@@ -184,25 +184,29 @@ def test_past_the_bound_of_calls_held_the_least_recently_active_stream_is_aborte
 
 
 def test_a_record_of_a_corrupt_stream_is_dropped_before_it_is_parsed() -> None:
-    dec = Decoder(max_streams_per_partition=10)
+    dec = decoder(10)
     bad, later = records(ANTHROPIC, [b'{"type":"content_block_stop","index":0}', b"not json"], "s")
     assert [c.kind for c in dec.decode(bad, ANTHROPIC)] == [ChunkKind.MALFORMED]
     assert dec.decode(later, ANTHROPIC) == []
     assert dec.dropped_records == 1
 
 
-def test_a_finished_stream_is_forgotten_and_its_id_may_start_again() -> None:
-    dec = Decoder(max_streams_per_partition=10)
+def test_a_stream_ends_once_and_an_event_after_its_end_breaks_it() -> None:
+    dec = decoder(10)
     values = _anthropic("a")
     out = _feed(dec, "a", values, 0)
     assert out[-1].kind == ChunkKind.END
-    assert dec.state("in", 0, full=True)["streams"] == []
-    again = _feed(dec, "a", values, 100)
-    assert [c.kind for c in again] == [c.kind for c in out]
+    state = dec.state("in", 0, full=True)
+    assert (state["streams"], state["closed"]) == ([], [[ANTHROPIC, "a", "ended"]])
+    again = _feed(dec, "a", values, 100)  # the same message again: its first event breaks it
+    assert [c.kind for c in again] == [ChunkKind.MALFORMED]
+    assert "after the end of its stream" in again[0].delta
+    assert dec.dropped_records == len(values) - 1
+    assert dec.state("in", 0, full=True)["closed"] == [[ANTHROPIC, "a", "corrupt"]]
 
 
 def test_headers_of_the_streams_first_record_reach_its_adapter() -> None:
-    dec = Decoder(max_streams_per_partition=10)
+    dec = decoder(10)
     record = Record("in", 0, 0, 1, b"s", RESULT, (("content-format", b"mcp.result"),))
     with_tool = record._replace(headers=(*record.headers, ("tool", b"t"), ("traceparent", b"tp")))
     (chunk,) = dec.decode(with_tool, MCP)
@@ -210,7 +214,7 @@ def test_headers_of_the_streams_first_record_reach_its_adapter() -> None:
 
 
 def test_a_bad_mcp_result_breaks_only_itself() -> None:
-    dec = Decoder(max_streams_per_partition=10)
+    dec = decoder(10)
     bad, good = records(MCP, [b'{"jsonrpc":"1.0"}', RESULT], "s", headers={"tool": "t"})
     assert [c.kind for c in dec.decode(bad, MCP)] == [ChunkKind.MALFORMED]
     (chunk,) = dec.decode(good, MCP)

@@ -291,14 +291,6 @@ def test_an_empty_delta_after_the_finish_changes_nothing_and_is_taken() -> None:
     assert outcomes(events) == {"c0": "complete", "c1:1": "complete"}
 
 
-def test_the_adapter_refuses_events_after_its_end() -> None:
-    adapter = OpenAIChatAdapter("s1", {}, None, max_calls=10)
-    adapter.feed(chunk(finish="stop"))
-    assert adapter.finished
-    with pytest.raises(InputFormatError, match="after the end of the stream"):
-        adapter.feed(chunk(content="x"))
-
-
 def test_a_stream_past_its_bound_of_calls_is_broken() -> None:
     adapter = OpenAIChatAdapter("s1", {}, None, max_calls=2)
     adapter.feed(chunk(tool_calls=tool(0, "{}", "c0", "t")))

@@ -11,7 +11,6 @@ from openai._streaming import SSEDecoder as SdkDecoder
 
 from tests.adapters.oracles import RECORDED
 from worker.adapters.sse import SSEDecoder, SSEEvent
-from worker.errors import InputFormatError
 
 FILES = sorted(RECORDED.glob("*/*.sse"))
 
@@ -36,7 +35,7 @@ def sdk(data: bytes) -> list[tuple[str | None, str]]:
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
 def test_recorded_streams_decode_as_the_sdk_decodes_them(path: Path) -> None:
     data = path.read_bytes()
-    ours = [(e.event, e.data) for e in decode(data)]
+    ours = [(e.event, e.data.decode()) for e in decode(data)]
     assert ours == sdk(data)
     assert len(ours) >= 5
 
@@ -66,23 +65,28 @@ def test_grammar_details() -> None:
         "data: last, no blank line after it"
     ).encode()
     assert decode(text) == [
-        SSEEvent("a", "no space\n two spaces", "7"),
-        SSEEvent(None, "", "7"),
-        SSEEvent(None, "last, no blank line after it", "7"),
+        SSEEvent("a", b"no space\n two spaces", "7"),
+        SSEEvent(None, b"", "7"),
+        SSEEvent(None, b"last, no blank line after it", "7"),
     ]
 
 
-def test_utf8_split_inside_a_character_and_invalid_utf8() -> None:
+def test_utf8_split_inside_a_character_and_invalid_utf8_kept_as_it_came() -> None:
     body = "data: Zürich 東京\n\n".encode()
-    assert decode(body, [9, 10, 16, 17]) == [SSEEvent(None, "Zürich 東京")]
-    with pytest.raises(InputFormatError, match="line 1 is not valid UTF-8"):
-        decode(b"data: \xff\n\n")
+    assert decode(body, [9, 10, 16, 17]) == [SSEEvent(None, "Zürich 東京".encode())]
+    # bytes that are not UTF-8 are the record's to refuse (never replaced by U+FFFD)
+    assert decode(b"data: \xff{}\n\nevent: \xfe\ndata: 1\n\n") == [
+        SSEEvent(None, b"\xff{}"),
+        SSEEvent("\ufffd", b"1"),
+    ]
 
 
-def test_an_event_larger_than_the_bound_is_refused() -> None:
+def test_an_event_larger_than_the_bound_is_a_fault_and_the_next_is_read() -> None:
     decoder = SSEDecoder(max_event_bytes=100)
-    decoder.feed(b"data: " + b"x" * 50 + b"\n")
-    with pytest.raises(InputFormatError, match="larger than 100 bytes"):
-        decoder.feed(b"data: " + b"x" * 50 + b"\n")
-    with pytest.raises(InputFormatError, match="larger than 100 bytes"):
-        SSEDecoder(max_event_bytes=100).feed(b"data: " + b"y" * 200)
+    events = decoder.feed(b"data: " + b"x" * 50 + b"\n")
+    events += decoder.feed(b"data: " + b"x" * 50 + b"\ndata: more\n\ndata: next\n\n")
+    fault = "the SSE event at line 2 is larger than 100 bytes"
+    assert events == [SSEEvent(None, b"", fault=fault), SSEEvent(None, b"next")]
+    decoder = SSEDecoder(max_event_bytes=100)
+    assert decoder.feed(b"data: " + b"y" * 200) == []
+    assert decoder.flush() == [SSEEvent(None, b"", fault=fault.replace("2", "1"))]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tests.adapters import streamgen
 from tests.adapters.mutations import mutated
-from tests.adapters.oracles import MCP, Record, encode, records
+from tests.adapters.oracles import MCP, Record, decoder, encode, records
 from tests.adapters.test_integrity import STREAMS, _random_stream
 from worker._native import Chunk
 from worker.adapters.decoder import ADAPTERS, ENVELOPE, Decoder
@@ -153,16 +153,16 @@ def test_a_partition_restored_from_its_checkpoints_decodes_the_rest_as_the_origi
     batch = partition_records(seed)
     points = sorted({round(c * len(batch)) for c in cuts})
     for k in range(1, len(points) + 1):
-        original = Decoder(max_streams_per_partition=bound)
+        original = decoder(bound)
         states: list[dict[str, Any]] = []
         done = 0
         for n, point in enumerate(points[:k]):
             decode_all(original, batch[done:point])
             done = point
             states.append(roundtrip(original.state("in", 0, full=n == 0)))
-        restored = Decoder(max_streams_per_partition=bound)
+        restored = decoder(bound)
         restored.restore("in", 0, states)
-        again = Decoder(max_streams_per_partition=bound)
+        again = decoder(bound)
         again.restore("in", 0, [roundtrip(restored.state("in", 0, full=True))])
         expected = decode_all(original, batch[done:])
         assert decode_all(restored, batch[done:]) == expected, f"{k} states, at {done}"

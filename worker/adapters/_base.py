@@ -9,9 +9,15 @@ JSON value (`state`, read back by its constructor) for a partition's checkpoint.
 The rules every streaming adapter keeps:
 
 - An event the adapter cannot place (a field of the wrong type, a structure that contradicts the
-  stream so far, an event after the end) raises `InputFormatError`; the decoder then ends every
-  call in `open_calls()` as `stream_corrupt` and drops the stream's later records. Nothing is
-  skipped silently: a piece of argument text is either taken, or its event breaks the stream.
+  stream so far) raises `InputFormatError`; the decoder then ends every call in `open_calls()`
+  as `stream_corrupt` and drops the stream's later records. Nothing is skipped silently: a piece
+  of argument text is either taken, or its event breaks the stream.
+- A stream ends once. The event that ends it (finish reasons, `message_stop`,
+  `response.completed`, ...) makes the END chunk and the adapter `finished`; the decoder then
+  forgets the adapter and remembers that the stream ended, so any later event of it is one the
+  stream cannot place (`after_end` names the few a format sends after its end and that carry
+  nothing, such as Chat Completions' usage chunk). The decoder applies that rule, for every
+  format, in one place.
 - A call's final chunk is released only with the stream's END, once every final form the vendor
   sends (its `.done` texts, the final response) has been checked against it. Until then the call
   is held: a later event that contradicts it breaks it like one that is still streaming. This
@@ -43,6 +49,12 @@ class VendorAdapter:
     @property
     def finished(self) -> bool:
         return self._finished
+
+    @classmethod
+    def after_end(cls, event: Mapping[str, Any]) -> bool:
+        """Whether `event`, arriving after the stream's end, is one the format sends there and
+        that carries nothing (dropped); any other event after the end breaks the stream."""
+        return False
 
     def _admit(self, held: int, where: str) -> None:
         """Refuse a call past the stream's bound (`held` counts it)."""

@@ -2,11 +2,12 @@
 
 A client tool call is a `tool_use` content block: `content_block_start` carries its id and name,
 `input_json_delta.partial_json` its argument text (the first is often `""`), `content_block_stop`
-ends it. `server_tool_use` blocks (tools the API runs itself) and text or thinking blocks are not
-client calls and yield nothing. `message_delta.stop_reason` is the finish signal; `message_stop`,
-the stream's last event, releases the calls whose blocks stopped (see `_base`: held until the
-END) when the message stopped normally or at the token limit, and ends the stream. A block still
-open then (`max_tokens` cuts a block without its stop) ends incomplete.
+ends it. A block whose deltas hold no text at all (a tool without parameters) has the input it
+started with, `{}`, as in the SDK. `server_tool_use` blocks (tools the API runs itself) and text or
+thinking blocks are not client calls and yield nothing. `message_delta.stop_reason` is the finish
+signal; `message_stop`, the stream's last event, releases the calls whose blocks stopped (see
+`_base`: held until the END) when the message stopped normally or at the token limit, and ends the
+stream. A block still open then (`max_tokens` cuts a block without its stop) ends incomplete.
 
 `content_block_stop` carries no final text, so the structure is what is checked, against what the
 SDK's accumulator (`accumulate_event`) does with it: it appends each started block to a list and
@@ -65,6 +66,8 @@ _TAKES = {
 #: the text a block starts with, which the SDK extends with each delta
 _STARTS = {"text": "text", "thinking": "thinking"}
 _TOOL = "tool_use"
+#: the input of a tool_use block that streams no argument text (a tool without parameters)
+_NO_INPUT = "{}"
 
 
 def _takes(block: str, delta: str) -> bool:
@@ -90,6 +93,7 @@ class AnthropicAdapter(VendorAdapter):
         self._blocks = 0  # how many blocks started
         self._last = ""  # the type of the last one
         self._calls: dict[int, str] = {}  # the tool_use blocks' call ids, by index
+        self._texts: set[int] = set()  # the tool_use blocks that took argument text
         self._open = False  # the last block is started and not stopped
         self._delta_seen = False  # a message_delta came: no block events after it
         self._stop: FinishReason | None = None
@@ -99,6 +103,7 @@ class AnthropicAdapter(VendorAdapter):
             self._started = state["started"]
             self._blocks, self._last = state["blocks"]
             self._calls = {int(i): call for i, call in state["calls"].items()}
+            self._texts = set(state["texts"])
             self._open = state["open"]
             self._delta_seen = state["delta_seen"]
             self._stop = FinishReason(state["stop"]) if state["stop"] is not None else None
@@ -111,6 +116,7 @@ class AnthropicAdapter(VendorAdapter):
             "started": self._started,
             "blocks": [self._blocks, self._last],
             "calls": {str(i): call for i, call in self._calls.items()},
+            "texts": sorted(self._texts),
             "open": self._open,
             "delta_seen": self._delta_seen,
             "stop": self._stop,
@@ -126,8 +132,6 @@ class AnthropicAdapter(VendorAdapter):
         return [] if self._finished else list(self._calls.values())
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
-        if self._finished:
-            raise InputFormatError("anthropic.messages: event after the end of the stream")
         kind = f.string(event, "type", "anthropic.messages event")
         if kind == "ping":
             return []
@@ -220,6 +224,7 @@ class AnthropicAdapter(VendorAdapter):
             if not isinstance(text, str):
                 raise InputFormatError(f"{kind}: field 'delta.{field}' must be a string")
             if call_id is not None and text:
+                self._texts.add(index)
                 return [self._chunk(ChunkKind.TOOL_CALL, call_id, delta=text)]
         return []
 
@@ -245,7 +250,9 @@ class AnthropicAdapter(VendorAdapter):
             cut = self._blocks - 1 if self._open else None
             for index, call_id in self._calls.items():
                 if index != cut:
-                    out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, final=True))
+                    # a block that took no text has the input it started with, `{}` (the SDK's)
+                    text = "" if index in self._texts else _NO_INPUT
+                    out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, delta=text, final=True))
         if self._refusal is not None:
             refusal_id = f"{self._stream}:refusal"
             out.append(self._chunk(ChunkKind.REFUSAL, refusal_id, delta=self._refusal, final=True))

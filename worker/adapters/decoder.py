@@ -6,35 +6,49 @@ event in, zero or more chunks out) kept per (topic, partition, format, stream), 
 partition's adapters go with it (`drop`), and a partition's adapters are written and restored
 with its checkpoint (`state`, `restore`).
 
-Failing closed: when an adapter cannot place an event, the record is `malformed` and every
-call the stream holds is aborted (`stream_corrupt`): those still streaming and those complete
-but held for the stream's END (see `worker.adapters._base`); the stream is finished, and its
-later records are dropped and counted. A bug in an adapter is the record's `internal_error`,
-with the same effect on the stream, and is logged once with the record's position. A format
-whose every record is a whole call (`mcp.result`) has nothing else a bad record could belong
-to: the record alone is rejected, and the stream's next records are judged as usual.
+The rules every format follows, kept here once:
+
+- A stream ends once. When its adapter makes the END chunk the adapter is forgotten and the
+  stream is remembered as ended: a later event of it is one the stream cannot place (below),
+  except the few a format sends after its end that carry nothing (`after_end`, such as Chat
+  Completions' usage chunk), which are dropped.
+- Failing closed: when a record cannot be placed (not strict JSON, not an object, an event the
+  adapter refuses, an event after the end, a chunk whose identifier is longer than
+  `max_id_bytes`), the record is `malformed` and every call of every stream it could belong to
+  is aborted (`stream_corrupt`): those still streaming and those complete but held for the
+  stream's END (see `worker.adapters._base`). The streams it could belong to: its own (its
+  format, its key); with no usable key, every stream of its format in the partition; with a
+  format callgate does not read, the streams of its key in every format (every stream, with
+  no key either). Those streams are then corrupt: their later records are dropped and counted.
+  A bug in an adapter is the record's `internal_error`, with the same effect, and is logged
+  once with the record's position. A format whose every record is a whole call (`mcp.result`)
+  has nothing else a bad record could belong to: the record alone is rejected, and the stream's
+  next records are judged as usual.
+- Every vendor record is parsed strictly, nesting at most `MAX_DEPTH` levels (the one bound of
+  every parser and encoder: `worker.model.MAX_DEPTH`).
 
 A partition keeps at most `max_streams_per_partition` streams, holding at most that many calls
 together (the reassembler's own bound): past either, the least recently active stream is
-aborted, so the reassembler never has to evict a call that a stream would close later.
+aborted, so the reassembler never has to evict a call that a stream would close later. It
+remembers the last `closed_streams_per_partition` streams that ended or broke.
 
 A partition's state (`state`, `restore`) is a full one or the changes since the last: the live
-streams' adapters in their order of activity, the streams that ended, and the corrupt ones in
-the order they were marked, so that a restored partition decides, evicts and forgets exactly as
-the original would have.
+streams' adapters in their order of activity, and the streams that ended or broke in the order
+they did, so that a restored partition decides, evicts and forgets exactly as the original
+would have.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from worker._native import Chunk, ParseError, parse_json
 from worker.adapters import anthropic, mcp, openai_chat, openai_responses
 from worker.errors import InputFormatError
-from worker.model import ChunkKind, Code
+from worker.model import MAX_DEPTH, ChunkKind, Code
 
 log = logging.getLogger("callgate.decoder")
 
@@ -63,7 +77,7 @@ class StreamAdapter(Protocol):
 
     @property
     def finished(self) -> bool:
-        """True once the stream has ended and this adapter's state can be forgotten."""
+        """True once the stream has ended (its END chunk made)."""
         ...
 
 
@@ -73,6 +87,10 @@ class AdapterFactory(Protocol):
     def __call__(
         self, stream_id: str, headers: Mapping[str, str], state: Any, *, max_calls: int
     ) -> StreamAdapter: ...
+
+    def after_end(self, event: Mapping[str, Any]) -> bool:
+        """Whether `event` may follow the stream's end (it carries nothing): dropped."""
+        ...
 
 
 #: format name -> its adapter class
@@ -88,13 +106,16 @@ WHOLE_RECORDS = frozenset({mcp.FORMAT})
 
 #: The layout of the adapters' checkpoint state: raise it whenever any adapter's `state()`
 #: changes shape, so that a worker never restores a state it would misread.
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 #: The record headers an adapter sees (and a checkpoint keeps).
 ADAPTER_HEADERS = ("traceparent", "tool", "tool-version", "call-id")
 
+#: A chunk's identifiers, each at most `max_id_bytes` long.
+_CHUNK_IDS = ("stream_id", "call_id", "tool", "tool_version", "traceparent")
+
 _Slot = tuple[str, str]  # (format, stream id)
-_GONE = "gone"  # a stream's state in a checkpoint, when it ended
+_ENDED, _CORRUPT = "ended", "corrupt"  # how a stream closed
 
 
 def formats() -> list[str]:
@@ -112,17 +133,18 @@ class _Stream:
 
 
 class _Partition:
-    __slots__ = ("changed", "corrupt", "corrupted", "held", "streams")
+    __slots__ = ("changed", "closed", "closings", "held", "streams")
 
     def __init__(self) -> None:
         # live streams, least recently active first
         self.streams: dict[_Slot, _Stream] = {}
-        # streams that failed: their later records are dropped (the newest remembered)
-        self.corrupt: OrderedDict[_Slot, None] = OrderedDict()
-        # since the last checkpoint state: the streams changed, in the order they last changed,
-        # and every stream marked corrupt, in order (replayed, it forgets what the original did)
+        # streams that ended or broke (the newest remembered): their later records are refused
+        # (ended) or dropped (corrupt)
+        self.closed: OrderedDict[_Slot, str] = OrderedDict()
+        # since the last checkpoint state: the live streams changed, in the order they last
+        # changed, and every stream closed, in order (replayed, it forgets what the original did)
         self.changed: dict[_Slot, None] = {}
-        self.corrupted: list[_Slot] = []
+        self.closings: list[tuple[_Slot, str]] = []
         # the calls the live streams hold, together
         self.held = 0
 
@@ -130,17 +152,19 @@ class _Partition:
         stream = self.streams.pop(slot, None)
         if stream is not None:
             self.held -= stream.held
+        self.changed.pop(slot, None)
         return stream
 
     def touch(self, slot: _Slot) -> None:
         self.changed.pop(slot, None)
         self.changed[slot] = None
 
-    def mark_corrupt(self, slot: _Slot, bound: int) -> None:
-        self.corrupted.append(slot)
-        self.corrupt[slot] = None
-        if len(self.corrupt) > bound:
-            self.corrupt.popitem(last=False)
+    def close(self, slot: _Slot, how: str, bound: int) -> None:
+        self.closings.append((slot, how))
+        self.closed.pop(slot, None)
+        self.closed[slot] = how
+        if len(self.closed) > bound:
+            self.closed.popitem(last=False)
 
 
 class Decoder:
@@ -150,11 +174,20 @@ class Decoder:
     both the streams a partition keeps and the calls they hold together, each stream's own
     included: past it the least recently active stream is aborted (`stream_corrupt`), before the
     reassembler would have to evict a call a stream still holds and later closes. A stream that
-    alone would hold more is broken by the adapter itself.
+    alone would hold more is broken by the adapter itself. `closed_streams_per_partition`
+    streams that ended or broke are remembered; `max_id_bytes` bounds each chunk's identifiers.
     """
 
-    def __init__(self, max_streams_per_partition: int) -> None:
+    def __init__(
+        self,
+        *,
+        max_streams_per_partition: int,
+        closed_streams_per_partition: int,
+        max_id_bytes: int,
+    ) -> None:
         self._max = max_streams_per_partition
+        self._max_closed = closed_streams_per_partition
+        self._max_id_bytes = max_id_bytes
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self.dropped_records = 0
 
@@ -182,12 +215,15 @@ class Decoder:
             raise InputFormatError(f"unknown content-format {fmt!r}; supported: {formats()}")
         if stream_id is None:
             raise InputFormatError(f"a {fmt} record needs its stream id (UTF-8) as its key")
+        if self._too_long(stream_id):
+            raise InputFormatError(f"the record's key is longer than {self._max_id_bytes} bytes")
         part = self._partition(record)
         slot = (fmt, stream_id)
-        if slot in part.corrupt:
+        closed = part.closed.get(slot)
+        if closed == _CORRUPT:
             self.dropped_records += 1
             return []
-        event = parse_json(record.value, 512)
+        event = parse_json(record.value, MAX_DEPTH)
         if isinstance(event, ParseError):
             where = f" at {event.path}" if event.path else ""
             raise InputFormatError(
@@ -195,6 +231,10 @@ class Decoder:
             )
         if type(event) is not dict:
             raise InputFormatError(f"{fmt} event must be a JSON object")
+        if closed == _ENDED:
+            if factory.after_end(event):
+                return []
+            raise InputFormatError(f"{fmt}: an event after the end of its stream")
         stream = part.streams.pop(slot, None)
         if stream is None:
             headers = _adapter_headers(record)
@@ -202,11 +242,14 @@ class Decoder:
         part.streams[slot] = stream  # the most recently active now
         part.touch(slot)
         chunks = stream.adapter.feed(event)
+        self._check_ids(chunks)
         held = stream.adapter.held
         part.held += held - stream.held
         stream.held = held
         if stream.adapter.finished:
             part.drop_stream(slot)
+            if fmt not in WHOLE_RECORDS:
+                part.close(slot, _ENDED, self._max_closed)
         evicted: list[Chunk] = []
         while len(part.streams) > self._max or part.held > self._max:
             oldest = next(iter(part.streams))
@@ -215,27 +258,64 @@ class Decoder:
             evicted += self._abort(part, oldest)
         return [*evicted, *chunks] if evicted else chunks
 
+    def _check_ids(self, chunks: Iterable[Chunk]) -> None:
+        """Every identifier a chunk carries is at most `max_id_bytes` long, or the event that
+        made it cannot be placed."""
+        for chunk in chunks:
+            for name in _CHUNK_IDS:
+                if self._too_long(getattr(chunk, name)):
+                    raise InputFormatError(
+                        f"a chunk's {name} is longer than {self._max_id_bytes} bytes"
+                    )
+
+    def _too_long(self, identifier: str | None) -> bool:
+        bound = self._max_id_bytes
+        return (
+            identifier is not None
+            and len(identifier) * 4 > bound
+            and len(identifier.encode("utf-8", "surrogatepass")) > bound
+        )
+
     def _fail(
         self, record: Any, fmt: str, stream_id: str | None, code: Code, detail: str
     ) -> list[Chunk]:
         malformed = Chunk(stream_id or "", ChunkKind.MALFORMED, delta=detail, error=code.value)
-        if stream_id is None:
-            return [malformed]
         part = self._partition(record)
         if fmt in WHOLE_RECORDS:  # the record was its only call: the stream goes on
-            part.drop_stream((fmt, stream_id))
-            part.touch((fmt, stream_id))
+            if stream_id is not None:
+                part.drop_stream((fmt, stream_id))
             return [malformed]
-        return [malformed, *self._abort(part, (fmt, stream_id))]
+        out = [malformed]
+        for slot in self._suspects(part, fmt, stream_id):
+            out += self._abort(part, slot)
+        return out
+
+    def _suspects(self, part: _Partition, fmt: str, stream_id: str | None) -> list[_Slot]:
+        """The streams a record that cannot be placed could belong to (see the module
+        docstring)."""
+        if self._too_long(stream_id):
+            return []  # a key no stream can have
+        if fmt in ADAPTERS and stream_id is not None:
+            return [(fmt, stream_id)]
+        return [
+            slot
+            for slot in part.streams
+            if (stream_id is None or slot[1] == stream_id)
+            and (fmt not in ADAPTERS or slot[0] == fmt)
+        ]
 
     def _abort(self, part: _Partition, slot: _Slot) -> list[Chunk]:
         """End the stream: the calls it holds are aborted, its later records dropped."""
         stream = part.drop_stream(slot)
-        part.mark_corrupt(slot, self._max)
-        part.touch(slot)
+        part.close(slot, _CORRUPT, self._max_closed)
         if stream is None:
             return []
-        return [Chunk(slot[1], ChunkKind.ABORT, call_id) for call_id in stream.adapter.open_calls()]
+        # a call whose id is past the bound never reached the reassembler: nothing to abort
+        return [
+            Chunk(slot[1], ChunkKind.ABORT, call_id)
+            for call_id in stream.adapter.open_calls()
+            if not self._too_long(call_id)
+        ]
 
     def _partition(self, record: Any) -> _Partition:
         scope = (record.topic, record.partition)
@@ -252,26 +332,23 @@ class Decoder:
     def state(self, topic: str, partition: int, *, full: bool) -> dict[str, Any]:
         """The partition's streams for a checkpoint: all of them (`full`), or what changed since
         the last call. `streams` lists live streams (in the order that rebuilds their order of
-        activity) and, in a delta, `gone` for a stream that ended; `corrupt` the corrupt ones
-        (in a delta: each marked since, in order)."""
+        activity); `closed` the streams that ended or broke, each with how (in a full state
+        those remembered, oldest first; in a delta each closing since, in order)."""
         part = self._partitions.get((topic, partition)) or _Partition()
         slots = list(part.streams) if full else list(part.changed)
         streams: list[list[Any]] = []
         for fmt, stream_id in slots:
-            stream = part.streams.get((fmt, stream_id))
-            if stream is not None:
-                streams.append([fmt, stream_id, [stream.headers, stream.adapter.state()]])
-            elif (fmt, stream_id) not in part.corrupt:
-                streams.append([fmt, stream_id, _GONE])
-        corrupt = list(part.corrupt) if full else part.corrupted
+            stream = part.streams[(fmt, stream_id)]
+            streams.append([fmt, stream_id, [stream.headers, stream.adapter.state()]])
+        closings = list(part.closed.items()) if full else part.closings
         state = {
             "version": STATE_VERSION,
             "streams": streams,
-            "corrupt": [list(slot) for slot in corrupt],
+            "closed": [[fmt, stream_id, how] for (fmt, stream_id), how in closings],
             "full": full,
         }
         part.changed.clear()
-        part.corrupted = []
+        part.closings = []
         return state
 
     def restore(self, topic: str, partition: int, states: list[dict[str, Any]]) -> None:
@@ -287,19 +364,18 @@ class Decoder:
                 )
             if state["full"]:
                 part = _Partition()
-            for fmt, stream_id in state["corrupt"]:
-                part.mark_corrupt((fmt, stream_id), self._max)
+            for fmt, stream_id, how in state["closed"]:
                 part.drop_stream((fmt, stream_id))
-            for fmt, stream_id, body in state["streams"]:
+                part.close((fmt, stream_id), how, self._max_closed)
+            for fmt, stream_id, (headers, adapter_state) in state["streams"]:
                 slot = (fmt, stream_id)
                 part.drop_stream(slot)
-                if body == _GONE:
-                    continue
-                headers, adapter_state = body
+                part.closed.pop(slot, None)  # live again: it was forgotten before it started
                 adapter = ADAPTERS[fmt](stream_id, headers, adapter_state, max_calls=self._max)
                 stream = part.streams[slot] = _Stream(adapter, headers)
                 part.held += stream.held
-        part.corrupted = []
+        part.changed.clear()
+        part.closings = []
         self._partitions[(topic, partition)] = part
 
 

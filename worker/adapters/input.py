@@ -9,38 +9,50 @@ Three layouts are recognised from the first non-blank line, whatever the format:
   specification prints it), split at the end of each top-level value;
 - server-sent events as recorded (`event:` / `data:` lines): every event's data is one record,
   and `data: [DONE]` ends the stream.
+
+A record's bytes are yielded as they are, never decoded: whatever is wrong with them (not
+UTF-8, not JSON) is for the record's own strict parse to say, and that record alone is
+rejected. A record longer than `max_record_bytes` is yielded as a `RecordFault` in its place,
+and the records after it are read as usual: memory stays bounded and nothing else is lost.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from worker.adapters.decoder import ENVELOPE, formats
 from worker.adapters.sse import SSEDecoder
 from worker.errors import InputFormatError
 
-DONE = "[DONE]"
+DONE = b"[DONE]"
 _WHITESPACE = b" \t\r\n"
 _BOM = b"\xef\xbb\xbf"
 _BLOCK = 64 * 1024
 
 
+class RecordFault(NamedTuple):
+    """A record of the input that could not be read (it is its own malformed record)."""
+
+    detail: str
+
+
+Read = bytes | RecordFault
+
+
 def read_records(
     fp: BinaryIO, fmt: str | None = None, *, max_record_bytes: int = 16 * 1024 * 1024
-) -> Iterator[bytes]:
-    """Every record value in `fp`, in order. Raises `InputFormatError` for an unknown format or
-    a record larger than `max_record_bytes` (memory stays bounded)."""
+) -> Iterator[Read]:
+    """Every record value in `fp`, in order (a `RecordFault` for one that cannot be read).
+    Raises `InputFormatError` for an unknown format."""
     if fmt is not None and fmt != ENVELOPE and fmt not in formats():
         raise InputFormatError(f"unknown format {fmt!r}; supported: {formats()}")
     head = b""
     while True:
         block = fp.read(_BLOCK)
         head += block
-        if not block or b"\n" in head.lstrip(_BOM + _WHITESPACE):
+        if not block or b"\n" in head.lstrip(_BOM + _WHITESPACE) or len(head) > max_record_bytes:
             break
-        if len(head) > max_record_bytes:
-            raise InputFormatError(f"the first line is longer than {max_record_bytes} bytes")
     body = head.removeprefix(_BOM)
     first = body.lstrip(_WHITESPACE)
     if not first:
@@ -52,7 +64,9 @@ def read_records(
     if _splitter_depth(first_line) > 0:
         yield from _documents(body, fp, max_record_bytes)
     else:
-        yield from _lines(body, fp, max_record_bytes)
+        for line in read_lines(body, fp, max_record_bytes):
+            if isinstance(line, RecordFault) or line.strip(_WHITESPACE):
+                yield line
 
 
 def _blocks(head: bytes, fp: BinaryIO) -> Iterator[bytes]:
@@ -61,47 +75,51 @@ def _blocks(head: bytes, fp: BinaryIO) -> Iterator[bytes]:
         yield block
 
 
-def _lines(head: bytes, fp: BinaryIO, limit: int) -> Iterator[bytes]:
+def read_lines(head: bytes, fp: BinaryIO, limit: int) -> Iterator[Read]:
+    """Every line of `head` and then of `fp` (blank ones too, without their line break), or a
+    `RecordFault` for a line longer than `limit`, whose bytes are skipped."""
     pending = b""
+    skipping = False  # in a line past the bound: its bytes are dropped up to its end
     for block in _blocks(head, fp):
         pending += block
         *complete, pending = pending.split(b"\n")
         for line in complete:
-            if len(line) > limit:
-                raise InputFormatError(f"a JSON line is longer than {limit} bytes")
-            if line.strip(_WHITESPACE):
-                yield line.rstrip(b"\r")
+            if skipping or len(line) > limit:
+                skipping = False
+                yield RecordFault(f"a line is longer than {limit} bytes")
+            else:
+                yield line.removesuffix(b"\r")
         if len(pending) > limit:
-            raise InputFormatError(f"a JSON line is longer than {limit} bytes")
-    if pending.strip(_WHITESPACE):
-        yield pending
+            skipping, pending = True, b""
+    if skipping:
+        yield RecordFault(f"a line is longer than {limit} bytes")
+    elif pending:
+        yield pending.removesuffix(b"\r")
 
 
-def _sse(head: bytes, fp: BinaryIO, limit: int) -> Iterator[bytes]:
+def _sse(head: bytes, fp: BinaryIO, limit: int) -> Iterator[Read]:
     decoder = SSEDecoder(max_event_bytes=limit)
     for block in _blocks(head, fp):
         for event in decoder.feed(block):
             if event.data == DONE:
                 return
-            yield event.data.encode()
+            yield RecordFault(event.fault) if event.fault else event.data
     for event in decoder.flush():
         if event.data == DONE:
             return
-        yield event.data.encode()
+        yield RecordFault(event.fault) if event.fault else event.data
 
 
 def _splitter_depth(text: bytes) -> int:
-    splitter = _ValueSplitter()
+    splitter = _ValueSplitter(len(text))
     splitter.feed(text)
     return splitter.depth
 
 
-def _documents(head: bytes, fp: BinaryIO, limit: int) -> Iterator[bytes]:
-    splitter = _ValueSplitter()
+def _documents(head: bytes, fp: BinaryIO, limit: int) -> Iterator[Read]:
+    splitter = _ValueSplitter(limit)
     for block in _blocks(head, fp):
         yield from splitter.feed(block)
-        if splitter.buffered > limit:
-            raise InputFormatError(f"a JSON document is longer than {limit} bytes")
     rest = splitter.flush()
     if rest:
         yield rest
@@ -112,28 +130,29 @@ class _ValueSplitter:
 
     It only tracks strings and bracket depth; whether each piece is valid JSON is for the
     decoder to say. Anything that does not open with a bracket is yielded up to its line end.
+    A piece longer than `limit` is a `RecordFault` (its bytes dropped as they come).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
         self._buf = bytearray()
+        self._size = 0
         self.depth = 0
         self._in_string = False
         self._escape = False
         self._scalar = False  # reading a stray non-bracket value up to its line end
 
-    @property
-    def buffered(self) -> int:
-        return len(self._buf)
-
-    def feed(self, data: bytes) -> list[bytes]:
-        out: list[bytes] = []
+    def feed(self, data: bytes) -> list[Read]:
+        out: list[Read] = []
         for byte in data:
-            if not self._buf and not self._scalar:
+            if not self._size and not self._scalar:
                 if byte in _WHITESPACE:
                     continue
                 if byte not in b"{[":
                     self._scalar = True
-            self._buf.append(byte)
+            self._size += 1
+            if self._size <= self._limit:
+                self._buf.append(byte)
             if self._scalar:
                 if byte == 0x0A:
                     self._emit(out)
@@ -155,16 +174,26 @@ class _ValueSplitter:
                     self._emit(out)
         return out
 
-    def _emit(self, out: list[bytes]) -> None:
-        piece = bytes(self._buf).strip(_WHITESPACE)
-        if piece:
-            out.append(piece)
+    def _emit(self, out: list[Read]) -> None:
+        if self._size > self._limit:
+            out.append(RecordFault(f"a JSON document is longer than {self._limit} bytes"))
+        else:
+            piece = bytes(self._buf).strip(_WHITESPACE)
+            if piece:
+                out.append(piece)
         self._buf.clear()
+        self._size = 0
         self.depth = 0
         self._scalar = False
         self._in_string = self._escape = False
 
-    def flush(self) -> bytes:
+    def flush(self) -> Read | None:
+        if self._size > self._limit:
+            fault = RecordFault(f"a JSON document is longer than {self._limit} bytes")
+            self._buf.clear()
+            self._size = 0
+            return fault
         rest = bytes(self._buf).strip(_WHITESPACE)
         self._buf.clear()
-        return rest
+        self._size = 0
+        return rest or None

@@ -51,8 +51,6 @@ class MCPResultAdapter(VendorAdapter):
         return []
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
-        if self._finished:
-            raise InputFormatError("mcp.result: a stream holds one result record")
         self._finished = True
         if event.get("jsonrpc") != "2.0":
             raise InputFormatError("mcp.result: not a JSON-RPC 2.0 message ('jsonrpc' != '2.0')")

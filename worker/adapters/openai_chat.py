@@ -132,9 +132,20 @@ class OpenAIChatAdapter(VendorAdapter):
                 open_ids.append(self._refusal_id(index))
         return open_ids
 
+    @classmethod
+    def after_end(cls, event: Mapping[str, Any]) -> bool:
+        """The usage chunk (`choices: []`), and a chunk whose choices carry nothing the SDK
+        would take (an empty delta, no finish reason), may follow the stream's end."""
+        choices = event.get("choices")
+        if (
+            event.get("error")
+            or event.get("object") not in (OBJECT, "")
+            or type(choices) is not list
+        ):
+            return False
+        return not any(_carries(choice) for choice in choices)
+
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
-        if self._finished:
-            raise InputFormatError("openai.chat: event after the end of the stream")
         if event.get("error"):
             return self._error_event(event["error"])
         choices = f.array(event, "choices", "chat.completion.chunk")
@@ -275,7 +286,13 @@ class OpenAIChatAdapter(VendorAdapter):
 
 
 def _carries(choice: Any) -> bool:
-    """Whether a choice of a chunk the SDK skips carries anything it would have taken."""
+    """Whether a choice carries anything the SDK would take: anything but an empty delta and
+    no finish reason."""
     if not isinstance(choice, dict):
         return True
-    return bool(choice.get("delta")) or choice.get("finish_reason") is not None
+    delta = choice.get("delta")
+    if delta is not None and (
+        not isinstance(delta, dict) or any(value not in _EMPTY for value in delta.values())
+    ):
+        return True
+    return choice.get("finish_reason") not in (None, "")

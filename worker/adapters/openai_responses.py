@@ -167,8 +167,6 @@ class OpenAIResponsesAdapter(VendorAdapter):
         return open_ids
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
-        if self._finished:
-            raise InputFormatError("openai.responses: event after the end of the stream")
         kind = f.string(event, "type", "openai.responses event")
         if event.get("error"):  # the SDK's stream raises on any event with an error
             return self._error_event(event, kind)
