@@ -30,6 +30,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from worker.errors import ConfigError
+from worker.model import MAX_DEPTH
 from worker.runtime.topics import never_input
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -230,7 +231,13 @@ class LimitSettings(BaseModel):
 
     max_bytes: int = Field(256 * 1024, ge=1, description="argument bytes per call")
     max_chunks: int = Field(4096, ge=1, description="chunks per call")
-    max_depth: int = Field(32, ge=1, le=512, description="nesting depth of the arguments")
+    max_depth: int = Field(
+        32,
+        ge=1,
+        le=MAX_DEPTH,
+        description=f"nesting depth of the arguments and tool results (every JSON callgate reads "
+        f"stops at {MAX_DEPTH} levels whatever this says)",
+    )
     max_open_calls_per_partition: int = Field(10_000, ge=1)
     max_id_bytes: int = Field(
         256,
@@ -251,15 +258,26 @@ class LimitSettings(BaseModel):
         "max.message.bytes); a larger one is replaced by a rejection that says so",
     )
     recently_closed_per_partition: int = Field(
-        4096, ge=1, description="closed calls remembered to tell retransmissions from reuse"
+        4096,
+        ge=1,
+        description="closed calls remembered to tell retransmissions from reuse, and streams "
+        "that ended or broke, to refuse what comes after",
     )
 
     @model_validator(mode="after")
-    def _an_accepted_call_fits_its_event(self) -> LimitSettings:
-        if self.max_event_bytes < self.max_bytes + 64 * 1024:
+    def _the_worst_case_fits_an_event(self) -> LimitSettings:
+        # an event holds each identifier once, and JSON may write each of its bytes as six
+        # (`\u0001`): the smallest event a call can have must fit, and an accepted call of
+        # max_bytes must fit with it (measured with the event writer itself)
+        from worker.core.events import worst_case_event_bytes  # noqa: PLC0415 (import cycle)
+
+        around = worst_case_event_bytes(self.max_id_bytes, self.max_feedback_bytes)
+        if self.max_event_bytes < self.max_bytes + around:
             raise ValueError(
-                "max_event_bytes must leave 64 KiB beyond max_bytes for the event around the "
-                "arguments"
+                f"max_event_bytes must hold max_bytes ({self.max_bytes}) and the "
+                f"{around} bytes an event can need around the arguments with "
+                f"max_id_bytes={self.max_id_bytes} and max_feedback_bytes="
+                f"{self.max_feedback_bytes}: at least {self.max_bytes + around}"
             )
         return self
 

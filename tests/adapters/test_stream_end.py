@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from tests.adapters.mutations import mutated
@@ -37,7 +37,7 @@ from tests.adapters.oracles import (
 from tests.adapters.test_integrity import STREAMS, _random_stream, _tools, end_of
 from worker.adapters.decoder import ADAPTERS
 from worker.core.processor import Emission
-from worker.model import ChunkKind, Code, Outcome
+from worker.model import Code, Outcome
 from worker.settings import LimitSettings
 
 Event = dict[str, Any]
@@ -116,9 +116,7 @@ def assert_ends_once(gate: Gate, fmt: str, events: list[Event], after: list[Even
         assert late[0].call.first_offset == end + 1 + first
 
 
-@pytest.mark.parametrize(
-    ("name", "fmt", "events"), STREAMS, ids=[name for name, _, _ in STREAMS]
-)
+@pytest.mark.parametrize(("name", "fmt", "events"), STREAMS, ids=[name for name, _, _ in STREAMS])
 def test_nothing_after_a_recorded_streams_end_is_accepted(
     gate: Gate, name: str, fmt: str, events: list[Event]
 ) -> None:
@@ -126,6 +124,7 @@ def test_nothing_after_a_recorded_streams_end_is_accepted(
     @given(st.data())
     def check(data: st.DataObject) -> None:
         what, after = data.draw(_after_end(fmt, events))
+        note(what)
         assert_ends_once(gate, fmt, events, after)
 
     check()
@@ -200,9 +199,7 @@ def _replaced(value: Any, old: str, new: str) -> Any:
     return value
 
 
-@pytest.mark.parametrize(
-    ("name", "fmt", "events"), STREAMS, ids=[name for name, _, _ in STREAMS]
-)
+@pytest.mark.parametrize(("name", "fmt", "events"), STREAMS, ids=[name for name, _, _ in STREAMS])
 def test_an_identifier_past_its_bound_breaks_the_stream_at_its_first_event(
     gate: Gate, name: str, fmt: str, events: list[Event]
 ) -> None:

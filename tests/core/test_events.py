@@ -20,10 +20,12 @@ from worker.core.events import (
     record_headers,
     record_key,
     substitute_rejection,
+    worst_case_event_bytes,
 )
 from worker.core.feedback import build_feedback
 from worker.model import Code, IncompleteReason, Outcome, Phase, RepairKind, SchemaRef, Verdict
 from worker.model import Violation as V
+from worker.settings import LimitSettings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
 MAX_FEEDBACK = 4096
@@ -429,3 +431,80 @@ def test_duplicate_and_conflict_say_different_things() -> None:
         assert fields["duplicate_of"] == "e" * 32
         assert fields["retryable"] is False
         assert fields["retry_feedback"]["retryable"] is False
+
+
+# --- the settings bound the worst case ---------------------------------------------------------
+
+
+@st.composite
+def _bounded_call(draw: st.DrawFn, max_id_bytes: int) -> AssembledCall:
+    """A call whose identifiers are as long as the bound allows, of characters JSON may write
+    as six bytes each (what an envelope or an adapter can hand the reassembler)."""
+    char = st.sampled_from(["\x01", "\x1f", '"', "a", "é", "\u2028", "😀"])
+
+    def ident() -> str:
+        text = draw(st.text(char, min_size=1, max_size=max_id_bytes))
+        return text.encode()[:max_id_bytes].decode("utf-8", "ignore") or "x"
+
+    def maybe_ident() -> str | None:
+        return ident() if draw(st.booleans()) else None
+
+    return AssembledCall(
+        ident(),
+        ident(),
+        maybe_ident(),
+        b"",
+        idempotency_key=maybe_ident(),
+        trace_id=maybe_ident(),
+        run_id=maybe_ident(),
+        step_id=maybe_ident(),
+        traceparent=maybe_ident(),
+        attempt=draw(st.none() | st.integers(1, 2**32 - 1)),
+        topic=draw(st.text(char, max_size=249)).encode()[:249].decode("utf-8", "ignore"),
+        first_offset=draw(st.integers(0, 2**63 - 1)),
+    )
+
+
+@FIXED
+@given(data=st.data())
+def test_under_any_settings_accepted_every_event_fits_its_bound_and_none_raises(
+    data: st.DataObject,
+) -> None:
+    """The settings refuse bounds under which an event could exceed max_event_bytes (the issue:
+    4096-byte ids of U+0001 made an AssertionError escape instead of an event)."""
+    max_id_bytes = data.draw(st.integers(16, 4096), label="max_id_bytes")
+    max_feedback_bytes = data.draw(st.integers(256, 8192), label="max_feedback_bytes")
+    max_bytes = data.draw(st.integers(1, 200_000), label="max_bytes")
+    max_event_bytes = data.draw(st.integers(65_536, 400_000), label="max_event_bytes")
+    limits = {
+        "max_id_bytes": max_id_bytes,
+        "max_feedback_bytes": max_feedback_bytes,
+        "max_bytes": max_bytes,
+        "max_event_bytes": max_event_bytes,
+    }
+    try:
+        LimitSettings(**limits)
+    except ValueError:
+        around = worst_case_event_bytes(max_id_bytes, max_feedback_bytes)
+        assert max_event_bytes < max_bytes + around
+        return
+    call = data.draw(_bounded_call(max_id_bytes), label="call")
+    verdict = data.draw(verdicts(), label="verdict")
+    event, written = encode_written(call, verdict, max_event_bytes, max_feedback_bytes)
+    assert len(event) <= max_event_bytes
+    assert orjson.loads(event)["event_id"] == call.event_id
+    assert encode_event(call, written, UNBOUNDED) == event
+
+
+def test_the_issues_settings_are_refused_and_an_unbounded_call_still_gets_an_event(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with pytest.raises(ValueError, match="max_event_bytes must hold max_bytes"):
+        LimitSettings(max_id_bytes=4096, max_bytes=1024, max_event_bytes=66560)
+    ids = "\x01" * 4096
+    call = AssembledCall(ids, ids, ids, b"{}", trace_id=ids, run_id=ids, step_id=ids)
+    accepted = Verdict(Outcome.ACCEPTED, arguments_json=b"{}")
+    event, written = encode_written(call, accepted, 66560, MAX_FEEDBACK)  # never raises
+    assert (written.outcome, written.code) == (Outcome.REJECTED, Code.EVENT_TOO_LARGE)
+    assert orjson.loads(event)["call_id"] == ids
+    assert "over the bound of 66560" in caplog.text

@@ -26,7 +26,7 @@ from worker._native import AssembledCall
 from worker.compose import build_gate, build_registry, violation_limits
 from worker.core.canonical import request_digest
 from worker.core.events import encode
-from worker.core.feedback import build_feedback
+from worker.core.feedback import MALFORMED_RECORD_MESSAGE, build_feedback
 from worker.core.pipeline import RETRYABLE, Gate, GateLimits
 from worker.core.tool_output import RESULT_MEMBERS
 from worker.model import (
@@ -247,7 +247,6 @@ def test_an_unfinished_call_is_incomplete_and_never_judged(
 @pytest.mark.parametrize(
     ("code", "phase", "retryable"),
     [
-        (Code.MALFORMED_RECORD, Phase.ASSEMBLY, False),
         (Code.CALL_ID_REUSED, Phase.ASSEMBLY, False),
         (Code.INTERNAL_ERROR, Phase.ASSEMBLY, False),  # an adapter's bug on this record
         (Code.TOO_LARGE, Phase.LIMITS, True),
@@ -266,6 +265,26 @@ def test_an_assembly_error_decides_the_call_with_its_detail(
     )
     assert verdict.violations == (Violation("", code.value, detail),)
     assert list(verdict.phases_us) == [Phase.ASSEMBLY]
+
+
+def test_a_malformed_records_detail_stays_in_the_operators_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Why a record is unreadable is the producer's text (an event type, a key, a name): the
+    event and its feedback say one fixed thing; the log keeps the detail."""
+    detail = "openai.responses: unknown event type 'password=hunter2'"
+    with caplog.at_level(logging.WARNING, logger="callgate.gate"):
+        verdict = rejected(
+            GATE.judge(call(b"", assembly_error="malformed_record", assembly_detail=detail)),
+            Phase.ASSEMBLY,
+            Code.MALFORMED_RECORD,
+            retryable=False,
+        )
+    fixed = Violation("", "malformed_record", MALFORMED_RECORD_MESSAGE)
+    assert verdict.violations == (fixed,)
+    assert verdict.retry_feedback is not None
+    assert "hunter2" not in orjson.dumps(verdict.retry_feedback).decode()
+    assert detail in caplog.text
 
 
 def test_an_assembly_error_without_detail_names_its_code() -> None:

@@ -279,3 +279,64 @@ def test_a_text_block_nested_past_the_depth_limit_is_a_mismatch() -> None:
 @pytest.mark.parametrize("text", ["{the result} is below", "[1] see above", "{", "  [draft]"])
 def test_prose_that_starts_like_json_is_not_compared(text: str) -> None:
     assert check_tool_result(with_text({"a": 1}, text), None, MAX_DEPTH) is None
+
+
+#: Numbers and constants a lenient reader (Python's json, JavaScript's JSON.parse) takes and the
+#: strict parser refuses: past a double's range, past 64 bits, NaN and the infinities.
+_LENIENT_ONLY = st.one_of(
+    st.integers(min_value=309, max_value=100_000).map(lambda e: f"1e{e}"),
+    st.integers(min_value=309, max_value=100_000).map(lambda e: f"-0.5E+{e}"),
+    st.integers(min_value=2**64, max_value=10**80).map(str),
+    st.sampled_from(["NaN", "Infinity", "-Infinity"]),
+)
+
+
+@st.composite
+def _lenient_json_texts(draw: st.DrawFn, structured: dict[str, Any]) -> str:
+    """JSON that a lenient reader takes but that cannot be what the gate checked: a number the
+    strict parser refuses somewhere in it, a key twice, or the structured value itself with one
+    of those spliced in."""
+    how = draw(st.sampled_from(["alone", "member", "element", "twice", "scalar"]))
+    if how == "alone":
+        return draw(_LENIENT_ONLY)
+    if how == "member":
+        body = json.dumps({**structured, "x": None})
+        return body.replace('"x": null', f'"x": {draw(_LENIENT_ONLY)}')
+    if how == "element":
+        return f"[{json.dumps(structured)}, {draw(_LENIENT_ONLY)}]"
+    if how == "twice":
+        body = json.dumps(structured)[1:-1]
+        comma = ", " if body else ""
+        return "{" + body + comma + '"k": 1, "k": ' + json.dumps(draw(JSON)) + "}"
+    return json.dumps(draw(JSON.filter(lambda value: not isinstance(value, dict))))
+
+
+@FIXED
+@given(
+    data=st.data(),
+    structured=st.dictionaries(st.text(max_size=4), JSON, max_size=4),
+    space=st.sampled_from(["", " ", "\n\t "]),
+)
+def test_a_text_block_a_lenient_reader_takes_as_json_must_be_the_structured_value(
+    data: st.DataObject, structured: dict[str, Any], space: str
+) -> None:
+    text = space + data.draw(_lenient_json_texts(structured)) + space
+    json.loads(text)  # a lenient reader takes it
+    finding = check_tool_result(with_text(structured, text), None, MAX_DEPTH)
+    assert finding is not None, text
+    assert finding.code is Code.OUTPUT_TEXT_MISMATCH
+
+
+@FIXED
+@given(text=st.text(max_size=30))
+def test_text_no_lenient_reader_takes_as_json_is_prose(text: str) -> None:
+    try:
+        json.loads(text)
+        lenient = True
+    except ValueError:
+        lenient = False
+    finding = check_tool_result(with_text({"a": 1}, text), None, MAX_DEPTH)
+    if not lenient:
+        assert finding is None, text
+    elif text.strip() not in ('{"a": 1}', '{"a":1}', '{"a":1.0}'):
+        assert finding is not None, text

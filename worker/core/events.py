@@ -15,6 +15,8 @@ shows every field). This module adds what surrounds it:
 
 from __future__ import annotations
 
+import logging
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -25,7 +27,15 @@ from worker._native import AssembledCall, encode_event
 from worker.core.feedback import build_feedback
 from worker.model import Code, Outcome, Phase, SchemaRef, Verdict, Violation
 
+log = logging.getLogger("callgate.events")
+
 Headers = list[tuple[str, bytes]]
+
+#: The longest topic name Kafka allows (a check's input name is cut to it too).
+MAX_TOPIC_BYTES = 249
+_UNBOUNDED = sys.maxsize
+#: A character JSON writes as six bytes (`\u0001`): the widest an identifier's byte can grow.
+_WIDEST_CHAR = "\x01"
 
 _REQUEST_TAG = b"CGI1"
 
@@ -40,7 +50,12 @@ def encode_written(
 ) -> tuple[bytes, Verdict]:
     """`encode`, and the verdict the event was written from: `verdict` itself, or what replaced
     it. Where the event goes (its topic, its headers) follows the second, never the first: an
-    accepted call whose event became `event_too_large` is a rejection."""
+    accepted call whose event became `event_too_large` is a rejection.
+
+    Each try is smaller than the one before: the event as judged, a rejection without its
+    violations, the rejection `event_too_large`, and last the smallest event, which holds only
+    the call's own identifiers and fixed text (no schema, no key): the settings refuse bounds
+    under which that one could exceed `max_bytes` (`worst_case_event_bytes`)."""
     event = encode_event(call, verdict, max_bytes)
     if event is not None:
         return event, verdict
@@ -49,16 +64,75 @@ def encode_written(
         event = encode_event(call, shorter, max_bytes)
         if event is not None:
             return event, shorter
-    substitute = substitute_rejection(
-        verdict,
-        Code.EVENT_TOO_LARGE,
-        f"the event would exceed {max_bytes} bytes",
-        max_feedback_bytes,
-    )
+    detail = f"the event would exceed {max_bytes} bytes"
+    substitute = substitute_rejection(verdict, Code.EVENT_TOO_LARGE, detail, max_feedback_bytes)
     event = encode_event(call, substitute, max_bytes)
-    if event is None:  # identifiers are bounded, so this cannot happen; say so if it does
-        raise AssertionError(f"a bounded substitute event exceeds {max_bytes} bytes")
-    return event, substitute
+    if event is not None:
+        return event, substitute
+    smallest = _smallest(verdict, detail, max_feedback_bytes)
+    event = encode_event(call, smallest, max_bytes)
+    if event is None:  # identifiers past the bounds the settings allow: never from a record
+        event = encode_event(call, smallest, _UNBOUNDED)
+        assert event is not None
+        log.error(
+            "the smallest event of call %r (event %s) is %d bytes, over the bound of %d",
+            call.call_id[:64],
+            call.event_id,
+            len(event),
+            max_bytes,
+        )
+    return event, smallest
+
+
+def _smallest(verdict: Verdict, detail: str, max_feedback_bytes: int) -> Verdict:
+    """The `event_too_large` rejection with nothing but fixed text: no schema, no key."""
+    violations = (Violation("", Code.EVENT_TOO_LARGE.value, detail),)
+    return Verdict(
+        Outcome.REJECTED,
+        phase=Phase.DELIVERY,
+        code=Code.EVENT_TOO_LARGE,
+        violations=violations,
+        retryable=False,
+        feedback=build_feedback(
+            Code.EVENT_TOO_LARGE,
+            None,
+            violations,
+            retryable=False,
+            budget_exhausted=False,
+            max_bytes=max_feedback_bytes,
+        ),
+        phases_us=verdict.phases_us,
+    )
+
+
+def worst_case_event_bytes(max_id_bytes: int, max_feedback_bytes: int) -> int:
+    """How long the smallest event (see `encode_written`) can be: that of a call whose every
+    identifier is `max_id_bytes` of a character JSON escapes to six bytes, on a topic with the
+    longest name Kafka allows, with every number at its widest."""
+    ident = _WIDEST_CHAR * max_id_bytes
+    call = AssembledCall(
+        ident,
+        ident,
+        ident,
+        trace_id=ident,
+        run_id=ident,
+        step_id=ident,
+        traceparent=ident,
+        attempt=2**32 - 1,
+        topic=_WIDEST_CHAR * MAX_TOPIC_BYTES,
+        partition=-(2**31),
+        first_offset=-(2**63),
+        last_offset=-(2**63),
+        chunks=2**32 - 1,
+        duplicate_chunks=2**32 - 1,
+        nbytes=2**64 - 1,
+    )
+    phases = {phase.value: 2**63 - 1 for phase in Phase}
+    judged = Verdict(Outcome.REJECTED, phases_us=phases)
+    detail = f"the event would exceed {_UNBOUNDED} bytes"
+    event = encode_event(call, _smallest(judged, detail, max_feedback_bytes), _UNBOUNDED)
+    assert event is not None
+    return len(event)
 
 
 def _without_violations(verdict: Verdict, max_feedback_bytes: int) -> Verdict:

@@ -1,13 +1,14 @@
 """Retry feedback: what a rejected call tells the model, safe to hand back to it.
 
-It names the error type, the schema id and version, each violation's path, keyword and message,
-and one instruction. It never holds raw input: violation messages are built by the engines from
-the schema, never from the instance, and a violation path names an object key only when the
-schema declares that name (`Contract.declared_names`); any other key, which the model or whatever
-fed it chose (`/password=hunter2`), is replaced by `UNDECLARED`. Array indices stay, where the
-arguments show a position is one. The event's own violations keep the real path (for operators).
-It is bounded in size: violations are dropped from the end, and the count of dropped ones is
-said, until the encoded object fits; the encoding that fits is the one the event embeds.
+It names the error type, the schema id and version, each violation's path, keyword and message, and
+one instruction. It never holds raw input: violation messages are built by the engines from the
+schema, never from the instance (a record that cannot be read says only `MALFORMED_RECORD_MESSAGE`;
+why is the producer's text, kept in the operator's log), and a violation path names an object key
+only when the schema declares that name (`Contract.declared_names`); any other key, which the model
+or whatever fed it chose (`/password=hunter2`), is replaced by `UNDECLARED`. Array indices stay,
+where the arguments show a position is one. The event's own violations keep the real path (for
+operators). It is bounded in size: violations are dropped from the end, and the count of dropped
+ones is said, until the encoded object fits; the encoding that fits is the one the event embeds.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from worker.schemas.contract import CUT
 from worker.schemas.drafts import escape
 
 _MAX_MESSAGE = 200
+#: What the event and the feedback of a `malformed_record` rejection say, whatever the record held.
+MALFORMED_RECORD_MESSAGE = "the record is not a readable chunk of its format; it was not judged"
 #: What stands in a feedback path for an object key the schema does not declare.
 UNDECLARED = "<undeclared>"
 #: "The arguments are not known": no position in a path can be shown to be an array index.

@@ -31,7 +31,7 @@ import orjson
 
 from worker._native import AssembledCall, ParseError, depth_over, parse_json
 from worker.core.canonical import request_digest
-from worker.core.feedback import NO_ARGUMENTS, build_feedback
+from worker.core.feedback import MALFORMED_RECORD_MESSAGE, NO_ARGUMENTS, build_feedback
 from worker.core.repair import strip_fence
 from worker.core.tool_output import RESULT_MEMBERS, check_tool_result
 from worker.model import (
@@ -180,6 +180,19 @@ class Gate:
             code = Code(call.assembly_error)
             phase = _LIMITS if code in _LIMIT_CODES else _ASSEMBLY
             detail = call.assembly_detail or code.value
+            if code is Code.MALFORMED_RECORD:
+                # why a record is unreadable is the producer's text: the operator's log keeps
+                # it (bounded where it was made); the event and its feedback say a fixed thing
+                log.warning(
+                    "malformed record %s[%s]@%s (stream %r, event %s): %s",
+                    call.topic,
+                    call.partition,
+                    call.first_offset,
+                    call.stream_id,
+                    call.event_id,
+                    detail,
+                )
+                detail = MALFORMED_RECORD_MESSAGE
             return self._rejected(call, phase, code, (Violation("", code, detail),), phases)
 
         started = perf_counter_ns()

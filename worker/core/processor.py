@@ -12,6 +12,7 @@ with `restore`; the runtime decides when, and where it is kept.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -27,9 +28,12 @@ from worker.core.events import (
     idempotency_request,
     record_headers,
     record_key,
+    substitute_rejection,
 )
 from worker.core.pipeline import Gate
-from worker.model import Outcome, Verdict
+from worker.model import Code, Outcome, Verdict
+
+log = logging.getLogger("callgate.processor")
 
 
 class Route(StrEnum):
@@ -86,12 +90,32 @@ class Processor:
         return [self.emit(call) for call in self.assembler.flush()]
 
     def emit(self, call: AssembledCall) -> Emission:
+        """The emission of one closed call. Never raises for what a call holds: a failure to
+        write its event is that call's `internal_error` rejection (logged)."""
         limits = self._limits
+        judged = self.gate.judge(call)
         # where the event goes follows the event as written (an accepted call whose event cannot
         # be written is an `event_too_large` rejection, never an accepted or keyed emission)
-        value, verdict = encode_written(
-            call, self.gate.judge(call), limits.max_event_bytes, limits.max_feedback_bytes
-        )
+        try:
+            value, verdict = encode_written(
+                call, judged, limits.max_event_bytes, limits.max_feedback_bytes
+            )
+        except Exception:
+            log.exception(
+                "internal error writing the event of call %r of stream %r (event %s)",
+                call.call_id,
+                call.stream_id,
+                call.event_id,
+            )
+            failed = substitute_rejection(
+                judged,
+                Code.INTERNAL_ERROR,
+                "callgate failed to write this call's event",
+                limits.max_feedback_bytes,
+            )
+            value, verdict = encode_written(
+                call, failed, limits.max_event_bytes, limits.max_feedback_bytes
+            )
         schema = verdict.schema
         if verdict.idempotency_digest is not None and verdict.outcome is Outcome.ACCEPTED:
             request = idempotency_request(call, verdict, value)

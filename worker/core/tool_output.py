@@ -8,9 +8,11 @@ In order, the first finding decides:
 3. `isError: true`: rejected `tool_error` (the tool ran and failed; not a parse failure);
 4. `structuredContent` against the tool's `outputSchema` (and a tool with an `outputSchema` that
    returns no `structuredContent`): rejected `output_schema_violation`;
-5. a text block holding serialized JSON that disagrees with `structuredContent`, or JSON that is
-   not strict (a key twice, NaN, nested past the limit: a lenient client would read something
-   the gate never checked): rejected `output_text_mismatch`.
+5. a text block that a common lenient reader takes as JSON (Python's `json.loads`, which reads
+   all that JavaScript's `JSON.parse` reads and more: NaN, numbers past a double's range, a key
+   twice, any nesting) and that is not the strict JSON of a value equal to `structuredContent`:
+   rejected `output_text_mismatch`. A client that reads the text block reads what the gate
+   checked, or the result is refused; text no such reader takes as JSON is prose.
 
 Violation messages are built here from keywords and codes only: a result can carry anything a
 tool returned, and none of it is echoed.
@@ -18,6 +20,7 @@ tool returned, and none of it is echoed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -130,13 +133,13 @@ def _text_mismatch(content: list[Any], structured: Any, max_depth: int) -> ToolO
         if not isinstance(block, dict) or block.get("type") != "text":
             continue
         text = block.get("text")
-        if not isinstance(text, str) or text.lstrip()[:1] not in ("{", "["):
-            continue  # prose, not serialized JSON: nothing to compare
+        if not isinstance(text, str):
+            continue
         value = parse_json(text.encode("utf-8", "surrogatepass"), max_depth)
-        if isinstance(value, ParseError) and value.code == Code.INVALID_JSON:
-            continue  # not JSON at all: prose that starts with a bracket
-        # JSON that is not strict (a key twice, NaN, too deep) reads differently in a lenient
-        # reader than anything the gate checked: it cannot be shown to agree
+        if isinstance(value, ParseError) and not _lenient_json(text):
+            continue  # prose: no common reader takes it as JSON
+        # JSON the strict parser refuses (a key twice, NaN, 1e400, too deep) reads in a lenient
+        # reader as something the gate never checked: it cannot be shown to agree
         if isinstance(value, ParseError) or not _same_json(value, structured):
             return _rejected(
                 Code.OUTPUT_TEXT_MISMATCH,
@@ -147,6 +150,22 @@ def _text_mismatch(content: list[Any], structured: Any, max_depth: int) -> ToolO
                 ),
             )
     return None
+
+
+def _keep(text: str) -> str:
+    return text
+
+
+def _lenient_json(text: str) -> bool:
+    """Whether Python's `json.loads` takes `text` as JSON (numbers and constants are only read,
+    never converted: a 5,000-digit integer is JSON to every lenient reader)."""
+    try:
+        json.loads(text, parse_int=_keep, parse_float=_keep, parse_constant=_keep)
+    except RecursionError:
+        return True  # nested past Python's stack, and still JSON to JSON.parse
+    except ValueError:
+        return False
+    return True
 
 
 def _same_json(a: Any, b: Any) -> bool:
