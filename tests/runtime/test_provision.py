@@ -87,7 +87,7 @@ def test_max_message_bytes_takes_the_largest_batch_the_worker_writes(
     max_id_bytes: int, extra_event_bytes: int, data: st.DataObject
 ) -> None:
     conf = settings_with(
-        limits={"max_id_bytes": max_id_bytes, "max_event_bytes": 400_000 * (1 + extra_event_bytes)}
+        limits={"max_id_bytes": max_id_bytes, "max_event_bytes": 500_000 * (1 + extra_event_bytes)}
     )
     limit = conf.limits
 

@@ -110,6 +110,7 @@ def worst_case_event_bytes(max_id_bytes: int, max_feedback_bytes: int) -> int:
     identifier is `max_id_bytes` of a character JSON escapes to six bytes, on a topic with the
     longest name Kafka allows, with every number at its widest."""
     ident = _WIDEST_CHAR * max_id_bytes
+    widest = 2**63 - 1  # the numbers' longest decimals (the event writes them as i64)
     call = AssembledCall(
         ident,
         ident,
@@ -120,14 +121,14 @@ def worst_case_event_bytes(max_id_bytes: int, max_feedback_bytes: int) -> int:
         traceparent=ident,
         attempt=2**32 - 1,
         topic=_WIDEST_CHAR * MAX_TOPIC_BYTES,
-        partition=-(2**31),
-        first_offset=-(2**63),
-        last_offset=-(2**63),
+        partition=2**31 - 1,
+        first_offset=widest,
+        last_offset=widest,
         chunks=2**32 - 1,
         duplicate_chunks=2**32 - 1,
-        nbytes=2**64 - 1,
+        nbytes=widest,
     )
-    phases = {phase.value: 2**63 - 1 for phase in Phase}
+    phases = {phase.value: widest for phase in Phase}
     judged = Verdict(Outcome.REJECTED, phases_us=phases)
     detail = f"the event would exceed {_UNBOUNDED} bytes"
     event = encode_event(call, _smallest(judged, detail, max_feedback_bytes), _UNBOUNDED)
