@@ -3,10 +3,11 @@
 Canonical envelopes (valid calls, parallel interleaved calls, truncated and abandoned ones,
 refusals, schema violations, a fenced JSON repair, duplicate keys, idempotency duplicates and
 conflicts, unknown tools, poison records) and vendor events (`openai.chat`, `openai.responses`,
-`anthropic.messages`, `mcp.result`), both synthesized and replayed from recordings shipped in
-`samples/` (copies of recorded vendor streams; `samples/PROVENANCE.md` says where each comes
-from). Streams are interleaved record by record as a busy topic would carry them, while
-each stream's own records keep their order (they share a key, hence a partition).
+`anthropic.messages`, `google.gemini`, `mcp.result`), both synthesized and replayed from
+recordings shipped in `samples/` (copies of recorded vendor streams; `samples/PROVENANCE.md`
+says where each comes from). Streams are interleaved record by record as a busy topic would
+carry them, while each stream's own records keep their order (they share a key, hence a
+partition).
 
 Each call of a run gets ids under the run's prefix, so repeated demo runs do not collide in
 idempotency state; idempotency keys are per run too.
@@ -316,6 +317,36 @@ def _anthropic_call(run: str, name: str, arguments: str, stop: str | None) -> _S
     return _Stream(sid, f"anthropic.messages {name}", tuple((_dumps(ev), headers) for ev in events))
 
 
+def _gemini_call(run: str, name: str, arguments: str, finish: str) -> _Stream:
+    """A Gemini stream: text, then the call's arguments streamed as Vertex AI `partialArgs`
+    (each top-level argument in two pieces), then the finish."""
+    sid = f"{run}:gemini-{name}"
+
+    def chunk(part: dict[str, Any] | None, finish: str | None = None) -> dict[str, Any]:
+        candidate: dict[str, Any] = {"content": {"role": "model", "parts": [part or {"text": ""}]}}
+        if finish is not None:
+            candidate["finishReason"] = finish
+        return {"candidates": [candidate], "responseId": sid}
+
+    def partial(path: str, text: str, more: bool) -> dict[str, Any]:
+        arg: dict[str, Any] = {"jsonPath": path, "stringValue": text}
+        if more:
+            arg["willContinue"] = True
+        return {"functionCall": {"partialArgs": [arg], "willContinue": True}}
+
+    events = [chunk({"text": "Checking the weather."})]
+    events.append(chunk({"functionCall": {"name": "get_weather", "willContinue": True}}))
+    for key, value in orjson.loads(arguments).items():
+        for piece in _pieces(value, 2):
+            events.append(chunk(partial(f"$.{key}", piece, True)))
+        events.append(chunk(partial(f"$.{key}", "", False)))
+    if finish == "STOP":
+        events.append(chunk({"functionCall": {}}))
+    events.append(chunk(None, finish))
+    headers: Headers = (("content-format", b"google.gemini"),)
+    return _Stream(sid, f"google.gemini {name}", tuple((_dumps(ev), headers) for ev in events))
+
+
 def _mcp(run: str, name: str, tool: str, result: Any) -> _Stream:
     sid = f"{run}:mcp-{name}"
     headers: Headers = (
@@ -347,6 +378,8 @@ def vendor_streams(run: str) -> list[_Stream]:
         _openai_chat_call(run, "truncated", '{"city": "Par', "length"),
         _anthropic_call(run, "valid", weather, "tool_use"),
         _anthropic_call(run, "max-tokens", '{"city": "Pa', "max_tokens"),
+        _gemini_call(run, "valid", weather, "STOP"),
+        _gemini_call(run, "max-tokens", weather, "MAX_TOKENS"),
         _mcp(
             run, "result", "weather.get_weather_data", _sample_json("mcp_structured_content.json")
         ),
@@ -376,6 +409,12 @@ def vendor_streams(run: str) -> list[_Stream]:
             "dotnet_function_call_get_weather_at_location.sse",
             "openai.responses",
             "recorded openai.responses function call",
+        ),
+        _replay(
+            run,
+            "vercel_partial_args_two_calls.jsonl",
+            "google.gemini",
+            "recorded google.gemini streamed arguments, two calls",
         ),
     ]
 

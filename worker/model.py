@@ -69,6 +69,8 @@ class Code(StrEnum):
     REFUSAL = "refusal"
     MODEL_ERROR = "model_error"
     UNEXPECTED_CHANNEL = "unexpected_channel"
+    MALFORMED_TOOL_CALL = "malformed_tool_call"
+    UNEXPECTED_TOOL_CALL = "unexpected_tool_call"
     # limits
     TOO_LARGE = "too_large"
     TOO_MANY_CHUNKS = "too_many_chunks"

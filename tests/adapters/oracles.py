@@ -14,6 +14,8 @@ the only reasons not to accept a call are the stream's.
 from __future__ import annotations
 
 import copy
+import itertools
+import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +26,8 @@ import orjson
 from anthropic._models import construct_type as anthropic_construct
 from anthropic.lib.streaming._messages import accumulate_event, build_events
 from anthropic.types import RawMessageStreamEvent
+from google.genai import types as genai
+from google.genai.models import _GenerateContentResponse_from_vertex
 from openai import omit
 from openai._models import construct_type
 from openai.lib.streaming.chat import ChatCompletionStreamState
@@ -40,14 +44,24 @@ from worker.core.processor import Emission, Processor
 from worker.settings import Settings, load_settings
 
 RECORDED = data_path("streams")
-CHAT, RESPONSES, ANTHROPIC, MCP = (
+CHAT, RESPONSES, ANTHROPIC, MCP, GEMINI = (
     "openai.chat",
     "openai.responses",
     "anthropic.messages",
     "mcp.result",
+    "google.gemini",
 )
 #: the folder of tests/data/streams and the prefix of tests/data/generated files, per format
-FOLDERS = {"openai_chat": CHAT, "openai_responses": RESPONSES, "anthropic": ANTHROPIC}
+FOLDERS = {
+    "openai_chat": CHAT,
+    "openai_responses": RESPONSES,
+    "anthropic": ANTHROPIC,
+    "google_gemini": GEMINI,
+}
+#: formats whose SDK hands its user each call's arguments as a JSON value, not as text
+VALUE_FORMATS = frozenset({GEMINI})
+#: the recordings' file names: SSE bodies, and one event per line
+RECORDING_PATTERNS = ("*/*.sse", "*/*.jsonl")
 
 Event = dict[str, Any]
 
@@ -69,6 +83,16 @@ class SdkResult:
 
     def triples(self) -> list[tuple[str, Any, Any]]:
         return [(call_id, call.name, call.arguments) for call_id, call in self.calls.items()]
+
+    def holds(self, fmt: str, call_id: str, name: str, arguments: str) -> bool:
+        """Whether the SDK holds this call: the same name and the same text, or for a format
+        whose SDK hands its user a JSON value rather than text, the same value."""
+        held = self.calls.get(call_id)
+        if held is None or held.name != name:
+            return False
+        if fmt in VALUE_FORMATS:
+            return same_json(orjson.loads(arguments), orjson.loads(held.arguments))
+        return bool(held.arguments == arguments)
 
 
 # -- OpenAI Chat Completions ------------------------------------------------------------------
@@ -203,7 +227,132 @@ def sdk_anthropic(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") ->
     return result
 
 
-SDK = {CHAT: sdk_chat, RESPONSES: sdk_responses, ANTHROPIC: sdk_anthropic}
+# -- Google Gemini ----------------------------------------------------------------------------
+
+
+def sdk_gemini(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") -> SdkResult:
+    """`Models.generate_content_stream`: a chunk with an `error` member raises (as the SDK's
+    `request_streamed` does); every other chunk goes through the SDK's own response converter,
+    and the parts that carry calls are built by its own model (`FunctionCall`). As with the
+    OpenAI oracle, the rest of a chunk is read leniently: what a chunk says about usage or text
+    is not where a call is placed.
+
+    The SDK hands a streamed call's `partialArgs` to its user as they come (Vertex AI's
+    `streamFunctionCallArguments`) and joins nothing; here they are joined as the API defines
+    them: each value set at its JSON path, string pieces of a path appended, the call ending
+    with the first part whose `willContinue` is not true. Call ids are the vendor's, else
+    `<stream>:<candidate>:<n>` (the adapter's documented rule)."""
+    result = SdkResult()
+    calls: dict[str, Call] = {}
+    counts: dict[int, int] = {}
+    streaming: dict[int, tuple[str, str, dict[str, Any]]] = {}  # candidate -> call being joined
+    for number, raw in enumerate(events):
+        try:
+            if "error" in raw:
+                raise RuntimeError("the stream's error chunk (genai.errors.APIError)")
+            converted = _GenerateContentResponse_from_vertex(copy.deepcopy(dict(raw)), None, None)
+            for position, candidate in enumerate(converted.get("candidates") or []):
+                index = genai.Candidate.model_validate({"index": candidate.get("index")}).index
+                k = position if index is None else index
+                content = candidate.get("content") or {}
+                for part in content.get("parts") or []:
+                    if part.get("functionCall") is None:
+                        continue
+                    call = genai.FunctionCall.model_validate(part["functionCall"])
+                    if k in streaming:
+                        call_id, name, args = streaming[k]
+                    else:
+                        n = counts.get(k, 0)
+                        counts[k] = n + 1
+                        base = call.id if call.id is not None else f"{stream_id}:{k}:{n}"
+                        call_id = base if k == 0 or call.id is None else f"{base}:{k}"
+                        name, args = call.name, dict(call.args or {})
+                    for piece in call.partial_args or []:
+                        _set_partial(args, piece)
+                    if call.will_continue:
+                        streaming[k] = (call_id, name, args)
+                    else:
+                        streaming.pop(k, None)
+                    calls[call_id] = Call(name, orjson.dumps(args).decode())
+        except Exception as exc:
+            result.raised_at, result.error = number, f"{type(exc).__name__}: {exc}"
+            return result
+        result.calls = dict(calls)
+    return result
+
+
+_PATH_STEP = re.compile(
+    r"\.([^.\[\]]+)|\[(\d+)\]|\['((?:[^'\\]|\\.)*)'\]|\[\"((?:[^\"\\]|\\.)*)\"\]"
+)
+
+
+def _set_partial(args: dict[str, Any], piece: Any) -> None:
+    """Set one `PartialArg` into `args` (a string piece appended to the string there)."""
+    path = piece.json_path
+    if not path or not path.startswith("$"):
+        raise ValueError(f"not a JSON path: {path!r}")
+    steps: list[str | int] = []
+    at = 1
+    while at < len(path):
+        match = _PATH_STEP.match(path, at)
+        if match is None:
+            raise ValueError(f"JSON path not understood: {path!r}")
+        name, index, single, double = match.groups()
+        if index is not None:
+            steps.append(int(index))
+        else:
+            steps.append(next(text for text in (name, single, double) if text is not None))
+        at = match.end()
+    if not steps or not isinstance(steps[0], str):
+        raise ValueError(f"not a path into the arguments object: {path!r}")
+    node: Any = args
+    for step, following in itertools.pairwise(steps):
+        node = _slot(node, step, [] if isinstance(following, int) else {})
+    last = steps[-1]
+    if piece.string_value is not None:
+        _slot(node, last, "")
+        node[last] += piece.string_value
+        return
+    if piece.number_value is not None:
+        value: Any = piece.number_value
+    elif piece.bool_value is not None:
+        value = piece.bool_value
+    else:
+        value = None
+    _slot(node, last, None)
+    node[last] = value
+
+
+def _slot(node: Any, step: str | int, empty: Any) -> Any:
+    """The value at `step` of a container, made `empty` when it is not there yet."""
+    if isinstance(step, int):
+        while len(node) <= step:
+            node.append(None)
+        if node[step] is None:
+            node[step] = empty
+        return node[step]
+    return node.setdefault(step, empty)
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Equal JSON values, a number equal to a number of either kind, never to a boolean."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+SDK = {
+    CHAT: sdk_chat,
+    RESPONSES: sdk_responses,
+    ANTHROPIC: sdk_anthropic,
+    GEMINI: sdk_gemini,
+}
 
 
 def sdk_calls(fmt: str, events: Iterable[Mapping[str, Any]], stream_id: str = "s1") -> SdkResult:

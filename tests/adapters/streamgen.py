@@ -340,6 +340,116 @@ def anthropic_stream(
     return events
 
 
+# -- Google Gemini ----------------------------------------------------------------------------
+
+
+def _gemini_chunk(
+    response_id: str, candidate: int, parts: list[Event], finish: str | None = None
+) -> Event:
+    body: Event = {"content": {"role": "model", "parts": parts}}
+    if candidate:
+        body["index"] = candidate
+    if finish is not None:
+        body["finishReason"] = finish
+    chunk: Event = {
+        "candidates": [body],
+        "modelVersion": "gemini-2.5-flash",
+        "responseId": response_id,
+    }
+    if finish is not None:
+        chunk["usageMetadata"] = {
+            "promptTokenCount": 52,
+            "candidatesTokenCount": 20,
+            "totalTokenCount": 72,
+        }
+    return chunk
+
+
+def _leaves(value: Any, path: str = "$") -> list[tuple[str, Any]]:
+    """The scalar values of a JSON value with their JSON paths, in document order (an empty
+    array or object has no value a partial argument can carry, and is left out)."""
+    if isinstance(value, dict):
+        return [leaf for key, item in value.items() for leaf in _leaves(item, f"{path}.{key}")]
+    if isinstance(value, list):
+        return [leaf for i, item in enumerate(value) for leaf in _leaves(item, f"{path}[{i}]")]
+    return [(path, value)]
+
+
+def _partial_arg(path: str, value: Any) -> Event:
+    if isinstance(value, bool):
+        return {"jsonPath": path, "boolValue": value}
+    if value is None:
+        return {"jsonPath": path, "nullValue": "NULL_VALUE"}
+    if isinstance(value, int | float):
+        return {"jsonPath": path, "numberValue": value}
+    raise TypeError(value)
+
+
+def gemini_stream(
+    response_id: str,
+    calls: Sequence[Call],
+    rng: random.Random,
+    *,
+    partial: bool = False,
+    with_ids: bool = False,
+    finish: str = "STOP",
+    cut_after: int | None = None,
+    candidate: int = 0,
+) -> list[Event]:
+    """A `streamGenerateContent` stream of one candidate, a text part, then one function call
+    per entry of `calls`.
+
+    Whole calls (`partial` false) come as `functionCall` parts with `args`, the first two in one
+    chunk (parallel calls); with `partial` each call streams its arguments as Vertex AI's
+    `partialArgs` (strings in pieces, each path closed by an empty last piece, the call ended by
+    an empty `functionCall`). `with_ids` gives each call its id. With `cut_after=k` the stream
+    stops after k partial pieces in all and the last chunk says `finish` (`MAX_TOKENS`)."""
+    events = [_gemini_chunk(response_id, candidate, [{"text": "Let me look that up."}])]
+    pending: list[Event] = []
+    pieces = 0
+    cut = False
+    for call_id, name, arguments in calls:
+        head: Event = {"name": name}
+        if with_ids:
+            head["id"] = call_id
+        if not partial:
+            pending.append({"functionCall": {**head, "args": orjson.loads(arguments)}})
+            if len(pending) == 2:
+                events.append(_gemini_chunk(response_id, candidate, pending))
+                pending = []
+            continue
+        events.append(
+            _gemini_chunk(
+                response_id, candidate, [{"functionCall": {**head, "willContinue": True}}]
+            )
+        )
+        for path, value in _leaves(orjson.loads(arguments)):
+            if isinstance(value, str):
+                args = [
+                    {"jsonPath": path, "stringValue": piece, "willContinue": True}
+                    for piece in split_text(value, rng)
+                    if piece
+                ] + [{"jsonPath": path, "stringValue": ""}]
+            else:
+                args = [_partial_arg(path, value)]
+            for arg in args:
+                if cut_after is not None and pieces == cut_after:
+                    cut = True
+                    break
+                pieces += 1
+                part = {"functionCall": {"partialArgs": [arg], "willContinue": True}}
+                events.append(_gemini_chunk(response_id, candidate, [part]))
+            if cut:
+                break
+        if cut:
+            break
+        events.append(_gemini_chunk(response_id, candidate, [{"functionCall": {}}]))
+    if pending:
+        events.append(_gemini_chunk(response_id, candidate, pending))
+    events.append(_gemini_chunk(response_id, candidate, [{"text": ""}], finish))
+    return events
+
+
 # -- canonical envelope -----------------------------------------------------------------------
 
 
@@ -419,6 +529,21 @@ def committed_fixtures() -> dict[str, bytes]:
                 cut_last_after=3,
             ),
             named=True,
+        ),
+        "google_gemini_parallel_whole_calls.sse": to_sse(
+            gemini_stream("gen_parallel", [WEATHER, STOCK, SHELL], random.Random(5)),
+            named=False,
+        ),
+        "google_gemini_partial_args_cut_by_max_tokens.sse": to_sse(
+            gemini_stream(
+                "gen_max_tokens",
+                [WEATHER, SHELL],
+                random.Random(6),
+                partial=True,
+                finish="MAX_TOKENS",
+                cut_after=8,
+            ),
+            named=False,
         ),
         "openai_chat_two_choices.sse": to_sse(
             chat_stream("chatcmpl_gen_n2", [[WEATHER], [WEATHER, STOCK]], random.Random(4)),

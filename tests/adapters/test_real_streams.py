@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from tests.adapters import streamgen
-from tests.adapters.oracles import FOLDERS, RECORDED, assemble, sdk_calls
+from tests.adapters.oracles import FOLDERS, RECORDED, RECORDING_PATTERNS, assemble, sdk_calls
 from tests.datafiles import data_files, data_path
 from worker.adapters.input import read_records
 from worker.model import ChunkKind, IncompleteReason
@@ -26,16 +26,18 @@ TRUNCATED = {
     "incomplete_partial_json_response.sse",
     "openai_responses_incomplete_mid_call.sse",
     "anthropic_max_tokens_two_tool_blocks.sse",
+    "google_gemini_partial_args_cut_by_max_tokens.sse",
 }
 
 
 def _streams() -> list[tuple[str, Path]]:
     found = [
         (FORMATS[path.parent.name], path)
-        for path in data_files("streams", "*/*.sse", at_least=12)
+        for pattern in RECORDING_PATTERNS
+        for path in data_files("streams", pattern)
         if path.parent.name in FORMATS
     ]
-    for path in data_files("generated", "*.sse", at_least=3):
+    for path in data_files("generated", "*.sse", at_least=6):
         prefix = next(name for name in FORMATS if path.name.startswith(name))
         found.append((FORMATS[prefix], path))
     return found
@@ -44,10 +46,15 @@ def _streams() -> list[tuple[str, Path]]:
 STREAMS = _streams()
 
 
+#: how many recordings of each format (a file that goes missing fails the count)
+RECORDINGS = {"anthropic": 4, "openai_chat": 6, "openai_responses": 2, "google_gemini": 8}
+
+
 def test_every_recorded_stream_is_covered() -> None:
-    # 4 Anthropic + 6 Chat + 2 Responses SSE recordings, and the generated ones
-    assert sum(1 for _, path in STREAMS if RECORDED in path.parents) == 12
-    assert sum(1 for _, path in STREAMS if GENERATED in path.parents) == 4
+    found = [path.parent.name for _, path in STREAMS if RECORDED in path.parents]
+    assert {folder: found.count(folder) for folder in RECORDINGS} == RECORDINGS
+    assert len(found) == sum(RECORDINGS.values())
+    assert sum(1 for _, path in STREAMS if GENERATED in path.parents) == 6
 
 
 @pytest.mark.parametrize(("fmt", "path"), STREAMS, ids=[p.name for _, p in STREAMS])
@@ -62,7 +69,7 @@ def test_calls_equal_the_sdk_accumulation(fmt: str, path: Path) -> None:
     )
     for call in ours:
         if call.incomplete is None:
-            assert call.arguments.decode() == sdk.calls[call.call_id].arguments
+            assert sdk.holds(fmt, call.call_id, call.tool, call.arguments.decode())
     if path.name in TRUNCATED:
         assert ours[-1].incomplete == IncompleteReason.MAX_TOKENS
         assert all(call.incomplete is None for call in ours[:-1])
@@ -115,14 +122,19 @@ def test_random_generated_streams_equal_the_sdk(seed: int) -> None:
         "anthropic.messages": streamgen.anthropic_stream(
             f"msg_{seed}", calls, rng, server_tool=seed % 2 == 0
         ),
+        "google.gemini": streamgen.gemini_stream(
+            f"gen_{seed}", calls, rng, partial=seed % 2 == 0, with_ids=seed % 3 == 0
+        ),
     }
     for fmt, events in streams.items():
         values = [orjson.dumps(event) for event in events]
         sdk = sdk_calls(fmt, [orjson.loads(v) for v in values])
         ours = assemble(fmt, values)
-        assert sorted((c.call_id, c.tool, c.arguments.decode()) for c in ours) == sorted(
-            sdk.triples()
+        assert sorted((c.call_id, c.tool) for c in ours) == sorted(
+            (call_id, name) for call_id, name, _ in sdk.triples()
         ), fmt
+        for call in ours:
+            assert sdk.holds(fmt, call.call_id, call.tool, call.arguments.decode()), fmt
         assert all(call.incomplete is None for call in ours), fmt
 
 

@@ -251,6 +251,9 @@ def test_an_unfinished_call_is_incomplete_and_never_judged(
         (Code.INTERNAL_ERROR, Phase.ASSEMBLY, False),  # an adapter's bug on this record
         (Code.TOO_LARGE, Phase.LIMITS, True),
         (Code.TOO_MANY_CHUNKS, Phase.LIMITS, True),
+        # the vendor's own verdict on a call it could not make (Gemini's finish reasons)
+        (Code.MALFORMED_TOOL_CALL, Phase.RESPONSE_CLASSIFICATION, True),
+        (Code.UNEXPECTED_TOOL_CALL, Phase.RESPONSE_CLASSIFICATION, False),
     ],
 )
 def test_an_assembly_error_decides_the_call_with_its_detail(

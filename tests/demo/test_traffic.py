@@ -22,6 +22,7 @@ def test_sample_traffic_covers_every_format_and_keeps_stream_order() -> None:
         b"openai.chat",
         b"openai.responses",
         b"anthropic.messages",
+        b"google.gemini",
         b"mcp.result",
     }
     assert len({r.scenario for r in records}) >= 25

@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from worker._native import Chunk, ParseError, parse_json
-from worker.adapters import anthropic, mcp, openai_chat, openai_responses
+from worker.adapters import anthropic, gemini, mcp, openai_chat, openai_responses
 from worker.errors import InputFormatError
 from worker.model import MAX_DEPTH, ChunkKind, Code
 
@@ -98,6 +98,7 @@ ADAPTERS: dict[str, AdapterFactory] = {
     openai_chat.FORMAT: openai_chat.OpenAIChatAdapter,
     openai_responses.FORMAT: openai_responses.OpenAIResponsesAdapter,
     anthropic.FORMAT: anthropic.AnthropicAdapter,
+    gemini.FORMAT: gemini.GeminiAdapter,
     mcp.FORMAT: mcp.MCPResultAdapter,
 }
 

@@ -54,6 +54,10 @@ _INSTRUCTIONS: Mapping[Code, str] = {
     Code.REFUSAL: "The model refused; this is not a formatting problem to retry.",
     Code.MODEL_ERROR: "The model reported an error; this is not a formatting problem to retry.",
     Code.UNEXPECTED_CHANNEL: "Answer with a tool call where a tool call is expected.",
+    Code.MALFORMED_TOOL_CALL: "The tool call was malformed: call the tool again, with its "
+    "name and its arguments as one JSON object.",
+    Code.UNEXPECTED_TOOL_CALL: "Call only the tools you were given, and only when tools are "
+    "enabled.",
 }
 _DEFAULT_INSTRUCTION = "The call cannot be executed as sent."
 

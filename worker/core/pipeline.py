@@ -68,6 +68,7 @@ RETRYABLE = frozenset(
         Code.IDEMPOTENCY_KEY_MISSING,
         Code.IDEMPOTENCY_KEY_MISMATCH,
         Code.UNEXPECTED_CHANNEL,
+        Code.MALFORMED_TOOL_CALL,
     }
 )
 RETRYABLE_INCOMPLETE = frozenset(
@@ -81,8 +82,14 @@ RETRYABLE_INCOMPLETE = frozenset(
         IncompleteReason.MAX_LIFETIME,
     }
 )
-#: Assembly errors that are bounds (phase `limits`); the others are phase `assembly`.
-_LIMIT_CODES = frozenset({Code.TOO_LARGE, Code.TOO_MANY_CHUNKS})
+#: Assembly errors that are bounds (phase `limits`), or the vendor's own verdict on a call it
+#: could not make (phase `response_classification`); the others are phase `assembly`.
+_ASSEMBLY_PHASES: Mapping[str, Phase] = {
+    Code.TOO_LARGE: Phase.LIMITS,
+    Code.TOO_MANY_CHUNKS: Phase.LIMITS,
+    Code.MALFORMED_TOOL_CALL: Phase.RESPONSE_CLASSIFICATION,
+    Code.UNEXPECTED_TOOL_CALL: Phase.RESPONSE_CLASSIFICATION,
+}
 _CHANNEL_CODES: Mapping[str, Code] = {
     ChunkKind.REFUSAL: Code.REFUSAL,
     ChunkKind.ERROR: Code.MODEL_ERROR,
@@ -178,7 +185,7 @@ class Gate:
             )
         if call.assembly_error is not None:
             code = Code(call.assembly_error)
-            phase = _LIMITS if code in _LIMIT_CODES else _ASSEMBLY
+            phase = _ASSEMBLY_PHASES.get(code, _ASSEMBLY)
             detail = call.assembly_detail or code.value
             if code is Code.MALFORMED_RECORD:
                 # why a record is unreadable is the producer's text: the operator's log keeps
