@@ -34,6 +34,7 @@ def test_every_format_is_listed() -> None:
     assert formats() == [
         "anthropic.messages",
         "callgate.envelope",
+        "google.gemini",
         "mcp.result",
         "openai.chat",
         "openai.responses",
