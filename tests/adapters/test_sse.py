@@ -37,7 +37,7 @@ def test_recorded_streams_decode_as_the_sdk_decodes_them(path: Path) -> None:
     data = path.read_bytes()
     ours = [(e.event, e.data.decode()) for e in decode(data)]
     assert ours == sdk(data)
-    assert len(ours) >= 5
+    assert ours  # not vacuous (a Gemini recording can be one event long)
 
 
 @settings(max_examples=60, deadline=None)
