@@ -3,11 +3,11 @@
 Canonical envelopes (valid calls, parallel interleaved calls, truncated and abandoned ones,
 refusals, schema violations, a fenced JSON repair, duplicate keys, idempotency duplicates and
 conflicts, unknown tools, poison records) and vendor events (`openai.chat`, `openai.responses`,
-`anthropic.messages`, `google.gemini`, `mcp.result`), both synthesized and replayed from
-recordings shipped in `samples/` (copies of recorded vendor streams; `samples/PROVENANCE.md`
-says where each comes from). Streams are interleaved record by record as a busy topic would
-carry them, while each stream's own records keep their order (they share a key, hence a
-partition).
+`anthropic.messages`, `google.gemini`, `bedrock.converse`, `mcp.result`), both synthesized and
+replayed from recordings shipped in `samples/` (copies of recorded vendor streams;
+`samples/PROVENANCE.md` says where each comes from). Streams are interleaved record by record
+as a busy topic would carry them, while each stream's own records keep their order (they share
+a key, hence a partition).
 
 Each call of a run gets ids under the run's prefix, so repeated demo runs do not collide in
 idempotency state; idempotency keys are per run too.
@@ -347,6 +347,27 @@ def _gemini_call(run: str, name: str, arguments: str, finish: str) -> _Stream:
     return _Stream(sid, f"google.gemini {name}", tuple((_dumps(ev), headers) for ev in events))
 
 
+def _bedrock_call(run: str, name: str, arguments: str, stop: str) -> _Stream:
+    """A Bedrock ConverseStream as boto3 yields it: text, one tool block, the stop, usage."""
+    sid = f"{run}:bedrock-{name}"
+    tool = {"toolUseId": f"{run}:tooluse-{name}", "name": "get_weather"}
+    events: list[dict[str, Any]] = [
+        {"messageStart": {"role": "assistant"}},
+        {"contentBlockDelta": {"contentBlockIndex": 0, "delta": {"text": "Checking."}}},
+        {"contentBlockStop": {"contentBlockIndex": 0}},
+        {"contentBlockStart": {"contentBlockIndex": 1, "start": {"toolUse": tool}}},
+        *(
+            {"contentBlockDelta": {"contentBlockIndex": 1, "delta": {"toolUse": {"input": p}}}}
+            for p in _pieces(arguments, 3)
+        ),
+        {"contentBlockStop": {"contentBlockIndex": 1}},
+        {"messageStop": {"stopReason": stop}},
+        {"metadata": {"usage": {"inputTokens": 30, "outputTokens": 12, "totalTokens": 42}}},
+    ]
+    headers: Headers = (("content-format", b"bedrock.converse"),)
+    return _Stream(sid, f"bedrock.converse {name}", tuple((_dumps(ev), headers) for ev in events))
+
+
 def _mcp(run: str, name: str, tool: str, result: Any) -> _Stream:
     sid = f"{run}:mcp-{name}"
     headers: Headers = (
@@ -380,6 +401,8 @@ def vendor_streams(run: str) -> list[_Stream]:
         _anthropic_call(run, "max-tokens", '{"city": "Pa', "max_tokens"),
         _gemini_call(run, "valid", weather, "STOP"),
         _gemini_call(run, "max-tokens", weather, "MAX_TOKENS"),
+        _bedrock_call(run, "valid", weather, "tool_use"),
+        _bedrock_call(run, "max-tokens", weather, "max_tokens"),
         _mcp(
             run, "result", "weather.get_weather_data", _sample_json("mcp_structured_content.json")
         ),
@@ -415,6 +438,12 @@ def vendor_streams(run: str) -> list[_Stream]:
             "vercel_partial_args_two_calls.jsonl",
             "google.gemini",
             "recorded google.gemini streamed arguments, two calls",
+        ),
+        _replay(
+            run,
+            "pydanticai_nova_text_then_tool_use.eventstream",
+            "bedrock.converse",
+            "recorded bedrock.converse tool use (AWS event stream)",
         ),
     ]
 

@@ -13,6 +13,7 @@ the only reasons not to accept a call are the stream's.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import re
@@ -26,6 +27,7 @@ import orjson
 from anthropic._models import construct_type as anthropic_construct
 from anthropic.lib.streaming._messages import accumulate_event, build_events
 from anthropic.types import RawMessageStreamEvent
+from botocore.eventstream import EventStreamBuffer
 from google.genai import types as genai
 from google.genai.models import _GenerateContentResponse_from_vertex
 from openai import omit
@@ -35,6 +37,8 @@ from openai.lib.streaming.chat._completions import _is_valid_chat_completion_chu
 from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
+from strands.event_loop.streaming import process_stream
+from strands.types.events import ModelStopReason
 
 from tests.datafiles import data_path
 from worker._native import AssembledCall, Assembler, Chunk
@@ -44,12 +48,13 @@ from worker.core.processor import Emission, Processor
 from worker.settings import Settings, load_settings
 
 RECORDED = data_path("streams")
-CHAT, RESPONSES, ANTHROPIC, MCP, GEMINI = (
+CHAT, RESPONSES, ANTHROPIC, MCP, GEMINI, BEDROCK = (
     "openai.chat",
     "openai.responses",
     "anthropic.messages",
     "mcp.result",
     "google.gemini",
+    "bedrock.converse",
 )
 #: the folder of tests/data/streams and the prefix of tests/data/generated files, per format
 FOLDERS = {
@@ -57,11 +62,14 @@ FOLDERS = {
     "openai_responses": RESPONSES,
     "anthropic": ANTHROPIC,
     "google_gemini": GEMINI,
+    "bedrock_converse": BEDROCK,
 }
 #: formats whose SDK hands its user each call's arguments as a JSON value, not as text
-VALUE_FORMATS = frozenset({GEMINI})
+VALUE_FORMATS = frozenset({GEMINI, BEDROCK})
 #: the recordings' file names: SSE bodies, and one event per line
-RECORDING_PATTERNS = ("*/*.sse", "*/*.jsonl")
+RECORDING_PATTERNS = ("*/*.sse", "*/*.jsonl", "*/*.eventstream")
+#: the generated streams' file names (tests/data/generated/)
+GENERATED_PATTERNS = ("*.sse", "*.eventstream")
 
 Event = dict[str, Any]
 
@@ -347,11 +355,90 @@ def same_json(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+# -- Amazon Bedrock ConverseStream -----------------------------------------------------------
+
+
+def sdk_bedrock(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") -> SdkResult:
+    """strands-agents' `process_stream`, the accumulator its Bedrock model feeds ConverseStream
+    events (as boto3 yields them) to: each tool block's input text is joined and parsed at its
+    `contentBlockStop` into the message's `toolUse` (its `input` a JSON value). An exception
+    event raises, as boto3's event stream does. When it raises on event k, the view is the
+    message of the events before k."""
+    events = [copy.deepcopy(dict(event)) for event in events]
+    result = SdkResult()
+    pulled = 0
+
+    async def chunks() -> Any:
+        nonlocal pulled
+        for event in events:
+            pulled += 1
+            if any(str(name).endswith("Exception") for name in event):
+                raise RuntimeError("the stream's exception event (botocore EventStreamError)")
+            yield event
+
+    async def run(upto: int) -> Any:
+        nonlocal pulled
+        pulled = 0
+        final = None
+        async for out in process_stream(_slice(chunks(), upto)):
+            if isinstance(out, ModelStopReason):
+                final = out
+        return final
+
+    try:
+        final = asyncio.run(run(len(events)))
+    except Exception as exc:
+        result.raised_at, result.error = pulled - 1, f"{type(exc).__name__}: {exc}"
+        try:
+            final = asyncio.run(run(result.raised_at))
+        except Exception:
+            return result
+    message = final.message if final is not None else {"content": []}
+    # strands keeps the use of a tool Bedrock runs itself in its message too: no client call
+    server = {
+        event["contentBlockStart"]["start"]["toolUse"].get("toolUseId")
+        for event in events
+        if isinstance(event.get("contentBlockStart"), dict)
+        and isinstance(event["contentBlockStart"].get("start"), dict)
+        and isinstance(event["contentBlockStart"]["start"].get("toolUse"), dict)
+        and event["contentBlockStart"]["start"]["toolUse"].get("type") == "server_tool_use"
+    }
+    for block in message.get("content", []):
+        if "toolUse" in block and block["toolUse"].get("toolUseId") not in server:
+            use = block["toolUse"]
+            result.calls[str(use["toolUseId"])] = Call(
+                use["name"], orjson.dumps(use["input"]).decode()
+            )
+    return result
+
+
+async def _slice(source: Any, upto: int) -> Any:
+    count = 0
+    async for item in source:
+        if count == upto:
+            return
+        count += 1
+        yield item
+
+
+def eventstream_messages(body: bytes) -> list[tuple[str, bytes]]:
+    """botocore's own reading of an AWS event-stream body: each message's type and payload."""
+    buffer = EventStreamBuffer()
+    buffer.add_data(body)
+    out = []
+    for message in buffer:
+        headers = message.headers
+        kind = headers.get(":event-type") or headers.get(":exception-type")
+        out.append((str(kind), bytes(message.payload)))
+    return out
+
+
 SDK = {
     CHAT: sdk_chat,
     RESPONSES: sdk_responses,
     ANTHROPIC: sdk_anthropic,
     GEMINI: sdk_gemini,
+    BEDROCK: sdk_bedrock,
 }
 
 

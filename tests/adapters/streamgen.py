@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import sys
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -450,6 +451,104 @@ def gemini_stream(
     return events
 
 
+# -- Amazon Bedrock ConverseStream -----------------------------------------------------------
+
+
+def bedrock_stream(
+    calls: Sequence[Call],
+    rng: random.Random,
+    *,
+    stop_reason: str = "tool_use",
+    cut_last_after: int | None = None,
+    server_tool: bool = False,
+    metadata: bool = True,
+) -> list[Event]:
+    """A ConverseStream as boto3 yields it: a text block (no start event, as Bedrock sends
+    text), then a `toolUse` block per call, `messageStop`, `metadata`.
+
+    With `cut_last_after=k` the last call's block gets only k input pieces and no stop (what a
+    cut looks like); `server_tool` adds a tool Bedrock runs itself and its result block."""
+    events: list[Event] = [{"messageStart": {"role": "assistant"}}]
+    index = 0
+    for piece in split_text("Let me check that.", rng):
+        events.append({"contentBlockDelta": {"contentBlockIndex": index, "delta": {"text": piece}}})
+    events.append({"contentBlockStop": {"contentBlockIndex": index}})
+    index += 1
+    if server_tool:
+        server_id = f"tooluse_server_{rng.randrange(10**6)}"
+        start = {"toolUse": {"toolUseId": server_id, "name": "nova_code_interpreter"}}
+        start["toolUse"]["type"] = "server_tool_use"
+        result = {"toolResult": {"toolUseId": server_id, "status": "success"}}
+        output = [{"json": {"stdOut": "42", "exitCode": 0}}]
+        events += [
+            {"contentBlockStart": {"contentBlockIndex": index, "start": start}},
+            {
+                "contentBlockDelta": {
+                    "contentBlockIndex": index,
+                    "delta": {"toolUse": {"input": '{"snippet":"6 * 7"}'}},
+                }
+            },
+            {"contentBlockStop": {"contentBlockIndex": index}},
+            {"contentBlockStart": {"contentBlockIndex": index + 1, "start": result}},
+            {
+                "contentBlockDelta": {
+                    "contentBlockIndex": index + 1,
+                    "delta": {"toolResult": output},
+                }
+            },
+            {"contentBlockStop": {"contentBlockIndex": index + 1}},
+        ]
+        index += 2
+    for n, (call_id, name, arguments) in enumerate(calls):
+        last = n == len(calls) - 1
+        start = {"toolUse": {"toolUseId": call_id, "name": name}}
+        events.append({"contentBlockStart": {"contentBlockIndex": index, "start": start}})
+        pieces = split_text(arguments, rng)
+        if last and cut_last_after is not None:
+            pieces = pieces[:cut_last_after]
+        for piece in pieces:
+            delta = {"toolUse": {"input": piece}}
+            events.append({"contentBlockDelta": {"contentBlockIndex": index, "delta": delta}})
+        if not (last and cut_last_after is not None):
+            events.append({"contentBlockStop": {"contentBlockIndex": index}})
+        index += 1
+    events.append({"messageStop": {"stopReason": stop_reason}})
+    if metadata:
+        usage = {"inputTokens": 400, "outputTokens": 60, "totalTokens": 460}
+        events.append({"metadata": {"usage": usage, "metrics": {"latencyMs": 420}}})
+    return events
+
+
+def to_eventstream(events: Iterable[Event]) -> bytes:
+    """Events as an AWS event-stream body: each an `event` message whose `:event-type` is the
+    event's one member and whose payload is that member's value (`:exception-type` for an
+    exception)."""
+    out = bytearray()
+    for event in events:
+        ((kind, body),) = event.items()
+        message_type = "exception" if kind.endswith("Exception") else "event"
+        type_header = ":exception-type" if message_type == "exception" else ":event-type"
+        headers = b"".join(
+            _eventstream_header(name, value)
+            for name, value in (
+                (type_header, kind),
+                (":content-type", "application/json"),
+                (":message-type", message_type),
+            )
+        )
+        payload = orjson.dumps(body)
+        total = 12 + len(headers) + len(payload) + 4
+        prelude = total.to_bytes(4, "big") + len(headers).to_bytes(4, "big")
+        message = prelude + zlib.crc32(prelude).to_bytes(4, "big") + headers + payload
+        out += message + zlib.crc32(message).to_bytes(4, "big")
+    return bytes(out)
+
+
+def _eventstream_header(name: str, value: str) -> bytes:
+    raw = value.encode()
+    return bytes([len(name)]) + name.encode() + b"\x07" + len(raw).to_bytes(2, "big") + raw
+
+
 # -- canonical envelope -----------------------------------------------------------------------
 
 
@@ -505,6 +604,7 @@ SHELL: Call = ("call_shell_3", "run_shell", '{"argv":["ls","pwd"]}')
 
 
 def committed_fixtures() -> dict[str, bytes]:
+    # the Bedrock ones as an AWS event-stream body, the Gemini and OpenAI ones as SSE
     """The generated streams kept as files under tests/data/generated/, for `callgate check`."""
     return {
         "openai_responses_parallel_calls.sse": to_sse(
@@ -544,6 +644,14 @@ def committed_fixtures() -> dict[str, bytes]:
                 cut_after=8,
             ),
             named=False,
+        ),
+        "bedrock_converse_two_tool_blocks_and_a_server_tool.eventstream": to_eventstream(
+            bedrock_stream([WEATHER, STOCK], random.Random(7), server_tool=True)
+        ),
+        "bedrock_converse_max_tokens_inside_the_last_tool_block.eventstream": to_eventstream(
+            bedrock_stream(
+                [WEATHER, SHELL], random.Random(8), stop_reason="max_tokens", cut_last_after=3
+            )
         ),
         "openai_chat_two_choices.sse": to_sse(
             chat_stream("chatcmpl_gen_n2", [[WEATHER], [WEATHER, STOCK]], random.Random(4)),

@@ -33,6 +33,7 @@ def kinds(chunks: list[Chunk]) -> list[tuple[str, str | None]]:
 def test_every_format_is_listed() -> None:
     assert formats() == [
         "anthropic.messages",
+        "bedrock.converse",
         "callgate.envelope",
         "google.gemini",
         "mcp.result",

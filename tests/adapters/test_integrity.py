@@ -54,9 +54,11 @@ from tests.adapters import streamgen
 from tests.adapters.mutations import mutated, single_event_changes
 from tests.adapters.oracles import (
     ANTHROPIC,
+    BEDROCK,
     CHAT,
     FOLDERS,
     GEMINI,
+    GENERATED_PATTERNS,
     MCP,
     RECORDING_PATTERNS,
     RESPONSES,
@@ -83,8 +85,9 @@ def _streams() -> list[tuple[str, str, list[Event]]]:
         for path in data_files("streams", pattern)
         if path.parent.name in FOLDERS
     ]
-    for path in data_files("generated", "*.sse", at_least=6):
-        found.append((next(f for k, f in FOLDERS.items() if path.name.startswith(k)), path))
+    for pattern in GENERATED_PATTERNS:
+        for path in data_files("generated", pattern):
+            found.append((next(f for k, f in FOLDERS.items() if path.name.startswith(k)), path))
     out = []
     for fmt, path in found:
         with path.open("rb") as fp:
@@ -182,7 +185,19 @@ def _random_stream(seed: int) -> tuple[str, list[Event]]:
         (f"call_{seed}_{i}", f"tool_{i}", streamgen.arguments(rng))
         for i in range(rng.randint(1, 3))
     ]
-    kind = seed % 4
+    kind = seed % 5
+    if kind == 4:
+        events = streamgen.bedrock_stream(
+            calls,
+            rng,
+            stop_reason=rng.choice(
+                ["tool_use", "tool_use", "max_tokens", "end_turn", "malformed_tool_use"]
+            ),
+            cut_last_after=rng.choice([None, None, 2]),
+            server_tool=rng.random() < 0.5,
+            metadata=rng.random() < 0.5,
+        )
+        return BEDROCK, events
     if kind == 3:
         events = streamgen.gemini_stream(
             f"gen_{seed}",

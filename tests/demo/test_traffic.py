@@ -23,6 +23,7 @@ def test_sample_traffic_covers_every_format_and_keeps_stream_order() -> None:
         b"openai.responses",
         b"anthropic.messages",
         b"google.gemini",
+        b"bedrock.converse",
         b"mcp.result",
     }
     assert len({r.scenario for r in records}) >= 25

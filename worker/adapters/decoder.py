@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from worker._native import Chunk, ParseError, parse_json
-from worker.adapters import anthropic, gemini, mcp, openai_chat, openai_responses
+from worker.adapters import anthropic, bedrock, gemini, mcp, openai_chat, openai_responses
 from worker.errors import InputFormatError
 from worker.model import MAX_DEPTH, ChunkKind, Code
 
@@ -99,6 +99,7 @@ ADAPTERS: dict[str, AdapterFactory] = {
     openai_responses.FORMAT: openai_responses.OpenAIResponsesAdapter,
     anthropic.FORMAT: anthropic.AnthropicAdapter,
     gemini.FORMAT: gemini.GeminiAdapter,
+    bedrock.FORMAT: bedrock.BedrockAdapter,
     mcp.FORMAT: mcp.MCPResultAdapter,
 }
 
@@ -108,6 +109,10 @@ WHOLE_RECORDS = frozenset({mcp.FORMAT})
 #: The layout of the adapters' checkpoint state: raise it whenever any adapter's `state()`
 #: changes shape, so that a worker never restores a state it would misread.
 STATE_VERSION = 2
+
+#: Formats whose record may be a bare event payload with its type in a header (the AWS event
+#: stream's `:event-type`): such a record is read as `{type: payload}`.
+TYPED_BY_HEADER = {bedrock.FORMAT: bedrock.EVENT_TYPE_HEADER}
 
 #: The record headers an adapter sees (and a checkpoint keeps).
 ADAPTER_HEADERS = ("traceparent", "tool", "tool-version", "call-id")
@@ -232,6 +237,9 @@ class Decoder:
             )
         if type(event) is not dict:
             raise InputFormatError(f"{fmt} event must be a JSON object")
+        typed = _header(record, TYPED_BY_HEADER[fmt]) if fmt in TYPED_BY_HEADER else None
+        if typed is not None:
+            event = {typed: event}
         if closed == _ENDED:
             if factory.after_end(event):
                 return []
@@ -389,6 +397,13 @@ def _stream_id(record: Any) -> str | None:
     except UnicodeDecodeError:
         return None
     return text
+
+
+def _header(record: Any, name: str) -> str | None:
+    for key, value in record.headers or ():
+        if key == name:
+            return (value or b"").decode("utf-8", "replace")
+    return None
 
 
 def _adapter_headers(record: Any) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Input files for `callgate check`: a byte stream in, one record value per event out.
 
-Three layouts are recognised from the first non-blank line, whatever the format:
+Four layouts are recognised from the start of the input, whatever the format:
 
 - JSON lines: one JSON object per line (the canonical envelopes, or one vendor event per line);
   a line that is not valid JSON is still yielded on its own, so the decoder rejects that record
@@ -8,16 +8,25 @@ Three layouts are recognised from the first non-blank line, whatever the format:
 - a sequence of JSON documents spread over several lines (a pretty-printed MCP response as the
   specification prints it), split at the end of each top-level value;
 - server-sent events as recorded (`event:` / `data:` lines): every event's data is one record,
-  and `data: [DONE]` ends the stream.
+  and `data: [DONE]` ends the stream;
+- the AWS event stream (`application/vnd.amazon.eventstream`, a Bedrock `ConverseStream`
+  body as recorded), recognised by its first prelude's CRC: every message is one record,
+  `{"<its :event-type>": <its JSON payload>}` (an exception message is named by its
+  `:exception-type`), the form boto3 yields.
 
 A record's bytes are yielded as they are, never decoded: whatever is wrong with them (not
 UTF-8, not JSON) is for the record's own strict parse to say, and that record alone is
 rejected. A record longer than `max_record_bytes` is yielded as a `RecordFault` in its place,
-and the records after it are read as usual: memory stays bounded and nothing else is lost.
+and the records after it are read as usual: memory stays bounded and nothing else is lost. An
+event-stream frame that fails its CRC, or is longer than that, is a `RecordFault` too and the
+next frame is read; a frame whose prelude is damaged, or that the input ends inside, is the
+input's last record, a `RecordFault` (no later frame could be found with certainty).
 """
 
 from __future__ import annotations
 
+import re
+import zlib
 from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
 
@@ -53,6 +62,9 @@ def read_records(
         head += block
         if not block or b"\n" in head.lstrip(_BOM + _WHITESPACE) or len(head) > max_record_bytes:
             break
+    if _eventstream_prelude(head):
+        yield from _eventstream(head, fp, max_record_bytes)
+        return
     body = head.removeprefix(_BOM)
     first = body.lstrip(_WHITESPACE)
     if not first:
@@ -108,6 +120,87 @@ def _sse(head: bytes, fp: BinaryIO, limit: int) -> Iterator[Read]:
         if event.data == DONE:
             return
         yield RecordFault(event.fault) if event.fault else event.data
+
+
+_PRELUDE = 12  # total length, headers length, prelude CRC (4 bytes each, big-endian)
+_EVENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,63}$")
+#: the sizes of the AWS event stream's header value types that have a fixed size
+_FIXED = {0: 0, 1: 0, 2: 1, 3: 2, 4: 4, 5: 8, 8: 8, 9: 16}
+
+
+def _eventstream_prelude(data: bytes) -> bool:
+    return len(data) >= 16 and zlib.crc32(data[:8]) == int.from_bytes(data[8:12], "big")
+
+
+def _eventstream(head: bytes, fp: BinaryIO, limit: int) -> Iterator[Read]:
+    pending = bytearray()
+    offset = 0  # of the frame at the start of `pending`
+    skip = 0  # bytes of an over-long frame still to pass over
+    for block in _blocks(head, fp):
+        pending += block
+        if skip:
+            passed = min(skip, len(pending))
+            del pending[:passed]
+            skip -= passed
+            offset += passed
+        while not skip and len(pending) >= _PRELUDE:
+            total = int.from_bytes(pending[:4], "big")
+            if not _eventstream_prelude(bytes(pending[:16])) or total < 16:
+                yield RecordFault(f"event stream: the frame at byte {offset} is damaged")
+                return
+            if total > limit:
+                yield RecordFault(f"event stream: the frame at byte {offset} is over {limit} bytes")
+                passed = min(total, len(pending))
+                del pending[:passed]
+                skip, offset = total - passed, offset + passed
+                continue
+            if len(pending) < total:
+                break
+            frame = bytes(pending[:total])
+            del pending[:total]
+            yield _event_record(frame, offset)
+            offset += total
+    if pending or skip:
+        yield RecordFault(f"event stream: the input ends inside the frame at byte {offset}")
+
+
+def _event_record(frame: bytes, offset: int) -> Read:
+    """One event-stream message as `{"<type>": <payload>}` (the payload's bytes kept), or the
+    fault that keeps it from being read."""
+    if zlib.crc32(frame[:-4]) != int.from_bytes(frame[-4:], "big"):
+        return RecordFault(f"event stream: the frame at byte {offset} fails its CRC")
+    headers_end = _PRELUDE + int.from_bytes(frame[4:8], "big")
+    if headers_end > len(frame) - 4:
+        return RecordFault(f"event stream: the frame at byte {offset} is damaged")
+    headers: dict[str, object] = {}
+    at = _PRELUDE
+    try:
+        while at < headers_end:
+            size = frame[at]
+            key = frame[at + 1 : at + 1 + size].decode()
+            kind = frame[at + 1 + size]
+            at += 2 + size
+            if kind in (6, 7):  # bytes, string: a 2-byte length first
+                length = int.from_bytes(frame[at : at + 2], "big")
+                raw = frame[at + 2 : at + 2 + length]
+                headers[key] = raw.decode() if kind == 7 else raw
+                at += 2 + length
+            else:
+                at += _FIXED[kind]
+    except (IndexError, KeyError, UnicodeDecodeError):
+        return RecordFault(f"event stream: the headers of the frame at byte {offset} are damaged")
+    message_type = headers.get(":message-type", "event")
+    name: object = {
+        "event": headers.get(":event-type"),
+        "exception": headers.get(":exception-type"),
+        "error": headers.get(":error-code"),
+    }.get(str(message_type))
+    if not isinstance(name, str) or not _EVENT_NAME.match(name):
+        return RecordFault(f"event stream: the frame at byte {offset} names no event type")
+    payload = frame[headers_end:-4]
+    if message_type == "error":  # its message is a header; the payload is empty
+        payload = b"{}"
+    return b'{"' + name.encode() + b'":' + (payload or b"{}") + b"}"
 
 
 def _splitter_depth(text: bytes) -> int:
