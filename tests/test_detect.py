@@ -30,6 +30,20 @@ RECORDED = [
         (path, "anthropic.messages")
         for path in data_files("streams/anthropic", "*.sse", at_least=4)
     ),
+    *(
+        (path, "google.gemini")
+        for pattern in ("*.sse", "*.jsonl")
+        for path in data_files("streams/google_gemini", pattern, at_least=3)
+    ),
+    *(
+        (path, "bedrock.converse")
+        for path in data_files("streams/bedrock_converse", "*.eventstream", at_least=2)
+    ),
+    *((path, "google.gemini") for path in data_files("generated", "google_gemini_*.sse")),
+    *(
+        (path, "bedrock.converse")
+        for path in data_files("generated", "bedrock_converse_*.eventstream")
+    ),
     (data_path("generated", "openai_chat_two_choices.sse"), "openai.chat"),
     (data_path("generated", "openai_responses_parallel_calls.sse"), "openai.responses"),
     (data_path("generated", "openai_responses_incomplete_mid_call.sse"), "openai.responses"),

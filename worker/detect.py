@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from worker.adapters import anthropic, mcp, openai_chat, openai_responses
+from worker.adapters import anthropic, bedrock, gemini, mcp, openai_chat, openai_responses
 from worker.adapters.decoder import ENVELOPE, formats
 from worker.adapters.input import RecordFault, read_records
 from worker.errors import ConfigError, InputFormatError
@@ -61,6 +61,19 @@ def _is_anthropic(event: dict[str, Any]) -> bool:
     return event.get("type") in _ANTHROPIC_EVENTS
 
 
+def _is_gemini(event: dict[str, Any]) -> bool:
+    """A `GenerateContentResponse`: candidates, or a prompt's feedback, and no other format's
+    `type` or `object`."""
+    return ("candidates" in event or "promptFeedback" in event) and not (
+        "type" in event or "object" in event
+    )
+
+
+def _is_bedrock(event: dict[str, Any]) -> bool:
+    """A ConverseStream event as boto3 yields it: one member that names the event."""
+    return len(event) == 1 and next(iter(event)) in bedrock.EVENTS
+
+
 def _is_mcp_result(event: dict[str, Any]) -> bool:
     return event.get("jsonrpc") == "2.0" and ("result" in event or "error" in event)
 
@@ -71,6 +84,8 @@ RULES: dict[str, Callable[[dict[str, Any]], bool]] = {
     openai_chat.FORMAT: _is_openai_chat,
     openai_responses.FORMAT: _is_openai_responses,
     anthropic.FORMAT: _is_anthropic,
+    gemini.FORMAT: _is_gemini,
+    bedrock.FORMAT: _is_bedrock,
     mcp.FORMAT: _is_mcp_result,
 }
 

@@ -61,7 +61,7 @@ _STOP = {
     "content_filtered": FinishReason.CONTENT_FILTER,
 }
 _MALFORMED = frozenset({"malformed_tool_use", "malformed_model_output"})
-_EVENTS = frozenset(
+EVENTS = frozenset(
     {
         "messageStart",
         "contentBlockStart",
@@ -126,7 +126,7 @@ class BedrockAdapter(VendorAdapter):
         ((kind, body),) = event.items()
         if kind.endswith("Exception"):
             return self._error(f.short_code(kind, "exception"))
-        if kind not in _EVENTS:
+        if kind not in EVENTS:
             raise InputFormatError("bedrock.converse: not a ConverseStream event")
         if not isinstance(body, dict):
             raise InputFormatError(f"{kind}: must be an object")
