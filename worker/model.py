@@ -71,6 +71,7 @@ class Code(StrEnum):
     UNEXPECTED_CHANNEL = "unexpected_channel"
     MALFORMED_TOOL_CALL = "malformed_tool_call"
     UNEXPECTED_TOOL_CALL = "unexpected_tool_call"
+    UNSUPPORTED_CALL_KIND = "unsupported_call_kind"
     # limits
     TOO_LARGE = "too_large"
     TOO_MANY_CHUNKS = "too_many_chunks"

@@ -12,9 +12,10 @@ import pytest
 
 from tests.adapters import streamgen
 from tests.adapters.oracles import RECORDED, RESPONSES, assemble, chunks_of, encode, sdk_calls
+from worker.adapters.input import read_records
 from worker.adapters.openai_responses import OpenAIResponsesAdapter
 from worker.errors import InputFormatError
-from worker.model import ChunkKind, FinishReason, IncompleteReason
+from worker.model import ChunkKind, Code, FinishReason, IncompleteReason
 
 CALLS = [streamgen.WEATHER, streamgen.STOCK, streamgen.SHELL]
 DELTA = "response.function_call_arguments.delta"
@@ -337,3 +338,105 @@ def test_a_stream_of_more_other_items_than_its_bound_is_broken() -> None:
     adapter.feed({"type": ADDED, "output_index": 0, "item": {"type": "message"}})
     with pytest.raises(InputFormatError, match="more than 1 other items"):
         adapter.feed({"type": ADDED, "output_index": 1, "item": {"type": "reasoning"}})
+
+
+def _programmatic(status_done: str = "in_progress", *, caller: bool = True) -> list[Any]:
+    events = stream()
+    for kind in (ADDED, ITEM_DONE):
+        item = events[at(events, kind)]["item"]
+        item["status"] = "in_progress" if kind == ADDED else status_done
+        if caller:
+            item["caller"] = {"type": "program", "caller_id": "call_program_1"}
+    final = events[-1]["response"]["output"][0]
+    final["status"] = status_done
+    if caller:
+        final["caller"] = {"type": "program", "caller_id": "call_program_1"}
+    return events
+
+
+def test_a_programmatic_call_is_finished_by_its_arguments_done_while_its_item_runs() -> None:
+    events = _programmatic()
+    assert outcomes(events) == {"call_weather_1": "complete"}
+    (call,) = assemble(RESPONSES, encode(events))
+    assert call.arguments.decode() == sdk_calls(RESPONSES, events).calls["call_weather_1"].arguments
+
+
+def test_an_in_progress_item_is_finished_only_for_a_program_and_after_the_done() -> None:
+    assert outcomes(_programmatic(caller=False))["call_weather_1"] == (
+        IncompleteReason.STREAM_CORRUPT
+    )
+    events = _programmatic()
+    del events[at(events, ARGS_DONE)]  # the item ends in_progress with no final text yet
+    assert outcomes(events[:-1])["call_weather_1"] == IncompleteReason.STREAM_ENDED
+    # ...and a response that says it completed with that call unfinished contradicts itself
+    assert outcomes(events)["call_weather_1"] == IncompleteReason.STREAM_CORRUPT
+    events = _programmatic()
+    events[at(events, ITEM_DONE)]["item"]["arguments"] = '{"city":"Elsewhere"}'
+    assert outcomes(events)["call_weather_1"] == IncompleteReason.STREAM_CORRUPT
+
+
+#: recorded streams with a call of a kind the client runs and no contract judges yet, by kind
+CLIENT_KINDS = {
+    "vercel_custom_tool_call.jsonl": ("custom_tool_call", "call_custom_sql_001"),
+    "vercel_apply_patch_call.jsonl": ("apply_patch_call", "call_kA46f91ZwocQyMCKyyZqRyC5"),
+    "vercel_local_shell_call.jsonl": ("local_shell_call", "call_h3nm8hUG0KO9tVNuRACkL1ri"),
+    "vercel_mcp_approval_request.jsonl": (
+        "mcp_approval_request",
+        "mcpr_04a97b4fce127879006949a83ac9308195a7f7b69ea82e91fe",
+    ),
+}
+#: recorded streams whose only items beside function calls are run by the vendor
+VENDOR_RUN = [
+    "vercel_hosted_shell_call.jsonl",
+    "vercel_server_tool_search_then_function_call.jsonl",
+    "vercel_image_generation_call.jsonl",
+    "vercel_programmatic_call_after_a_program.jsonl",
+]
+
+
+def _recorded(name: str) -> list[bytes]:
+    with (RECORDED / "openai_responses" / name).open("rb") as fp:
+        return list(read_records(fp, RESPONSES))
+
+
+@pytest.mark.parametrize("name", CLIENT_KINDS)
+def test_a_call_the_client_runs_without_a_contract_is_rejected_never_ignored(name: str) -> None:
+    kind, call_id = CLIENT_KINDS[name]
+    (call,) = assemble(RESPONSES, _recorded(name))
+    assert call.assembly_error == Code.UNSUPPORTED_CALL_KIND
+    assert f"item {call_id} is of kind {kind}" in (call.assembly_detail or "")
+
+
+@pytest.mark.parametrize("name", VENDOR_RUN)
+def test_items_the_vendor_runs_are_not_judged(name: str) -> None:
+    assert all(c.assembly_error is None for c in assemble(RESPONSES, _recorded(name)))
+
+
+@pytest.mark.parametrize(
+    ("item", "judged"),
+    [
+        ({"type": "browser_call", "id": "bc_1", "call_id": "call_b"}, True),
+        ({"type": "tool_search_call", "call_id": "call_t", "execution": "client"}, True),
+        ({"type": "tool_search_call", "call_id": "call_t", "execution": "server"}, False),
+        ({"type": "shell_call", "call_id": "call_s", "environment": {"type": "local"}}, True),
+        (
+            {"type": "shell_call", "call_id": "call_s", "environment": {"type": "container_auto"}},
+            False,
+        ),
+        ({"type": "computer_call", "call_id": "call_c"}, True),
+        ({"type": "browser_call_output", "call_id": "call_b"}, False),
+    ],
+    ids=lambda v: (
+        str(v)
+        if isinstance(v, bool)
+        else f"{v['type']}:{v.get('execution') or v.get('environment')}"
+    ),
+)
+def test_which_items_are_calls_the_client_runs(item: dict[str, Any], judged: bool) -> None:
+    events = stream()
+    item = {**item, "status": "completed"}
+    events.insert(1, {"type": ITEM_DONE, "output_index": 5, "item": item})
+    calls = {c.call_id: c for c in assemble(RESPONSES, encode(events))}
+    rejected = [c for c in calls.values() if c.assembly_error == Code.UNSUPPORTED_CALL_KIND]
+    assert len(rejected) == judged
+    assert calls["call_weather_1"].incomplete is None  # the stream's other calls go on

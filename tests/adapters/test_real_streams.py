@@ -24,7 +24,7 @@ from tests.adapters.oracles import (
 )
 from tests.datafiles import data_files, data_path
 from worker.adapters.input import read_records
-from worker.model import ChunkKind, IncompleteReason
+from worker.model import ChunkKind, Code, IncompleteReason
 
 GENERATED = data_path("generated")
 FORMATS = FOLDERS
@@ -62,7 +62,7 @@ UNHELD_WHEN_CUT = {"bedrock_converse_max_tokens_inside_the_last_tool_block.event
 RECORDINGS = {
     "anthropic": 4,
     "openai_chat": 6,
-    "openai_responses": 2,
+    "openai_responses": 11,
     "google_gemini": 8,
     "bedrock_converse": 2,
 }
@@ -81,7 +81,10 @@ def test_calls_equal_the_sdk_accumulation(fmt: str, path: Path) -> None:
         values = list(read_records(fp, fmt))
     sdk = sdk_calls(fmt, [orjson.loads(v) for v in values])
     assert sdk.raised_at is None, sdk.error
-    ours = [call for call in assemble(fmt, values) if call.channel == ChunkKind.TOOL_CALL]
+    calls = assemble(fmt, values)
+    ours = [c for c in calls if c.channel == ChunkKind.TOOL_CALL and c.assembly_error is None]
+    rejected = [c.assembly_error for c in calls if c.assembly_error is not None]
+    assert set(rejected) <= {Code.UNSUPPORTED_CALL_KIND}
     held = sorted((call_id, call.name) for call_id, call in sdk.calls.items())
     if path.name in UNHELD_WHEN_CUT:  # the SDK drops the cut call ours ends incomplete
         assert sorted((c.call_id, c.tool) for c in ours[:-1]) == held

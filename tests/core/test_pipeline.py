@@ -254,6 +254,7 @@ def test_an_unfinished_call_is_incomplete_and_never_judged(
         # the vendor's own verdict on a call it could not make (Gemini's finish reasons)
         (Code.MALFORMED_TOOL_CALL, Phase.RESPONSE_CLASSIFICATION, True),
         (Code.UNEXPECTED_TOOL_CALL, Phase.RESPONSE_CLASSIFICATION, False),
+        (Code.UNSUPPORTED_CALL_KIND, Phase.RESPONSE_CLASSIFICATION, False),
     ],
 )
 def test_an_assembly_error_decides_the_call_with_its_detail(

@@ -10,7 +10,20 @@ equal the others (the adapter keeps a digest of the first); the call is released
 the final response's text as its expected text, which the reassembler compares with the deltas
 it assembled (a difference: `stream_corrupt`). A call whose item never finished (a
 `response.incomplete` mid-call, an `output_item.done` with status `incomplete`) stays open and
-the END makes it incomplete. A final response without `output` releases nothing.
+the END makes it incomplete. A call a model-run program made (programmatic tool calling: the
+item's `caller` is `{"type": "program", ...}`) keeps its item `in_progress` in
+`output_item.done` and in the final response while the program waits for its result: it is
+finished once its arguments' `.done` has come, and its item's text must agree with it. A
+final response without `output` releases nothing.
+
+Items other than function calls: those the vendor runs itself (`VENDOR_RUN`: web and file
+search, code interpreter, image generation, remote MCP calls and tool lists, a program and its
+output, a hosted shell, a server-side tool search), and every `*_output` item, yield nothing.
+Every other call kind is one the client runs (`custom_tool_call`, `apply_patch_call`,
+`shell_call`, `local_shell_call`, `computer_call`, `mcp_approval_request`, a client-side
+`tool_search_call`, and any new `*_call` or `*_request`): no contract kind judges those yet, so
+each is a rejected record of code `unsupported_call_kind` naming the item's call id and kind,
+when it is first seen; it never passes in silence, and the stream's other calls go on.
 
 `sequence_number` is per stream, not per call, and older streams lack it. When a stream has it,
 every event must. A repeated or older number is refused like any event out of place: the SDK
@@ -38,7 +51,7 @@ from worker._native import Chunk
 from worker.adapters import fields as f
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
-from worker.model import ChunkKind, FinishReason
+from worker.model import ChunkKind, Code, FinishReason
 
 FORMAT = "openai.responses"
 
@@ -59,6 +72,49 @@ _CALL_EVENTS = frozenset(
     }
 )
 _LIFECYCLE = frozenset({"response.created", "response.in_progress", "response.queued"})
+
+
+#: items the vendor runs itself, or that are no calls: nothing for the gate to judge
+VENDOR_RUN = frozenset(
+    {
+        "message",
+        "reasoning",
+        "file_search_call",
+        "web_search_call",
+        "image_generation_call",
+        "code_interpreter_call",
+        "mcp_call",
+        "mcp_list_tools",
+        "mcp_approval_response",
+        "program",
+        "additional_tools",
+        "compaction",
+    }
+)
+
+
+def _client_runs(item: Mapping[str, Any], item_type: str, where: str) -> bool:
+    """Whether an item that is not a function call is a call the client runs: `custom_tool_call`,
+    `apply_patch_call`, `local_shell_call`, `computer_call`, `mcp_approval_request`, a
+    `shell_call` without a hosted `environment`, a `tool_search_call` whose `execution` is
+    `client`, and any other `*_call` or `*_request` kind the vendor may add. The vendor-run
+    items (`VENDOR_RUN`, a hosted shell, a server-side tool search) and every `*_output` item
+    are not."""
+    if item_type in VENDOR_RUN or item_type.endswith("_output"):
+        return False
+    if item_type == "tool_search_call":
+        return f.opt_str(item, "execution", where) == "client"
+    if item_type == "shell_call":
+        environment = f.opt_obj(item, "environment", where)
+        return environment is None or environment.get("type") == "local"
+    return item_type.endswith(("_call", "_request"))
+
+
+def _programmatic(item: Mapping[str, Any], where: str) -> bool:
+    """Whether a function call item was made by a model-run program (`caller.type` program):
+    its item stays `in_progress` while the program runs, after its arguments are final."""
+    caller = f.opt_obj(item, "caller", where)
+    return caller is not None and f.opt_str(caller, "type", f"{where}.caller") == "program"
 
 
 def _digest(text: str) -> str:
@@ -230,7 +286,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
         item_type = f.string(item, "type", f"{kind}.item")
         call = self._register(index, item, item_type, kind)
         if call is None:
-            return []
+            return self._unjudged(item, item_type, kind)
         arguments = f.text(item, "arguments", f"{kind}.item")
         return [self._call_chunk(call, tool=call.name, delta=arguments)]
 
@@ -261,6 +317,20 @@ class OpenAIResponsesAdapter(VendorAdapter):
         if item_id is not None:
             self._items.add(item_id)
         return call
+
+    def _unjudged(self, item: Mapping[str, Any], item_type: str, kind: str) -> list[Chunk]:
+        """An item other than a function call, when it is first seen: nothing when the vendor
+        runs it (or it is no call), else a call the client would run that no contract judges
+        yet: its rejection `unsupported_call_kind`, so that it never passes in silence."""
+        if not _client_runs(item, item_type, f"{kind}.item"):
+            return []
+        call_id = f.short_code(item.get("call_id", item.get("id")), "(no id)")
+        detail = (
+            f"openai.responses: item {call_id} is of kind {item_type}, a call the client runs; "
+            "no contract kind judges it"
+        )
+        code = Code.UNSUPPORTED_CALL_KIND.value
+        return [Chunk(self._stream, ChunkKind.MALFORMED, delta=detail, error=code)]
 
     def _target(self, event: Mapping[str, Any], kind: str) -> _Call:
         """The function call an arguments event names, by output_index (and item_id)."""
@@ -306,7 +376,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
             # Only the finished item was sent: the whole call in one chunk.
             call = self._register(index, item, item_type, kind)
             if call is None:
-                return []
+                return self._unjudged(item, item_type, kind)
             opening = f.text(item, "arguments", where)
             out.append(self._call_chunk(call, tool=call.name, delta=opening))
         elif call is None:
@@ -322,7 +392,9 @@ class OpenAIResponsesAdapter(VendorAdapter):
         if f.string(item, "name", where) != call.name:
             raise InputFormatError(f"{kind}: the item's name changed")
         status = f.opt_str(item, "status", where)
-        if status in (None, "completed"):
+        if status in (None, "completed") or (
+            status == "in_progress" and call.status == _DONE and _programmatic(item, where)
+        ):
             arguments = item.get("arguments")
             if not isinstance(arguments, str):
                 raise InputFormatError(f"{where}: field 'arguments' must be a string")

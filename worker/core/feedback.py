@@ -58,6 +58,8 @@ _INSTRUCTIONS: Mapping[Code, str] = {
     "name and its arguments as one JSON object.",
     Code.UNEXPECTED_TOOL_CALL: "Call only the tools you were given, and only when tools are "
     "enabled.",
+    Code.UNSUPPORTED_CALL_KIND: "This kind of tool call cannot pass the gate: no contract "
+    "judges it. Use a function tool.",
 }
 _DEFAULT_INSTRUCTION = "The call cannot be executed as sent."
 
