@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import logging
 import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -358,6 +359,10 @@ def same_json(a: Any, b: Any) -> bool:
 # -- Amazon Bedrock ConverseStream -----------------------------------------------------------
 
 
+#: strands warns (logs) about every tool input it cannot parse, which mutated streams are full of
+logging.getLogger("strands").setLevel(logging.ERROR)
+
+
 def sdk_bedrock(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") -> SdkResult:
     """strands-agents' `process_stream`, the accumulator its Bedrock model feeds ConverseStream
     events (as boto3 yields them) to: each tool block's input text is joined and parsed at its
@@ -395,14 +400,14 @@ def sdk_bedrock(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") -> S
             return result
     message = final.message if final is not None else {"content": []}
     # strands keeps the use of a tool Bedrock runs itself in its message too: no client call
-    server = {
+    server = [
         event["contentBlockStart"]["start"]["toolUse"].get("toolUseId")
         for event in events
         if isinstance(event.get("contentBlockStart"), dict)
         and isinstance(event["contentBlockStart"].get("start"), dict)
         and isinstance(event["contentBlockStart"]["start"].get("toolUse"), dict)
         and event["contentBlockStart"]["start"]["toolUse"].get("type") == "server_tool_use"
-    }
+    ]
     for block in message.get("content", []):
         if "toolUse" in block and block["toolUse"].get("toolUseId") not in server:
             use = block["toolUse"]

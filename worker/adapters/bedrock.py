@@ -93,13 +93,15 @@ class BedrockAdapter(VendorAdapter):
         self._open = False  # the last block has not stopped
         self._calls: dict[int, str] = {}  # the call blocks' ids, by index
         self._empty: list[int] = []  # call blocks with no input text yet
+        self._server: list[str] = []  # the ids of the server tools' blocks
         if state is not None:
             self._restore_base(state)
             self._started = state["started"]
             self._blocks, self._kind, self._open = state["blocks"]
             self._calls = {int(i): call for i, call in state["calls"].items()}
             self._empty = list(state["empty"])
-        self._ids = set(self._calls.values())
+            self._server = list(state["server"])
+        self._ids = {*self._calls.values(), *self._server}
 
     def state(self) -> dict[str, Any]:
         return {
@@ -108,6 +110,7 @@ class BedrockAdapter(VendorAdapter):
             "blocks": [self._blocks, self._kind, self._open],
             "calls": {str(i): call for i, call in self._calls.items()},
             "empty": self._empty,
+            "server": self._server,
         }
 
     @property
@@ -173,13 +176,16 @@ class BedrockAdapter(VendorAdapter):
         call_id = f.string(tool, "toolUseId", where)
         name = f.string(tool, "name", where)
         tool_type = f.opt_str(tool, "type", where)
-        if tool_type == "server_tool_use":
-            self._kind = _SERVER
-            return []
-        if tool_type not in (None, "tool_use"):
+        if tool_type not in (None, "tool_use", "server_tool_use"):
             raise InputFormatError(f"{where}: field 'type' is not a tool use")
         if call_id in self._ids:
             raise InputFormatError(f"{where}: toolUseId repeats another block's id")
+        if tool_type == "server_tool_use":
+            self._admit(len(self._server) + 1, kind)
+            self._kind = _SERVER
+            self._server.append(call_id)
+            self._ids.add(call_id)
+            return []
         self._admit(len(self._calls) + 1, kind)
         self._kind = _CALL
         self._calls[index] = call_id
@@ -207,6 +213,11 @@ class BedrockAdapter(VendorAdapter):
         if self._kind == _CONTENT and tool is not None:
             raise InputFormatError(f"{kind}: block {index} is no tool call and takes no input")
         if tool is None:
+            # the text an accumulator joins (strands-agents' does) must be text
+            f.opt_str(delta, "text", f"{kind}.delta")
+            reasoning = f.opt_obj(delta, "reasoningContent", f"{kind}.delta")
+            for name in ("text", "signature"):
+                f.opt_str(reasoning or {}, name, f"{kind}.delta.reasoningContent")
             return []
         text = f.text(tool, "input", f"{kind}.delta.toolUse")
         call_id = self._calls.get(index)

@@ -38,7 +38,10 @@ before the end, an item added at an `output_index` already taken, an event namin
 `output_index` no item was added at (or a function call's, for an event that is not about its
 arguments), an `item_id`, `call_id` or `name` that differs from its item's, a text that is not
 a string, a delta after the call's `.done`, a final response that lacks a finished call, names
-one never streamed, or says the response completed while a call had not finished.
+one never streamed, or says the response completed while a call had not finished. Any other
+item keeps its type, id and call id from its `output_item.added` to its `output_item.done` (an
+id no other item has), and a response that completes has each such item finished or in its
+output, as the SDK requires.
 """
 
 from __future__ import annotations
@@ -91,6 +94,12 @@ VENDOR_RUN = frozenset(
         "compaction",
     }
 )
+
+
+def _identity(item: Mapping[str, Any], item_type: str, where: str) -> tuple[str, Any, Any]:
+    """What names an item that is not a function call, as the SDK compares it between its
+    `output_item.added`, its `output_item.done` and the final response: type, id, call id."""
+    return item_type, f.opt_str(item, "id", where), f.opt_str(item, "call_id", where)
 
 
 def _client_runs(item: Mapping[str, Any], item_type: str, where: str) -> bool:
@@ -182,7 +191,8 @@ class OpenAIResponsesAdapter(VendorAdapter):
         super().__init__(stream_id, headers, max_calls)
         self._response_id: str | None = None  # set by response.created
         self._calls: dict[int, _Call] = {}  # function calls by output_index
-        self._others: dict[int, str] = {}  # other items' types by output_index
+        # other items by output_index: [type, id, call_id, done]
+        self._others: dict[int, list[Any]] = {}
         self._numbered: bool | None = None
         self._last_seq = -1
         self._refusal: bool | None = None  # None: none seen; True: open; False: closed
@@ -190,19 +200,20 @@ class OpenAIResponsesAdapter(VendorAdapter):
             self._restore_base(state)
             self._response_id = state["response_id"]
             self._calls = {int(i): _Call.from_state(c) for i, c in state["calls"].items()}
-            self._others = {int(i): kind for i, kind in state["others"].items()}
+            self._others = {int(i): list(other) for i, other in state["others"].items()}
             self._numbered = state["numbered"]
             self._last_seq = state["last_seq"]
             self._refusal = state["refusal"]
         self._ids = {call.call_id for call in self._calls.values()}
         self._items = {c.item_id for c in self._calls.values() if c.item_id is not None}
+        self._items |= {other[1] for other in self._others.values() if other[1] is not None}
 
     def state(self) -> dict[str, Any]:
         return {
             **self._base_state(),
             "response_id": self._response_id,
             "calls": {str(i): call.state() for i, call in self._calls.items()},
-            "others": {str(i): kind for i, kind in self._others.items()},
+            "others": {str(i): other for i, other in self._others.items()},
             "numbered": self._numbered,
             "last_seq": self._last_seq,
             "refusal": self._refusal,
@@ -298,7 +309,12 @@ class OpenAIResponsesAdapter(VendorAdapter):
         if item_type != _FUNCTION_CALL:
             if len(self._others) >= self._max_calls:
                 raise InputFormatError(f"{kind}: more than {self._max_calls} other items")
-            self._others[index] = item_type
+            identity = _identity(item, item_type, f"{kind}.item")
+            if identity[1] is not None and identity[1] in self._items:
+                raise InputFormatError(f"{kind}: item {identity[1]!r} was already added")
+            if identity[1] is not None:
+                self._items.add(identity[1])
+            self._others[index] = [*identity, kind == "response.output_item.done"]
             return None
         where = f"{kind}.item"
         call_id = f.string(item, "call_id", where)
@@ -380,8 +396,10 @@ class OpenAIResponsesAdapter(VendorAdapter):
             opening = f.text(item, "arguments", where)
             out.append(self._call_chunk(call, tool=call.name, delta=opening))
         elif call is None:
-            if item_type != self._others[index]:
-                raise InputFormatError(f"{kind}: output_index {index} was a {self._others[index]}")
+            other = self._others[index]
+            if _identity(item, item_type, where) != tuple(other[:3]):
+                raise InputFormatError(f"{kind}: the item at output_index {index} changed")
+            other[3] = True
             return []
         elif item_type != _FUNCTION_CALL:
             raise InputFormatError(f"{kind}: output_index {index} was a function call")
@@ -423,15 +441,21 @@ class OpenAIResponsesAdapter(VendorAdapter):
         if not isinstance(output, list):
             raise InputFormatError(f"{kind}: field 'response.output' must be an array")
         final: dict[str, Mapping[str, Any]] = {}
+        others: set[tuple[Any, ...]] = set()
         for item in output:
             if not isinstance(item, dict):
                 raise InputFormatError(f"{kind}: each of 'response.output' must be an object")
             if item.get("type") != _FUNCTION_CALL:
+                item_type = f.string(item, "type", f"{kind}.response.output[]")
+                others.add(_identity(item, item_type, f"{kind}.response.output[]"))
                 continue
             call_id = f.string(item, "call_id", f"{kind}.response.output[]")
             if call_id in final or call_id not in self._ids:
                 raise InputFormatError(f"{kind}: the final response names a call never streamed")
             final[call_id] = item
+        for other in self._others.values():
+            if complete and not other[3] and tuple(other[:3]) not in others:
+                raise InputFormatError(f"{kind}: a {other[0]} item never finished")
         out: list[Chunk] = []
         for call in self._calls.values():
             item = final.get(call.call_id)
