@@ -9,9 +9,10 @@ from pathlib import Path
 
 from worker import __version__
 from worker.adapters.decoder import ENVELOPE, formats
+from worker.adapters.dialects import dialect_of, split_format
 from worker.check import FAILED_ON, PASSED, main_check, parse_fail_on
 from worker.compose import build_key_store, build_processor
-from worker.errors import CallgateError, ConfigError
+from worker.errors import CallgateError, ConfigError, InputFormatError
 from worker.runtime.cli import add_run_command
 from worker.runtime.topics_cli import add_topics_command
 from worker.schemas.cli import add_schemas_command
@@ -63,9 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--engine", choices=["fastjsonschema", "jsonschema-rs"])
     check.add_argument(
         "--format",
-        choices=formats(),
-        help=f"the input's format (default: told from its first records; {ENVELOPE} when "
-        "they are JSON that no vendor format's rule recognises)",
+        type=_content_format,
+        metavar="FORMAT",
+        help=f"the input's format, one of {', '.join(formats())}, with a dialect as the "
+        "content-format header names it ('openai.chat; dialect=ollama'); default: told from "
+        f"its first records ({ENVELOPE} when they are JSON that no vendor format's rule "
+        "recognises)",
     )
     check.add_argument(
         "--fail-on",
@@ -101,3 +105,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _content_format(value: str) -> str:
+    """`--format`: a format, and a dialect as the content-format header names it."""
+    fmt, parameters = split_format(value)
+    if fmt not in formats():
+        raise argparse.ArgumentTypeError(f"{fmt!r} is no format; formats: {', '.join(formats())}")
+    try:
+        dialect_of(fmt, parameters)
+    except InputFormatError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value.strip()

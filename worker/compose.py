@@ -77,6 +77,7 @@ def build_decoder(settings: Settings) -> Decoder:
         max_streams_per_partition=limits.max_open_calls_per_partition,
         closed_streams_per_partition=limits.recently_closed_per_partition,
         max_id_bytes=limits.max_id_bytes,
+        dialects=settings.topics.dialects,
     )
 
 

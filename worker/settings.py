@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
+from worker.adapters.dialects import DIALECTS
 from worker.errors import ConfigError
 from worker.model import MAX_DEPTH
 from worker.runtime.topics import never_input
@@ -187,6 +188,13 @@ class TopicSettings(BaseModel):
         description="replicas of the internal topics callgate creates (changelogs, idempotency "
         "topics); 3 on a production cluster",
     )
+    dialects: dict[str, str] = Field(
+        default_factory=dict,
+        description="input topic -> the dialect its vendor records are read in, as JSON, e.g. "
+        '{"model-out.ollama": "ollama"} (the formats\' dialects: '
+        + ", ".join(f"{d.name} ({d.format})" for d in DIALECTS.values())
+        + ")",
+    )
 
     @property
     def input_pattern(self) -> str | None:
@@ -195,6 +203,14 @@ class TopicSettings(BaseModel):
     @property
     def input_topics(self) -> list[str]:
         return [] if self.input_pattern else [t.strip() for t in self.input.split(",") if t.strip()]
+
+    @field_validator("dialects")
+    @classmethod
+    def _known_dialects(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted({name for name in value.values() if name not in DIALECTS})
+        if unknown:
+            raise ValueError(f"no dialect {unknown}; dialects: {sorted(DIALECTS)}")
+        return value
 
     @field_validator("input")
     @classmethod

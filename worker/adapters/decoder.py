@@ -27,6 +27,11 @@ The rules every format follows, kept here once:
 - Every vendor record is parsed strictly, nesting at most `MAX_DEPTH` levels (the one bound of
   every parser and encoder: `worker.model.MAX_DEPTH`).
 
+A record's `content-format` may name a dialect (`openai.chat; dialect=ollama`), and an input
+topic may have one (`dialects`, from the settings): a stream is read in its dialect from its
+first record on (the adapter finds it in its headers, kept with its checkpoint), and a record
+that names another is one the stream cannot place (`worker.adapters.dialects`).
+
 A partition keeps at most `max_streams_per_partition` streams, holding at most that many calls
 together (the reassembler's own bound): past either, the least recently active stream is
 aborted, so the reassembler never has to evict a call that a stream would close later. It
@@ -46,7 +51,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from worker._native import Chunk, ParseError, parse_json
-from worker.adapters import anthropic, bedrock, gemini, mcp, openai_chat, openai_responses
+from worker.adapters import (
+    anthropic,
+    bedrock,
+    dialects,
+    gemini,
+    mcp,
+    openai_chat,
+    openai_responses,
+)
 from worker.errors import InputFormatError
 from worker.model import MAX_DEPTH, ChunkKind, Code
 
@@ -190,18 +203,21 @@ class Decoder:
         max_streams_per_partition: int,
         closed_streams_per_partition: int,
         max_id_bytes: int,
+        dialects: Mapping[str, str] | None = None,
     ) -> None:
         self._max = max_streams_per_partition
         self._max_closed = closed_streams_per_partition
         self._max_id_bytes = max_id_bytes
+        self._dialects = dict(dialects or {})  # input topic -> the dialect of its records
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self.dropped_records = 0
 
-    def decode(self, record: Any, fmt: str) -> list[Chunk]:
+    def decode(self, record: Any, content_format: str) -> list[Chunk]:
         """The chunks of one vendor record (the native reassembler's callback). Never raises."""
         stream_id = _stream_id(record)
+        fmt, parameters = dialects.split_format(content_format)
         try:
-            return self._decode(record, fmt, stream_id)
+            return self._decode(record, fmt, parameters, stream_id)
         except InputFormatError as exc:
             return self._fail(record, fmt, stream_id, Code.MALFORMED_RECORD, str(exc))
         except Exception as exc:  # an adapter's bug is this record's fault, not the worker's
@@ -215,10 +231,11 @@ class Decoder:
             detail = f"{fmt}: callgate failed to decode this record ({type(exc).__name__})"
             return self._fail(record, fmt, stream_id, Code.INTERNAL_ERROR, detail)
 
-    def _decode(self, record: Any, fmt: str, stream_id: str | None) -> list[Chunk]:
+    def _decode(self, record: Any, fmt: str, parameters: str, stream_id: str | None) -> list[Chunk]:
         factory = ADAPTERS.get(fmt)
         if factory is None:
             raise InputFormatError(f"unknown content-format {fmt!r}; supported: {formats()}")
+        dialect = self._dialect(record, fmt, parameters)
         if stream_id is None:
             raise InputFormatError(f"a {fmt} record needs its stream id (UTF-8) as its key")
         if self._too_long(stream_id):
@@ -247,7 +264,12 @@ class Decoder:
         stream = part.streams.pop(slot, None)
         if stream is None:
             headers = _adapter_headers(record)
+            if dialect is not None:
+                headers[dialects.HEADER] = dialect
             stream = _Stream(factory(stream_id, headers, None, max_calls=self._max), headers)
+        elif stream.headers.get(dialects.HEADER) != dialect:
+            part.streams[slot] = stream
+            raise InputFormatError(f"{fmt}: a record of another dialect than its stream's")
         part.streams[slot] = stream  # the most recently active now
         part.touch(slot)
         chunks = stream.adapter.feed(event)
@@ -284,6 +306,18 @@ class Decoder:
             and len(identifier) * 4 > bound
             and len(identifier.encode("utf-8", "surrogatepass")) > bound
         )
+
+    def _dialect(self, record: Any, fmt: str, parameters: str) -> str | None:
+        """The dialect a record is read in: its header's, or its topic's (both: the same)."""
+        named = dialects.dialect_of(fmt, parameters)
+        by_topic = self._dialects.get(record.topic)
+        if by_topic is not None and dialects.DIALECTS[by_topic].format == fmt:
+            if named is not None and named.name != by_topic:
+                raise InputFormatError(
+                    f"{fmt}: the record names dialect {named.name!r}, its topic {by_topic!r}"
+                )
+            return by_topic
+        return named.name if named is not None else None
 
     def _fail(
         self, record: Any, fmt: str, stream_id: str | None, code: Code, detail: str

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
 
 from worker.adapters.decoder import ENVELOPE, formats
+from worker.adapters.dialects import split_format
 from worker.adapters.sse import SSEDecoder
 from worker.errors import InputFormatError
 
@@ -54,6 +55,7 @@ def read_records(
 ) -> Iterator[Read]:
     """Every record value in `fp`, in order (a `RecordFault` for one that cannot be read).
     Raises `InputFormatError` for an unknown format."""
+    fmt = split_format(fmt)[0] if fmt is not None else None
     if fmt is not None and fmt != ENVELOPE and fmt not in formats():
         raise InputFormatError(f"unknown format {fmt!r}; supported: {formats()}")
     head = b""

@@ -27,6 +27,12 @@ skipped. So an event is refused when the SDK would read it differently from us, 
 
 With n > 1 choices, the calls and the refusal of choice k > 0 get a `:k` suffix on their ids so
 that equal vendor ids in two choices cannot merge. Text content is not a call and yields nothing.
+
+A stream read in a dialect (`worker.adapters.dialects`) relaxes only what its server does: with
+`reused_index` (Ollama, Dynamo) a delta at the current index that opens with a new id and a name
+is the next call; with `cut_calls_finish_as_tool_calls` (vLLM) each call's text is followed
+(where its JSON value ends) and a call whose text ends inside its value is not released, the
+END then saying `length`: a cut call is never accepted, whatever the finish reason says.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from worker._native import Chunk
+from worker.adapters import dialects
 from worker.adapters import fields as f
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
@@ -67,8 +74,44 @@ _PRIORITY = (
 _EMPTY: tuple[Any, ...] = (None, "", [])
 
 
+class _JsonEnd:
+    """Whether a text read piece by piece has ended its JSON value: its nesting depth, and
+    whether it is inside a string (an escape pending) or has seen a value at all."""
+
+    __slots__ = ("depth", "escape", "started", "string")
+
+    def __init__(self, state: list[Any] | None = None) -> None:
+        self.depth, self.string, self.escape, self.started = state or [0, False, False, False]
+
+    def state(self) -> list[Any]:
+        return [self.depth, self.string, self.escape, self.started]
+
+    def feed(self, text: str) -> None:
+        for char in text:
+            if self.string:
+                if self.escape:
+                    self.escape = False
+                elif char == "\\":
+                    self.escape = True
+                elif char == '"':
+                    self.string = False
+            elif char == '"':
+                self.string = self.started = True
+            elif char in "{[":
+                self.depth += 1
+                self.started = True
+            elif char in "}]":
+                self.depth -= 1
+            elif not char.isspace():
+                self.started = True
+
+    @property
+    def ended(self) -> bool:
+        return self.started and self.depth <= 0 and not self.string
+
+
 class _Choice:
-    __slots__ = ("calls", "done", "finish", "refusal")
+    __slots__ = ("calls", "done", "ends", "finish", "refusal")
 
     def __init__(
         self,
@@ -76,19 +119,22 @@ class _Choice:
         refusal: bool = False,
         done: bool = False,
         finish: FinishReason | None = None,
+        ends: list[_JsonEnd] | None = None,
     ) -> None:
         self.calls = calls if calls is not None else []  # call ids, by tool call index
         self.refusal = refusal  # the refusal channel is open
         self.done = done  # the choice has its finish reason
         self.finish = finish  # that reason, normalized (None: unknown)
+        self.ends = ends if ends is not None else []  # each call's JSON end (vLLM's dialect)
 
     def state(self) -> list[Any]:
-        return [self.calls, self.refusal, self.done, self.finish]
+        return [self.calls, self.refusal, self.done, self.finish, [e.state() for e in self.ends]]
 
     @classmethod
     def from_state(cls, state: list[Any]) -> _Choice:
-        calls, refusal, done, finish = state
-        return cls(list(calls), refusal, done, FinishReason(finish) if finish is not None else None)
+        calls, refusal, done, finish, ends = state
+        finish = FinishReason(finish) if finish is not None else None
+        return cls(list(calls), refusal, done, finish, [_JsonEnd(e) for e in ends])
 
 
 class OpenAIChatAdapter(VendorAdapter):
@@ -103,6 +149,7 @@ class OpenAIChatAdapter(VendorAdapter):
         max_calls: int,
     ) -> None:
         super().__init__(stream_id, headers, max_calls)
+        self._dialect = dialects.DIALECTS.get(headers.get(dialects.HEADER) or "")
         self._choices: list[_Choice] = []
         self._ids: set[str] = set()  # every call id of the stream (they must not repeat)
         self._held = 0
@@ -229,19 +276,32 @@ class OpenAIChatAdapter(VendorAdapter):
             raise InputFormatError(f"{where}: field 'type' must be 'function'")
         name = f.opt_str(function, "name", f"{where}.function")
         arguments = f.opt_str(function, "arguments", f"{where}.function") or ""
+        dialect = self._dialect
+        if dialect is not None and dialect.reused_index and choice.calls:
+            # the server puts every call at one index: placed by its id instead, a delta that
+            # opens with a new id and a name is the next call, any other continues the current
+            current = len(choice.calls) - 1
+            opens = (
+                vendor_id
+                and name
+                and self._call_id(choice_index, index, vendor_id) != choice.calls[-1]
+            )
+            index = current + 1 if opens else current
         if index == len(choice.calls):
             if not name:
                 raise InputFormatError(f"{where}: the first delta of a tool call needs its name")
             if vendor_id == "":
                 raise InputFormatError(f"{where}: field 'id' must not be empty")
-            base = vendor_id or f"{self._stream}:{choice_index}:{index}"
-            call_id = base if choice_index == 0 else f"{base}:{choice_index}"
+            call_id = self._call_id(choice_index, index, vendor_id)
             if call_id in self._ids:
                 raise InputFormatError(f"{where}: tool call id repeats another call's id")
             self._admit(self._held + 1, where)
             self._held += 1
             choice.calls.append(call_id)
             self._ids.add(call_id)
+            if dialect is not None and dialect.cut_calls_finish_as_tool_calls:
+                choice.ends.append(_JsonEnd())
+                choice.ends[-1].feed(arguments)
             out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, tool=name, delta=arguments))
             return
         if index != len(choice.calls) - 1:
@@ -253,18 +313,28 @@ class OpenAIChatAdapter(VendorAdapter):
         if name:
             raise InputFormatError(f"{where}: the tool call's name changed mid-stream")
         if arguments:
+            if choice.ends:
+                choice.ends[-1].feed(arguments)
             out.append(self._chunk(ChunkKind.TOOL_CALL, choice.calls[-1], delta=arguments))
+
+    def _call_id(self, choice_index: int, index: int, vendor_id: str | None) -> str:
+        base = vendor_id or f"{self._stream}:{choice_index}:{index}"
+        return base if choice_index == 0 else f"{base}:{choice_index}"
 
     def _close_stream(self, out: list[Chunk]) -> list[Chunk]:
         """The END: the calls (and refusal) of every choice its finish reason closed are
         released, the others stay open for the END to make incomplete."""
+        cut = False
         for index, choice in enumerate(self._choices):
             if choice.done and choice.finish in _RELEASES:
-                for call_id in choice.calls:
+                for position, call_id in enumerate(choice.calls):
+                    if choice.ends and not choice.ends[position].ended:
+                        cut = True  # the token limit cut it, whatever the finish reason says
+                        continue
                     out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, final=True))
                 if choice.refusal:
                     out.append(self._chunk(ChunkKind.REFUSAL, self._refusal_id(index), final=True))
-        out.append(self._end(self._end_reason()))
+        out.append(self._end(FinishReason.LENGTH if cut else self._end_reason()))
         return out
 
     def _error_event(self, error: Any) -> list[Chunk]:

@@ -16,6 +16,9 @@ item's `caller` is `{"type": "program", ...}`) keeps its item `in_progress` in
 finished once its arguments' `.done` has come, and its item's text must agree with it. A
 final response without `output` releases nothing.
 
+In a dialect whose ids rotate (`copilot`, `worker.adapters.dialects`), the response's and the
+items' ids are not compared from event to event: events are placed by `output_index` alone.
+
 Items other than function calls: those the vendor runs itself (`VENDOR_RUN`: web and file
 search, code interpreter, image generation, remote MCP calls and tool lists, a program and its
 output, a hosted shell, a server-side tool search), and every `*_output` item, yield nothing.
@@ -51,6 +54,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from worker._native import Chunk
+from worker.adapters import dialects
 from worker.adapters import fields as f
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
@@ -96,10 +100,14 @@ VENDOR_RUN = frozenset(
 )
 
 
-def _identity(item: Mapping[str, Any], item_type: str, where: str) -> tuple[str, Any, Any]:
+def _identity(
+    item: Mapping[str, Any], item_type: str, where: str, *, rotating: bool = False
+) -> tuple[str, Any, Any]:
     """What names an item that is not a function call, as the SDK compares it between its
-    `output_item.added`, its `output_item.done` and the final response: type, id, call id."""
-    return item_type, f.opt_str(item, "id", where), f.opt_str(item, "call_id", where)
+    `output_item.added`, its `output_item.done` and the final response: type, id, call id
+    (with rotating ids, a dialect's, type and call id)."""
+    item_id = f.opt_str(item, "id", where)
+    return item_type, None if rotating else item_id, f.opt_str(item, "call_id", where)
 
 
 def _client_runs(item: Mapping[str, Any], item_type: str, where: str) -> bool:
@@ -189,6 +197,8 @@ class OpenAIResponsesAdapter(VendorAdapter):
         max_calls: int,
     ) -> None:
         super().__init__(stream_id, headers, max_calls)
+        dialect = dialects.DIALECTS.get(headers.get(dialects.HEADER) or "")
+        self._rotating = dialect is not None and dialect.rotating_item_ids
         self._response_id: str | None = None  # set by response.created
         self._calls: dict[int, _Call] = {}  # function calls by output_index
         # other items by output_index: [type, id, call_id, done]
@@ -285,7 +295,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
         response_id = f.string(response, "id", f"{kind}.response")
         if self._response_id is None:
             self._response_id = response_id
-        elif response_id != self._response_id:
+        elif response_id != self._response_id and not self._rotating:
             raise InputFormatError(f"{kind}: another response's id")
         return response
 
@@ -309,7 +319,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
         if item_type != _FUNCTION_CALL:
             if len(self._others) >= self._max_calls:
                 raise InputFormatError(f"{kind}: more than {self._max_calls} other items")
-            identity = _identity(item, item_type, f"{kind}.item")
+            identity = _identity(item, item_type, f"{kind}.item", rotating=self._rotating)
             if identity[1] is not None and identity[1] in self._items:
                 raise InputFormatError(f"{kind}: item {identity[1]!r} was already added")
             if identity[1] is not None:
@@ -319,7 +329,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
         where = f"{kind}.item"
         call_id = f.string(item, "call_id", where)
         name = f.string(item, "name", where)
-        item_id = f.opt_str(item, "id", where)
+        item_id = self._item_id(item, "id", where)
         f.opt_str(item, "status", where)
         if item_id == "":
             raise InputFormatError(f"{where}: field 'id' must not be empty")
@@ -333,6 +343,12 @@ class OpenAIResponsesAdapter(VendorAdapter):
         if item_id is not None:
             self._items.add(item_id)
         return call
+
+    def _item_id(self, source: Mapping[str, Any], name: str, where: str) -> str | None:
+        """An item's id as events name it; None in a dialect whose ids rotate (events are
+        then placed by `output_index` alone)."""
+        item_id = f.opt_str(source, name, where)
+        return None if self._rotating else item_id
 
     def _unjudged(self, item: Mapping[str, Any], item_type: str, kind: str) -> list[Chunk]:
         """An item other than a function call, when it is first seen: nothing when the vendor
@@ -354,7 +370,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
         call = self._calls.get(index)
         if call is None:
             raise InputFormatError(f"{kind}: output_index {index} is not a function call")
-        item_id = f.opt_str(event, "item_id", kind)
+        item_id = self._item_id(event, "item_id", kind)
         if item_id is not None and item_id != call.item_id:
             raise InputFormatError(f"{kind}: item_id {item_id!r} is not output_index {index}'s")
         return call
@@ -397,13 +413,13 @@ class OpenAIResponsesAdapter(VendorAdapter):
             out.append(self._call_chunk(call, tool=call.name, delta=opening))
         elif call is None:
             other = self._others[index]
-            if _identity(item, item_type, where) != tuple(other[:3]):
+            if _identity(item, item_type, where, rotating=self._rotating) != tuple(other[:3]):
                 raise InputFormatError(f"{kind}: the item at output_index {index} changed")
             other[3] = True
             return []
         elif item_type != _FUNCTION_CALL:
             raise InputFormatError(f"{kind}: output_index {index} was a function call")
-        if f.opt_str(item, "id", where) != call.item_id:
+        if self._item_id(item, "id", where) != call.item_id:
             raise InputFormatError(f"{kind}: the item's id changed")
         if f.string(item, "call_id", where) != call.call_id:
             raise InputFormatError(f"{kind}: the item's call_id changed")
@@ -447,7 +463,8 @@ class OpenAIResponsesAdapter(VendorAdapter):
                 raise InputFormatError(f"{kind}: each of 'response.output' must be an object")
             if item.get("type") != _FUNCTION_CALL:
                 item_type = f.string(item, "type", f"{kind}.response.output[]")
-                others.add(_identity(item, item_type, f"{kind}.response.output[]"))
+                where = f"{kind}.response.output[]"
+                others.add(_identity(item, item_type, where, rotating=self._rotating))
                 continue
             call_id = f.string(item, "call_id", f"{kind}.response.output[]")
             if call_id in final or call_id not in self._ids:
@@ -466,7 +483,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
             where = f"{kind}.response.output[{call.call_id}]"
             if item is None:
                 raise InputFormatError(f"{kind}: the final response lacks call {call.call_id!r}")
-            if f.opt_str(item, "id", where) != call.item_id or item.get("name") != call.name:
+            if self._item_id(item, "id", where) != call.item_id or item.get("name") != call.name:
                 raise InputFormatError(f"{where}: the item's id or name changed")
             arguments = item.get("arguments")
             if not isinstance(arguments, str) or _digest(arguments) != call.digest:

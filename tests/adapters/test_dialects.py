@@ -1,0 +1,249 @@
+"""Dialects of OpenAI-compatible servers: named by the content-format header's parameter or per
+input topic, never guessed; each relaxes only its server's known habit, and a cut call is
+never accepted whatever the finish reason says."""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.adapters import streamgen
+from tests.adapters.oracles import (
+    CHAT,
+    RECORDED,
+    RESPONSES,
+    Gate,
+    assemble,
+    encode,
+    permissive_contracts,
+    records,
+    sdk_calls,
+)
+from worker.adapters.decoder import Decoder
+from worker.adapters.input import read_records
+from worker.cli import main
+from worker.model import ChunkKind, Code, IncompleteReason, Outcome
+
+CALLS = [streamgen.WEATHER, streamgen.STOCK, streamgen.SHELL]
+
+
+def outcomes(fmt: str, events: list[dict[str, Any]]) -> dict[str, str]:
+    return {
+        call.call_id: call.incomplete or call.assembly_error or "complete"
+        for call in assemble(fmt, encode(events))
+    }
+
+
+# -- a turn's every call at index 0 (Ollama, Dynamo) -------------------------------------------
+
+
+def reused_index(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A Chat stream as Ollama sends it: every tool call delta at index 0."""
+    out = copy.deepcopy(events)
+    for event in out:
+        for choice in event.get("choices", []):
+            for call in (choice.get("delta") or {}).get("tool_calls") or []:
+                call["index"] = 0
+    return out
+
+
+def normalized(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stream with each call's index restored from the order of its ids (the oracle: what
+    the SDK accumulates from the calls the server meant)."""
+    out = copy.deepcopy(events)
+    seen: dict[int, int] = {}
+    for event in out:
+        for choice in event.get("choices", []):
+            for call in (choice.get("delta") or {}).get("tool_calls") or []:
+                k = choice["index"]
+                if call.get("id"):
+                    seen[k] = seen.get(k, -1) + 1
+                call["index"] = seen.get(k, 0)
+    return out
+
+
+@pytest.mark.parametrize("dialect", ["ollama", "dynamo"])
+def test_calls_all_at_index_0_are_separate_calls_in_their_servers_dialect(dialect: str) -> None:
+    events = reused_index(streamgen.chat_stream("c1", [CALLS], random.Random(1)))
+    strict = outcomes(CHAT, events)
+    assert IncompleteReason.STREAM_CORRUPT in strict.values()  # the strict default refuses it
+    fmt = f"{CHAT}; dialect={dialect}"
+    ours = assemble(fmt, encode(events))
+    sdk = sdk_calls(CHAT, normalized(events))
+    assert sorted((c.call_id, c.tool, c.arguments.decode()) for c in ours) == sorted(sdk.triples())
+    assert all(c.incomplete is None for c in ours)
+
+
+def test_the_dialect_never_merges_what_the_sdk_would_merge() -> None:
+    # the SDK itself concatenates the calls' texts into one: the failure the dialect avoids
+    events = reused_index(streamgen.chat_stream("c1", [CALLS[:2]], random.Random(2)))
+    merged = sdk_calls(CHAT, events).calls
+    assert len(merged) == 1
+    assert len(assemble(f"{CHAT}; dialect=ollama", encode(events))) == 2
+
+
+def test_a_later_delta_naming_another_id_without_a_name_still_breaks_the_stream() -> None:
+    events = reused_index(streamgen.chat_stream("c1", [CALLS[:2]], random.Random(3)))
+    first_piece = next(
+        i
+        for i, e in enumerate(events)
+        if e["choices"]
+        and "id" not in ((e["choices"][0]["delta"].get("tool_calls") or [{}])[0])
+        and e["choices"][0]["delta"].get("tool_calls")
+    )
+    events[first_piece]["choices"][0]["delta"]["tool_calls"][0]["id"] = "call_other"
+    assert IncompleteReason.STREAM_CORRUPT in outcomes(f"{CHAT}; dialect=ollama", events).values()
+
+
+# -- finish_reason tool_calls on a cut call (vLLM) ----------------------------------------------
+
+
+def cut(events: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
+    """The stream with its last call's argument pieces cut to `keep`, still finishing
+    `tool_calls` (what vLLM's streaming server reports)."""
+    pieces = [
+        i
+        for i, e in enumerate(events)
+        if e["choices"]
+        and (e["choices"][0]["delta"].get("tool_calls") or [{}])[0]
+        .get("function", {})
+        .get("arguments")
+    ]
+    drop = pieces[-(len(pieces) - keep) :] if keep < len(pieces) else []
+    return [e for i, e in enumerate(events) if i not in drop]
+
+
+def test_vllm_a_cut_call_finishing_tool_calls_is_never_accepted(tmp_path: Path) -> None:
+    events = streamgen.chat_stream("c1", [[streamgen.WEATHER]], random.Random(4))
+    truncated = cut(events, 2)
+    assert truncated[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert outcomes(f"{CHAT}; dialect=vllm", truncated) == {
+        "call_weather_1": IncompleteReason.MAX_TOKENS
+    }
+    # the strict default releases it: the gate rejects the text (never accepted either)
+    gate = Gate(permissive_contracts(tmp_path, ["get_weather"]))
+    (emission,) = gate.run([records(CHAT, encode(truncated))])
+    assert (emission.verdict.outcome, emission.verdict.code) == (
+        Outcome.REJECTED,
+        Code.INVALID_JSON,
+    )
+    # a whole call in the same dialect passes as usual
+    assert outcomes(f"{CHAT}; dialect=vllm", events) == {"call_weather_1": "complete"}
+
+
+# -- rotating item ids (GitHub Copilot) ---------------------------------------------------------
+
+
+def rotated(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A Responses stream with every response and item id new on each event (Copilot's)."""
+    out = copy.deepcopy(events)
+    for number, event in enumerate(out):
+        if "item_id" in event:
+            event["item_id"] = f"rot-{number}"
+        if isinstance(event.get("item"), dict):
+            event["item"]["id"] = f"rot-{number}"
+        if isinstance(event.get("response"), dict):
+            event["response"]["id"] = f"resp-{number}"
+            for n, item in enumerate(event["response"].get("output") or []):
+                item["id"] = f"rot-{number}-{n}"
+    return out
+
+
+def test_copilot_rotating_ids_are_placed_by_output_index() -> None:
+    events = streamgen.responses_stream("r1", CALLS, random.Random(5))
+    changed = rotated(events)
+    assert "complete" not in outcomes(RESPONSES, changed).values()  # strict: never accepted
+    ours = assemble(f"{RESPONSES}; dialect=copilot", encode(changed))
+    sdk = sdk_calls(RESPONSES, events)  # the oracle: the stream before its ids rotated
+    assert sorted((c.call_id, c.tool, c.arguments.decode()) for c in ours) == sorted(sdk.triples())
+    assert all(c.incomplete is None for c in ours)
+
+
+def test_the_recorded_copilot_stream_reads_in_its_dialect_only() -> None:
+    path = RECORDED / "openai_responses_copilot" / "vercel_copilot_rotating_ids.jsonl"
+    with path.open("rb") as fp:
+        values = list(read_records(fp, RESPONSES))
+    strict = assemble(RESPONSES, values)
+    assert any(c.assembly_error == Code.MALFORMED_RECORD for c in strict)
+    assert assemble(f"{RESPONSES}; dialect=copilot", values) == []
+
+
+def test_copilot_still_refuses_a_delta_for_an_index_that_is_no_call() -> None:
+    events = rotated(streamgen.responses_stream("r1", CALLS[:1], random.Random(6)))
+    delta = next(e for e in events if e["type"] == "response.function_call_arguments.delta")
+    delta["output_index"] = 7
+    assert (
+        IncompleteReason.STREAM_CORRUPT
+        in outcomes(f"{RESPONSES}; dialect=copilot", events).values()
+    )
+
+
+# -- naming a dialect -------------------------------------------------------------------------
+
+
+def _decode(fmt: str, events: list[dict[str, Any]], **options: Any) -> list[Any]:
+    dec = Decoder(max_streams_per_partition=10, **options)
+    return [c for r in records(fmt, encode(events)) for c in dec.decode(r, fmt)]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "message"),
+    [
+        (f"{CHAT}; dialect=nobody", "has no dialect 'nobody'"),
+        (f"{CHAT}; dialect=copilot", "has no dialect 'copilot'"),
+        (f"{CHAT}; charset=utf-8", "takes one parameter"),
+    ],
+)
+def test_a_dialect_that_is_not_known_is_a_malformed_record(fmt: str, message: str) -> None:
+    events = streamgen.chat_stream("c1", [[streamgen.WEATHER]], random.Random(7))
+    (first, *_) = _decode(fmt, events)
+    assert first.kind == ChunkKind.MALFORMED
+    assert message in first.delta
+
+
+def test_a_topic_names_the_dialect_of_its_records() -> None:
+    events = reused_index(streamgen.chat_stream("c1", [CALLS[:2]], random.Random(8)))
+    chunks = _decode(CHAT, events, dialects={"in": "ollama"})
+    assert not any(c.kind == ChunkKind.MALFORMED for c in chunks)
+    assert sum(1 for c in chunks if c.final) == 2
+    # a record naming another dialect on that topic is refused
+    mixed = _decode(f"{CHAT}; dialect=vllm", events, dialects={"in": "ollama"})
+    assert mixed[0].kind == ChunkKind.MALFORMED
+    # the topic's dialect is for its format only: Responses records there are read strictly
+    responses = streamgen.responses_stream("r1", CALLS[:1], random.Random(9))
+    assert not any(
+        c.kind == ChunkKind.MALFORMED
+        for c in _decode(RESPONSES, responses, dialects={"in": "ollama"})
+    )
+
+
+def test_a_stream_keeps_the_dialect_of_its_first_record() -> None:
+    events = streamgen.chat_stream("c1", [[streamgen.WEATHER]], random.Random(10))
+    dec = Decoder(max_streams_per_partition=10)
+    first, *rest = records(CHAT, encode(events))
+    dec.decode(first, f"{CHAT}; dialect=vllm")
+    out = dec.decode(rest[0], CHAT)
+    assert out[0].kind == ChunkKind.MALFORMED
+    assert "another dialect" in out[0].delta
+    assert orjson.loads(orjson.dumps(dec.state("in", 0, full=True)))  # checkpointable
+
+
+def test_check_takes_a_dialect_in_its_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = reused_index(streamgen.chat_stream("c1", [CALLS[:2]], random.Random(11)))
+    source = tmp_path / "ollama.sse"
+    source.write_bytes(streamgen.to_sse(events, named=False, done=True))
+    contracts = permissive_contracts(tmp_path / "contracts", [c[1] for c in CALLS])
+    args = ["check", "--schemas", str(contracts), str(source)]
+    assert main([*args, "--format", f"{CHAT}; dialect=ollama"]) == 0
+    out = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [event["outcome"] for event in out] == ["accepted", "accepted"]
+    with pytest.raises(SystemExit):
+        main([*args, "--format", f"{CHAT}; dialect=copilot"])
+    assert "has no dialect 'copilot'" in capsys.readouterr().err
