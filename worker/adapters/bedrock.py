@@ -121,6 +121,11 @@ class BedrockAdapter(VendorAdapter):
         """Every tool block of the message: none is released before the END."""
         return [] if self._finished else list(self._calls.values())
 
+    @classmethod
+    def after_end(cls, event: Mapping[str, Any]) -> bool:
+        """The `metadata` event (usage, metrics) follows the stream's `messageStop`."""
+        return len(event) == 1 and isinstance(event.get("metadata"), dict)
+
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         if self._finished:
             raise InputFormatError("bedrock.converse: event after the end of the stream")

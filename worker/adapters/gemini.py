@@ -180,6 +180,19 @@ class _Writer:
         return self._close(0) + "}"
 
 
+def _carries(content: Any) -> bool:
+    """Whether a candidate's content has a part with anything in it."""
+    if content is None:
+        return False
+    if not isinstance(content, dict):
+        return True
+    parts = content.get("parts")
+    return parts is not None and (
+        not isinstance(parts, list)
+        or any(not isinstance(p, dict) or any(p.values()) for p in parts)
+    )
+
+
 def _piece(text: str) -> str:
     return orjson.dumps(text).decode()[1:-1]
 
@@ -303,6 +316,20 @@ class GeminiAdapter(VendorAdapter):
         if self._finished:
             return []
         return [call for candidate in self._candidates for call in candidate.calls]
+
+    @classmethod
+    def after_end(cls, event: Mapping[str, Any]) -> bool:
+        """A chunk that carries nothing (usage alone: no candidate content, no finish reason,
+        no error, no blocked prompt) may follow the stream's end."""
+        if "error" in event or event.get("promptFeedback"):
+            return False
+        candidates = event.get("candidates")
+        if candidates is None:
+            return True
+        return isinstance(candidates, list) and all(
+            isinstance(c, dict) and not c.get("finishReason") and not _carries(c.get("content"))
+            for c in candidates
+        )
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         if self._finished:
