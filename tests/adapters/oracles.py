@@ -513,13 +513,19 @@ def assembler(**overrides: int) -> Assembler:
     return Assembler(**bounds)
 
 
-def decoder(max_streams: int | None = None, *, closed: int | None = None) -> Decoder:
+def decoder(
+    max_streams: int | None = None,
+    *,
+    closed: int | None = None,
+    dialects: Mapping[str, str] | None = None,
+) -> Decoder:
     """The worker's decoder (its bounds from the default settings, unless given)."""
     limits = _DEFAULTS.limits
     return Decoder(
         max_streams_per_partition=max_streams or limits.max_open_calls_per_partition,
         closed_streams_per_partition=closed or limits.recently_closed_per_partition,
         max_id_bytes=limits.max_id_bytes,
+        dialects=dialects,
     )
 
 

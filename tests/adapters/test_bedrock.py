@@ -19,13 +19,13 @@ from tests.adapters.oracles import (
     RECORDED,
     assemble,
     chunks_of,
+    decoder,
     encode,
     eventstream_messages,
     records,
     sdk_calls,
 )
 from worker.adapters.bedrock import BedrockAdapter
-from worker.adapters.decoder import Decoder
 from worker.adapters.input import RecordFault, read_records
 from worker.errors import InputFormatError
 from worker.model import ChunkKind, Code, FinishReason, IncompleteReason
@@ -82,7 +82,7 @@ def test_tool_blocks_stream_their_input_and_are_released_at_message_stop() -> No
 def test_the_metadata_after_message_stop_is_taken_quietly() -> None:
     events = stream()
     assert "metadata" in events[-1]
-    dec = Decoder(max_streams_per_partition=10)
+    dec = decoder()
     out = [c for r in records(BEDROCK, encode(events)) for c in dec.decode(r, BEDROCK)]
     assert not any(c.kind == ChunkKind.MALFORMED for c in out)
     assert dec.dropped_records == 0
@@ -91,7 +91,7 @@ def test_the_metadata_after_message_stop_is_taken_quietly() -> None:
 def test_the_event_stream_payload_form_reads_as_the_boto3_form() -> None:
     events = stream(TWO)
     boto3_form = assemble(BEDROCK, encode(events))
-    dec = Decoder(max_streams_per_partition=10)
+    dec = decoder()
     payloads = []
     for number, event in enumerate(events):
         ((kind, body),) = event.items()

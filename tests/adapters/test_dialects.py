@@ -19,12 +19,12 @@ from tests.adapters.oracles import (
     RESPONSES,
     Gate,
     assemble,
+    decoder,
     encode,
     permissive_contracts,
     records,
     sdk_calls,
 )
-from worker.adapters.decoder import Decoder
 from worker.adapters.input import read_records
 from worker.cli import main
 from worker.model import ChunkKind, Code, IncompleteReason, Outcome
@@ -187,7 +187,7 @@ def test_copilot_still_refuses_a_delta_for_an_index_that_is_no_call() -> None:
 
 
 def _decode(fmt: str, events: list[dict[str, Any]], **options: Any) -> list[Any]:
-    dec = Decoder(max_streams_per_partition=10, **options)
+    dec = decoder(**options)
     return [c for r in records(fmt, encode(events)) for c in dec.decode(r, fmt)]
 
 
@@ -224,7 +224,7 @@ def test_a_topic_names_the_dialect_of_its_records() -> None:
 
 def test_a_stream_keeps_the_dialect_of_its_first_record() -> None:
     events = streamgen.chat_stream("c1", [[streamgen.WEATHER]], random.Random(10))
-    dec = Decoder(max_streams_per_partition=10)
+    dec = decoder()
     first, *rest = records(CHAT, encode(events))
     dec.decode(first, f"{CHAT}; dialect=vllm")
     out = dec.decode(rest[0], CHAT)

@@ -14,8 +14,8 @@ message has for it). A `toolUse` whose `type` is `server_tool_use` is a tool Bed
 itself (Nova's code interpreter), and its `toolResult` block too: neither is a client call,
 and text and reasoning blocks (which start with their first delta) yield nothing.
 
-`messageStop` ends the stream (one END); a `metadata` event (usage) follows it and is taken as
-the whole of a stream of its own when it comes alone (as Chat Completions' usage chunk is).
+`messageStop` ends the stream (one END); the `metadata` event (usage) that follows it carries
+nothing (`after_end`).
 Every call is held until the END and released according to `stopReason`: `tool_use`,
 `end_turn` and `stop_sequence` release the stopped tool blocks; `max_tokens` and
 `model_context_window_exceeded` release them too except the message's last block when it is a
@@ -127,8 +127,6 @@ class BedrockAdapter(VendorAdapter):
         return len(event) == 1 and isinstance(event.get("metadata"), dict)
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
-        if self._finished:
-            raise InputFormatError("bedrock.converse: event after the end of the stream")
         if len(event) != 1:
             raise InputFormatError("bedrock.converse: an event is an object of one member")
         ((kind, body),) = event.items()
@@ -139,9 +137,6 @@ class BedrockAdapter(VendorAdapter):
         if not isinstance(body, dict):
             raise InputFormatError(f"{kind}: must be an object")
         if kind == "metadata":
-            if not self._started:  # the usage that follows a stream's messageStop
-                self._finished = True
-                return []
             raise InputFormatError(f"{kind}: comes after messageStop")
         if kind == "messageStart":
             if self._started:

@@ -332,8 +332,6 @@ class GeminiAdapter(VendorAdapter):
         )
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
-        if self._finished:
-            raise InputFormatError("google.gemini: event after the end of the stream")
         if "error" in event:
             error = event["error"]
             code = "error"
