@@ -10,7 +10,7 @@ NATIVE := native/Cargo.toml Cargo.toml $(wildcard Cargo.lock) $(shell find nativ
 CARGO_ENV := PYO3_PYTHON=$(abspath $(BIN)/python) \
 	LD_LIBRARY_PATH=$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: demo test system kafka lint typecheck rust unit integration bench fuzz clean
+.PHONY: demo test system kafka tools lint typecheck rust unit integration bench fuzz clean
 
 $(STAMP): pyproject.toml $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,9 +24,14 @@ demo: $(STAMP)
 system:
 	tools/setup-system
 
-# Apache Kafka's jars for the tests' real broker (Maven Central -> .cache/kafka-<version>/libs)
+# Apache Kafka's jars for the tests' real broker (Maven Central -> .cache/kafka-<version>-*/libs)
 kafka: system
 	tools/kafka/fetch
+
+# every real part the tests build from registries, into .cache/: Apache Kafka's jars (Maven
+# Central), kustomize (Go module proxy)
+tools: kafka
+	tools/kustomize/install
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -40,13 +45,13 @@ rust: $(STAMP)
 	$(CARGO_ENV) cargo clippy --workspace --all-targets -- -D warnings
 	$(CARGO_ENV) cargo test --workspace --quiet
 
-test: system kafka lint typecheck rust
+test: system tools lint typecheck rust
 	$(BIN)/pytest
 
 unit: $(STAMP)
 	$(BIN)/pytest -m "not integration"
 
-integration: system kafka $(STAMP)
+integration: system tools $(STAMP)
 	$(BIN)/pytest -m integration
 
 bench: $(STAMP)

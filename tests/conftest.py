@@ -18,6 +18,7 @@ import pytest
 from callgate_demo.broker import BrokerStartError, EmbeddedBroker
 from tests.support import published
 from tests.support.apache_kafka import ApacheKafka, ApacheKafkaError, fetch_libs
+from tests.support.tools import KUSTOMIZE, ToolError, built
 
 # hypothesis is imported above, at collection, even for a run of tests that do not use it:
 # otherwise its pytest plugin imports it at the session's end, from a stack deep enough for
@@ -31,6 +32,9 @@ BROKER_START_TIMEOUT_S = 15.0
 # a cold fetch from Maven Central took 8 to 15 s here, a start (format included) about 4 s
 APACHE_KAFKA_FETCH_TIMEOUT_S = 60.0
 APACHE_KAFKA_START_TIMEOUT_S = 45.0
+#: a cold build from the Go module proxy (`make test` builds it first: then it is only found);
+#: the tests that ask for one raise their own timeout to match
+GO_BUILD_TIMEOUT_S = 1500.0
 
 
 def _unavailable(reason: str, service: str = "embedded broker") -> None:
@@ -86,3 +90,13 @@ def broker(request: pytest.FixtureRequest) -> str:
         return tansu.bootstrap_servers
     kafka: ApacheKafka = request.getfixturevalue("apache_kafka")
     return kafka.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def kustomize() -> Path:
+    """The kustomize binary (`tools/kustomize/install` builds it from the Go module proxy)."""
+    try:
+        return built(KUSTOMIZE, timeout_s=GO_BUILD_TIMEOUT_S)
+    except ToolError as exc:
+        _unavailable(str(exc), "kustomize")
+        raise

@@ -7,6 +7,8 @@ import fnmatch
 import itertools
 import os
 import re
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,9 @@ import yaml
 from pydantic import BaseModel
 
 from tests.deploy.prometheus_helpers import DEPLOY, ROOT
+from worker.compose import build_registry, tool_labels
+from worker.plugins import CONTRACT_PLUGINS
+from worker.schemas.registry import contract_files
 from worker.settings import MetricsSettings, Settings
 
 K8S = DEPLOY / "k8s"
@@ -25,16 +30,6 @@ METRICS_PORT = MetricsSettings().port
 
 def load_all(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
-
-
-def k8s_objects() -> dict[str, dict[str, Any]]:
-    objects = {}
-    for path in sorted(K8S.glob("*.yaml")):
-        if path.name == "kustomization.yaml":
-            continue
-        for doc in load_all(path):
-            objects[doc["kind"]] = doc
-    return objects
 
 
 def setting_field(env_name: str) -> Any:
@@ -125,21 +120,69 @@ def test_compose_makes_the_topics_with_callgate_before_the_workers() -> None:
 # -- kubernetes ----------------------------------------------------------------------------------
 
 
-def test_kustomization_lists_every_manifest() -> None:
+KUSTOMIZE_TIMEOUT_S = 1500  # the first test to ask may build kustomize (see tests/conftest.py)
+
+
+@pytest.fixture(scope="module")
+def rendered(kustomize: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """`kustomize build deploy/k8s` as `kubectl apply -k` applies it: (kind, name) -> object."""
+    result = subprocess.run(
+        [str(kustomize), "build", str(K8S)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    objects = {}
+    for doc in yaml.safe_load_all(result.stdout):
+        key = (doc["kind"], doc["metadata"]["name"])
+        assert key not in objects, key
+        objects[key] = doc
+    return objects
+
+
+def one(rendered: dict[tuple[str, str], dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [doc for (k, _), doc in rendered.items() if k == kind]
+    return found
+
+
+def test_the_generated_manifests_are_fresh() -> None:
+    result = subprocess.run(
+        [sys.executable, str(K8S / "generate.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.timeout(KUSTOMIZE_TIMEOUT_S)
+def test_kustomize_renders_every_manifest_into_the_namespace(
+    rendered: dict[tuple[str, str], dict[str, Any]],
+) -> None:
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    listed = set(kustomization["resources"])
     present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == present
-    for path in K8S.glob("*.yaml"):
-        for doc in load_all(path):
-            if path.name != "kustomization.yaml":
-                assert {"apiVersion", "kind", "metadata"} <= set(doc), path.name
-                assert doc["metadata"]["name"], path.name
+    patches = {patch["path"] for patch in kustomization["patches"]}
+    assert set(kustomization["resources"]) | patches == present
+    kinds = {kind for kind, _ in rendered}
+    assert kinds == {
+        "Namespace",
+        "ConfigMap",
+        "Job",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "ServiceMonitor",
+    }
+    for (kind, name), doc in rendered.items():
+        if kind != "Namespace":
+            assert doc["metadata"]["namespace"] == "callgate", (kind, name)
+        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "callgate", (kind, name)
 
 
-def test_deployment_probes_ports_and_resources(monkeypatch: pytest.MonkeyPatch) -> None:
-    objects = k8s_objects()
-    deployment = objects["Deployment"]
+@pytest.mark.timeout(KUSTOMIZE_TIMEOUT_S)
+def test_deployment_probes_ports_and_resources(
+    rendered: dict[tuple[str, str], dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deployment = one(rendered, "Deployment")
     assert deployment["apiVersion"] == "apps/v1"
     spec = deployment["spec"]
     pod = spec["template"]
@@ -158,13 +201,8 @@ def test_deployment_probes_ports_and_resources(monkeypatch: pytest.MonkeyPatch) 
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
 
     # settings: the ConfigMap's variables are real settings that validate together
-    configmaps = {
-        doc["metadata"]["name"]: doc
-        for path in K8S.glob("configmap-*.yaml")
-        for doc in load_all(path)
-    }
     (env_from,) = container["envFrom"]
-    settings_env = configmaps[env_from["configMapRef"]["name"]]["data"]
+    settings_env = rendered[("ConfigMap", env_from["configMapRef"]["name"])]["data"]
     for extra in container.get("env", []):
         setting_field(extra["name"])
     settings = assert_valid_settings(settings_env, monkeypatch)
@@ -173,26 +211,47 @@ def test_deployment_probes_ports_and_resources(monkeypatch: pytest.MonkeyPatch) 
     assert settings.topics.replication_factor == 3
     grace = pod["spec"]["terminationGracePeriodSeconds"]
     assert grace > settings.shutdown_grace_s
-
-    # schemas: the volume maps every ConfigMap key to <domain>/<file> under the schemas dir
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "schemas"]
     assert mount["mountPath"] == str(settings.schemas.dir)
+
+
+@pytest.mark.timeout(KUSTOMIZE_TIMEOUT_S)
+def test_the_mounted_contracts_are_schemas_and_load_as_the_worker_loads_them(
+    rendered: dict[tuple[str, str], dict[str, Any]], tmp_path: Path
+) -> None:
+    """The pod's contracts directory, laid out as the kubelet would mount the rendered volume,
+    holds every file of schemas/ the worker loads, byte for byte, and loads to the same tools
+    and plugins; the pod template carries their digest, so a changed contract rolls the pods."""
+    pod = one(rendered, "Deployment")["spec"]["template"]
     (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "schemas"]
-    schema_map = configmaps[volume["configMap"]["name"]]["data"]
+    data = rendered[("ConfigMap", volume["configMap"]["name"])]["data"]
     items = {item["key"]: item["path"] for item in volume["configMap"]["items"]}
-    assert set(items) == set(schema_map)
+    assert set(items) == set(data)
     for key, path in items.items():
-        domain, file = key.split("__", 1)
-        assert path == f"{domain}/{file}"
-        assert re.fullmatch(r"[A-Za-z0-9_\-]+\.v[0-9]+(\.output)?\.schema\.json", file)
-        assert yaml.safe_load(schema_map[key])["type"] == "object"  # JSON is YAML
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(data[key], encoding="utf-8")
+    shipped = sorted(
+        str(path.relative_to(ROOT / "schemas"))
+        for path in [*contract_files(ROOT / "schemas"), ROOT / "schemas" / CONTRACT_PLUGINS]
+    )
+    assert sorted(items.values()) == shipped
+    for path in shipped:
+        assert (tmp_path / path).read_bytes() == (ROOT / "schemas" / path).read_bytes(), path
+    mounted = build_registry(Settings(schemas={"dir": tmp_path}))
+    repository = build_registry(Settings(schemas={"dir": ROOT / "schemas"}))
+    assert tool_labels(mounted) == tool_labels(repository)
+    assert len(tool_labels(mounted)) >= 4
+    annotation = pod["metadata"]["annotations"]["callgate.dev/contracts-sha256"]
+    assert re.fullmatch(r"[0-9a-f]{64}", annotation)
 
 
-def test_the_topics_job_runs_callgate_topics_create_with_the_workers_settings() -> None:
-    objects = k8s_objects()
-    job = objects["Job"]["spec"]["template"]["spec"]
+@pytest.mark.timeout(KUSTOMIZE_TIMEOUT_S)
+def test_the_topics_job_runs_callgate_topics_create_with_the_workers_settings(
+    rendered: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    job = one(rendered, "Job")["spec"]["template"]["spec"]
     (container,) = job["containers"]
-    (worker,) = objects["Deployment"]["spec"]["template"]["spec"]["containers"]
+    (worker,) = one(rendered, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["args"][:2] == ["topics", "create"]
     assert container["image"] == worker["image"]
     assert container["envFrom"] == worker["envFrom"]
@@ -200,14 +259,16 @@ def test_the_topics_job_runs_callgate_topics_create_with_the_workers_settings() 
     assert job["securityContext"]["runAsNonRoot"] is True
 
 
-def test_service_servicemonitor_and_pdb_select_the_workers() -> None:
-    objects = k8s_objects()
-    pod_labels = objects["Deployment"]["spec"]["template"]["metadata"]["labels"]
-    service = objects["Service"]
+@pytest.mark.timeout(KUSTOMIZE_TIMEOUT_S)
+def test_service_servicemonitor_and_pdb_select_the_workers(
+    rendered: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    pod_labels = one(rendered, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = one(rendered, "Service")
     assert service["spec"]["selector"].items() <= pod_labels.items()
     (port,) = service["spec"]["ports"]
     assert (port["name"], port["port"], port["targetPort"]) == ("metrics", METRICS_PORT, "metrics")
-    monitor = objects["ServiceMonitor"]
+    monitor = one(rendered, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert (
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
@@ -216,10 +277,29 @@ def test_service_servicemonitor_and_pdb_select_the_workers() -> None:
     assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
     # job label = the Service's app.kubernetes.io/name = "callgate", the job the alerts use
     assert service["metadata"]["labels"][monitor["spec"]["jobLabel"]] == "callgate"
-    pdb = objects["PodDisruptionBudget"]
+    pdb = one(rendered, "PodDisruptionBudget")
     assert pdb["apiVersion"] == "policy/v1"
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_one_kafka_version_named_once() -> None:
+    """deploy/.env names it; compose's broker image and the tests' jars both read it there."""
+    (line,) = [
+        line for line in (DEPLOY / ".env").read_text().splitlines() if line.startswith("KAFKA_")
+    ]
+    version = line.removeprefix("KAFKA_VERSION=")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), line
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert compose["services"]["kafka"]["image"] == "apache/kafka:${KAFKA_VERSION}"
+    pom = (ROOT / "tools" / "kafka" / "pom.xml").read_text()
+    assert "<kafka.version>" not in pom  # the fetch script passes it from deploy/.env
+    named = [
+        str(path.relative_to(ROOT))
+        for path in [*DEPLOY.rglob("*"), *(ROOT / "tools").rglob("*")]
+        if path.is_file() and path.name != ".env" and version in path.read_text(errors="ignore")
+    ]
+    assert named == [], f"{version} named again in {named}"
 
 
 # -- dockerfile ----------------------------------------------------------------------------------
@@ -341,7 +421,10 @@ def test_dockerfile_runtime_has_the_wheel_only_and_no_build_tools() -> None:
     assert 'python -c "import worker._native"' in install
 
 
-def test_dockerfile_runtime_runs_callgate_as_a_user_with_a_health_check() -> None:
+@pytest.mark.timeout(KUSTOMIZE_TIMEOUT_S)
+def test_dockerfile_runtime_runs_callgate_as_a_user_with_a_health_check(
+    rendered: dict[tuple[str, str], dict[str, Any]],
+) -> None:
     runtime = stage("runtime")
     names = [name for name, _ in runtime.instructions]
     (user,) = runtime.all("USER")
@@ -351,7 +434,7 @@ def test_dockerfile_runtime_runs_callgate_as_a_user_with_a_health_check() -> Non
     assert gid.isdigit()
     assert int(gid) != 0
     assert names.index("USER") > max(i for i, name in enumerate(names) if name == "RUN")
-    pod = k8s_objects()["Deployment"]["spec"]["template"]["spec"]
+    pod = one(rendered, "Deployment")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == int(uid)
     assert pod["securityContext"]["runAsGroup"] == int(gid)
 

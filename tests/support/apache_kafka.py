@@ -16,7 +16,6 @@ import base64
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -28,10 +27,9 @@ from types import TracebackType
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from tests.datafiles import REPO
 from tests.support.processes import ChildWait, free_port, stop_process, wait_until
+from tests.support.tools import KAFKA, ToolError, built
 
-FETCH = REPO / "tools" / "kafka" / "fetch"
 LOOPBACK = "127.0.0.1"
 NODE_ID = 1
 BROKER_HEAP = "-Xmx512m"
@@ -45,32 +43,13 @@ class ApacheKafkaError(RuntimeError):
 
 
 def fetch_libs(timeout_s: float) -> Path:
-    """The directory of the broker's jars, assembled first by `tools/kafka/fetch` if missing.
-
-    The script runs in its own process group, so a run that outlasts `timeout_s` is stopped
-    whole (Maven included): SIGTERM to that group, SIGKILL if it lingers.
-    """
+    """The directory of the broker's jars, assembled first by `tools/kafka/fetch` if missing."""
     try:
-        process = subprocess.Popen(
-            [str(FETCH)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        raise ApacheKafkaError(f"cannot run {FETCH}: {exc}") from None
-    try:
-        out, err = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _stop_group(process)
-        raise ApacheKafkaError(f"{FETCH} did not finish within {timeout_s:.0f} s") from None
-    if process.returncode != 0:
-        tail = _tail(err.decode(errors="replace"))
-        raise ApacheKafkaError(f"{FETCH} failed with status {process.returncode}:\n{tail}")
-    libs = Path(out.decode().strip().splitlines()[-1]) if out.strip() else None
-    if libs is None or not libs.is_dir():
-        raise ApacheKafkaError(f"{FETCH} printed no libs directory (got {out!r})")
+        libs = built(KAFKA, timeout_s)
+    except ToolError as exc:
+        raise ApacheKafkaError(str(exc)) from None
+    if not libs.is_dir():
+        raise ApacheKafkaError(f"{KAFKA} printed {libs}, not a directory")
     return libs
 
 
@@ -328,15 +307,3 @@ def _accepts(host: str, port: int) -> bool:
 
 def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
-
-
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
-    """Stop the process group that `process` leads (it was started in a session of its own)."""
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        try:
-            process.communicate(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        return
