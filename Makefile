@@ -29,9 +29,10 @@ kafka: system
 	tools/kafka/fetch
 
 # every real part the tests build from registries, into .cache/: Apache Kafka's jars (Maven
-# Central), kustomize (Go module proxy)
+# Central), kustomize and the OpenTelemetry Collector (Go module proxy)
 tools: kafka
 	tools/kustomize/install
+	tools/otelcol/build
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -8,14 +8,19 @@ when a broker starts, so a demo against configured bootstrap servers does not ne
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import subprocess
 from pathlib import Path
 from types import TracebackType
 
-from callgate_demo.processes import LOOPBACK, ChildWait, free_port, stop_child, wait_for_child
+from callgate_demo.processes import (
+    LOOPBACK,
+    ChildWait,
+    accepts,
+    free_port,
+    stop_child,
+    wait_for_child,
+)
 from worker.errors import InfrastructureError
 
 
@@ -78,7 +83,7 @@ class EmbeddedBroker:
         """Start the process and return once its listener accepts connections."""
         if self._process is not None:
             raise BrokerStartError("embedded broker already started")
-        if _accepts(self.host, self.port):
+        if accepts(self.host, self.port):
             # something else listens there: waiting for "our" listener would find the other one
             raise BrokerStartError(f"port {self.port} on {self.host} is already in use")
         command = self.command()
@@ -96,7 +101,7 @@ class EmbeddedBroker:
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()  # type: ignore[union-attr]
-        waited = wait_for_child(self._process, lambda: _accepts(self.host, self.port), timeout_s)
+        waited = wait_for_child(self._process, lambda: accepts(self.host, self.port), timeout_s)
         if waited is ChildWait.EXITED:
             code, self._process = self._process.returncode, None
             raise BrokerStartError(
@@ -124,9 +129,3 @@ class EmbeddedBroker:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _accepts(host: str, port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
-        return True
-    return False

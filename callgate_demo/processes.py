@@ -7,6 +7,7 @@ stop.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
@@ -22,6 +23,13 @@ def free_port(host: str = LOOPBACK) -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def accepts(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on `host:port` now."""
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+        return True
+    return False
 
 
 class ChildWait(StrEnum):

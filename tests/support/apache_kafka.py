@@ -7,27 +7,37 @@ the directory it is given, formats the storage (`kafka.tools.StorageTool format 
 starts `kafka.Kafka`, waits (bounded) until the broker answers a Kafka metadata request naming
 itself, and stops only that pid. A start that fails raises `ApacheKafkaError` with the tail of
 the broker's log.
+
+Given `security=Scram(...)`, the broker is a secured one: its only client listener is SASL_SSL
+with SCRAM-SHA-512 (the users' credentials written into the metadata when the storage is
+formatted), its certificate signed by a CA the harness makes with openssl (`Certificates`, in the
+work directory, with 127.0.0.1 in its names), and KRaft's StandardAuthorizer denies whatever no
+ACL allows. The admin user is a super user (and the controller listener's ANONYMOUS, which only
+the node itself talks to). `client_options(user)` are aiokafka's arguments for a user,
+`client_properties(user)` a Java client's properties file for the Kafka tools, and
+`acls(*args)` runs `kafka-acls.sh` (`org.apache.kafka.tools.AclCommand`) as the admin.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+from aiokafka.helpers import create_ssl_context
 
-from tests.support.processes import ChildWait, free_port, stop_process, wait_until
+from tests.support.processes import ChildWait, accepts, free_port, stop_process, wait_until
 from tests.support.tools import KAFKA, ToolError, built
 
 LOOPBACK = "127.0.0.1"
@@ -63,6 +73,54 @@ def cluster_id() -> str:
     return base64.urlsafe_b64encode(bytes(raw)).decode().rstrip("=")
 
 
+@dataclass(frozen=True)
+class Certificates:
+    """A CA made for one broker, and the broker's key and certificate signed by it."""
+
+    ca: Path  # the CA's certificate: what clients trust
+    keystore: Path  # the broker's private key (PKCS#8) and its certificate chain, PEM
+
+    @classmethod
+    def make(cls, directory: Path, host: str) -> Certificates:
+        """New keys and certificates (valid for two days) under `directory`, with openssl."""
+        directory.mkdir(parents=True, exist_ok=True)
+        ca_key, ca = directory / "ca.key", directory / "ca.pem"
+        key, csr, cert = (
+            directory / "broker.key",
+            directory / "broker.csr",
+            directory / "broker.pem",
+        )
+        names = directory / "broker.ext"
+        names.write_text(f"subjectAltName=IP:{host},DNS:localhost\n")
+        for command in (
+            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca,
+             "-days", "2", "-subj", "/CN=callgate test CA",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+            ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr,
+             "-subj", f"/CN={host}"],
+            ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+             "-out", cert, "-days", "2", "-extfile", names],
+        ):  # fmt: skip
+            done = subprocess.run(
+                ["openssl", *map(str, command)], capture_output=True, timeout=60, check=False
+            )
+            if done.returncode != 0:
+                raise ApacheKafkaError(f"openssl {command[0]} failed: {done.stderr.decode()}")
+        keystore = directory / "broker-keystore.pem"
+        keystore.write_text(key.read_text() + cert.read_text() + ca.read_text())
+        return cls(ca=ca, keystore=keystore)
+
+
+@dataclass(frozen=True)
+class Scram:
+    """A secured broker's users: name -> password; `admin` is a super user."""
+
+    users: Mapping[str, str]
+    admin: str = "admin"
+    mechanism: str = "SCRAM-SHA-512"
+
+
 class ApacheKafka:
     """One Apache Kafka broker+controller (KRaft, node 1) on free 127.0.0.1 ports.
 
@@ -72,10 +130,16 @@ class ApacheKafka:
     event loop of its own), so call it from synchronous code.
     """
 
-    def __init__(self, libs: Path, work_dir: Path, *, host: str = LOOPBACK) -> None:
+    def __init__(
+        self, libs: Path, work_dir: Path, *, host: str = LOOPBACK, security: Scram | None = None
+    ) -> None:
+        if security is not None and security.admin not in security.users:
+            raise ApacheKafkaError(f"the admin user {security.admin!r} needs a password")
         self.libs = libs
         self.work_dir = work_dir
         self.host = host
+        self.security = security
+        self.certificates: Certificates | None = None
         self.port = free_port(host)
         self.controller_port = free_port(host)
         while self.controller_port == self.port:
@@ -104,17 +168,19 @@ class ApacheKafka:
 
     def server_properties(self) -> dict[str, str]:
         """The broker's configuration: one combined KRaft node, everything on loopback."""
-        plain = f"PLAINTEXT://{self.host}:{self.port}"
+        listener = "SASL_SSL" if self.security else "PLAINTEXT"
+        clients = f"{listener}://{self.host}:{self.port}"
         controller = f"CONTROLLER://{self.host}:{self.controller_port}"
         return {
             "node.id": str(NODE_ID),
             "process.roles": "broker,controller",
             "controller.quorum.bootstrap.servers": f"{self.host}:{self.controller_port}",
-            "listeners": f"{plain},{controller}",
-            "advertised.listeners": f"{plain},{controller}",
+            "listeners": f"{clients},{controller}",
+            "advertised.listeners": f"{clients},{controller}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": listener,
+            "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:PLAINTEXT",
+            **self._security_properties(),
             "log.dirs": str(self.work_dir / "data"),
             "num.partitions": "1",
             "default.replication.factor": "1",
@@ -141,6 +207,106 @@ class ApacheKafka:
             "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
         }
 
+    def _security_properties(self) -> dict[str, str]:
+        """SASL_SSL with SCRAM for clients and between brokers, PEM files, the authorizer."""
+        if self.security is None:
+            return {}
+        assert self.certificates is not None, "made in start()"
+        scram, admin = self.security, self.security.admin
+        login = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{admin}" password="{scram.users[admin]}";'
+        )
+        return {
+            "sasl.enabled.mechanisms": scram.mechanism,
+            "sasl.mechanism.inter.broker.protocol": scram.mechanism,
+            f"listener.name.sasl_ssl.{scram.mechanism.lower()}.sasl.jaas.config": login,
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self.certificates.keystore),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.certificates.ca),
+            "ssl.client.auth": "none",
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            # the admin, and the node itself on its PLAINTEXT controller listener
+            "super.users": f"User:{admin};User:ANONYMOUS",
+            "allow.everyone.if.no.acl.found": "false",
+        }
+
+    def client_options(self, user: str | None = None) -> dict[str, Any]:
+        """aiokafka's connection arguments for `user` (the admin when None) on this broker."""
+        options: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers}
+        if self.security is None:
+            return options
+        assert self.certificates is not None, "made in start()"
+        name = user or self.security.admin
+        return {
+            **options,
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": self.security.mechanism,
+            "sasl_plain_username": name,
+            "sasl_plain_password": self.security.users[name],
+            "ssl_context": create_ssl_context(cafile=str(self.certificates.ca)),
+        }
+
+    def client_properties(self, user: str | None = None) -> Path:
+        """A Java client's properties file for `user` (the admin when None): `--command-config`
+        of the Kafka tools."""
+        path = self.work_dir / f"client-{user or 'admin'}.properties"
+        values = {"bootstrap.servers": self.bootstrap_servers}
+        if self.security is not None:
+            assert self.certificates is not None, "made in start()"
+            name = user or self.security.admin
+            values |= {
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": self.security.mechanism,
+                "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule "
+                f'required username="{name}" password="{self.security.users[name]}";',
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": str(self.certificates.ca),
+            }
+        _write_properties(path, values)
+        return path
+
+    def acls(self, *args: str, timeout_s: float = 60.0) -> str:
+        """`kafka-acls.sh --bootstrap-server <this> --command-config <admin> ARGS`: its output.
+        Raises `ApacheKafkaError` with what it printed when it fails."""
+        return self.tool(
+            "org.apache.kafka.tools.AclCommand",
+            "--bootstrap-server",
+            self.bootstrap_servers,
+            "--command-config",
+            str(self.client_properties()),
+            *args,
+            timeout_s=timeout_s,
+        )
+
+    def tool(self, main_class: str, *args: str, timeout_s: float = 60.0) -> str:
+        """Run one of Kafka's command-line tools (`main_class`) with this broker's jars."""
+        command = [
+            _java(),
+            TOOL_HEAP,
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.log4j2_file}",
+            "-cp",
+            str(self.libs / "*"),
+            main_class,
+            *args,
+        ]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise ApacheKafkaError(
+                f"{main_class} did not finish within {timeout_s:.0f} s"
+            ) from None
+        if done.returncode != 0:
+            raise ApacheKafkaError(
+                f"{main_class} {' '.join(args)} failed ({done.returncode}):\n"
+                f"{done.stdout}{done.stderr}"
+            )
+        return done.stdout
+
     def log4j2_properties(self) -> dict[str, str]:
         """Everything to `log_file`, appended; no shutdown hook, so the last words land too."""
         return {
@@ -163,6 +329,8 @@ class ApacheKafka:
         deadline = time.monotonic() + timeout_s
         java = _java()
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.security is not None and self.certificates is None:
+            self.certificates = Certificates.make(self.work_dir / "tls", self.host)
         _write_properties(self.config_file, self.server_properties())
         _write_properties(self.log4j2_file, self.log4j2_properties())
         self._format(java, deadline)
@@ -239,6 +407,7 @@ class ApacheKafka:
             "--cluster-id",
             cluster_id(),
             "--standalone",
+            *self._scram_credentials(),
         ]
         with self.log_file.open("ab") as log:
             try:
@@ -263,9 +432,20 @@ class ApacheKafka:
                 f"{self.log_tail()}"
             )
 
+    def _scram_credentials(self) -> list[str]:
+        """The storage tool's `--add-scram` of every user: credentials in the first metadata."""
+        if self.security is None:
+            return []
+        mechanism = self.security.mechanism
+        return [
+            arg
+            for name, password in self.security.users.items()
+            for arg in ("--add-scram", f"{mechanism}=[name={name},password={password}]")
+        ]
+
     def _serves(self) -> bool:
         """The broker answers a metadata request, and names itself among the live brokers."""
-        if not _accepts(self.host, self.port):
+        if not accepts(self.host, self.port):
             return False
         loop = asyncio.new_event_loop()
         try:
@@ -276,9 +456,7 @@ class ApacheKafka:
             loop.close()
 
     async def _registered(self) -> bool:
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=self.bootstrap_servers, request_timeout_ms=PROBE_TIMEOUT_MS
-        )
+        admin = AIOKafkaAdminClient(**self.client_options(), request_timeout_ms=PROBE_TIMEOUT_MS)
         try:
             await admin.start()
             cluster = await admin.describe_cluster()
@@ -297,12 +475,6 @@ def _java() -> str:
 
 def _write_properties(path: Path, values: Mapping[str, str]) -> None:
     path.write_text("".join(f"{key}={value}\n" for key, value in values.items()))
-
-
-def _accepts(host: str, port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
-        return True
-    return False
 
 
 def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 
-from callgate_demo.processes import ChildWait, free_port, stop_child, wait_for_child
+from callgate_demo.processes import ChildWait, accepts, free_port, stop_child, wait_for_child
 
-__all__ = ["ChildWait", "free_port", "stop_process", "wait_until"]
+__all__ = ["ChildWait", "accepts", "free_port", "stop_process", "wait_until"]
 
 
 def wait_until(
