@@ -11,6 +11,10 @@ start, then one empty stream's `end` per partition stamped past the idle timeout
 one abandoned call into its `timeout` (and closes nothing else).
 `assign_from_start` (reading topics from their start, without a group) is shared with the
 integration tests, which read outcome topics the same way.
+
+The contracts are the package's own (`contracts/`, the repository's `schemas/` shipped in the
+wheel), so the demo runs from an installed wheel anywhere; `CALLGATE_SCHEMAS__DIR` set names
+others.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
+from importlib import resources
+from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
@@ -64,7 +70,18 @@ def run_demo(settings: Settings, *, repeat: int = 1, out: TextIO = sys.stdout) -
             print("embedded broker stopped", file=out)
 
 
+def packaged_contracts() -> Path:
+    """The contracts the demo's traffic is written for, as the package ships them."""
+    contracts = resources.files("callgate_demo") / "contracts"
+    if not isinstance(contracts, Path) or not contracts.is_dir():
+        raise ConfigError(f"the demo's contracts are not installed ({contracts})")
+    return contracts
+
+
 def _demo_settings(settings: Settings, broker: EmbeddedBroker | None) -> Settings:
+    schemas = settings.schemas
+    if "dir" not in schemas.model_fields_set:
+        schemas = schemas.model_copy(update={"dir": packaged_contracts()})
     kafka = settings.kafka
     if broker is not None:
         # a short session makes the embedded broker's group join take about a second
@@ -75,7 +92,7 @@ def _demo_settings(settings: Settings, broker: EmbeddedBroker | None) -> Setting
     assembly = settings.assembly.model_copy(
         update={"idle_timeout_s": min(settings.assembly.idle_timeout_s, DEMO_IDLE_TIMEOUT_S)}
     )
-    return settings.model_copy(update={"kafka": kafka, "assembly": assembly})
+    return settings.model_copy(update={"kafka": kafka, "assembly": assembly, "schemas": schemas})
 
 
 async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
