@@ -37,7 +37,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 
-from tests.support.processes import ChildWait, accepts, free_port, stop_process, wait_until
+from tests.support.processes import (
+    ChildWait,
+    accepts,
+    file_tail,
+    free_port,
+    stop_process,
+    wait_until,
+)
 from tests.support.tools import KAFKA, ToolError, built
 
 LOOPBACK = "127.0.0.1"
@@ -374,11 +381,7 @@ class ApacheKafka:
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last lines of the broker's log ("" before it has one)."""
-        try:
-            text = self.log_file.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-        return _tail(text, lines)
+        return file_tail(self.log_file, lines)
 
     def __enter__(self) -> ApacheKafka:
         return self
@@ -475,7 +478,3 @@ def _java() -> str:
 
 def _write_properties(path: Path, values: Mapping[str, str]) -> None:
     path.write_text("".join(f"{key}={value}\n" for key, value in values.items()))
-
-
-def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
-    return "\n".join(text.splitlines()[-lines:])

@@ -24,7 +24,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.support.processes import ChildWait, accepts, free_port, stop_process, wait_until
+from tests.support.processes import (
+    ChildWait,
+    accepts,
+    file_tail,
+    free_port,
+    stop_process,
+    wait_until,
+)
 from tests.support.tools import OTELCOL, ToolError, built
 
 LOOPBACK = "127.0.0.1"
@@ -271,11 +278,8 @@ class OtelCollector:
             time.sleep(POLL_S)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log_file.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        """The last lines of the collector's log ("" before it has one)."""
+        return file_tail(self.log_file, lines)
 
     def __enter__(self) -> OtelCollector:
         return self

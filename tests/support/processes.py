@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 from callgate_demo.processes import ChildWait, accepts, free_port, stop_child, wait_for_child
 
-__all__ = ["ChildWait", "accepts", "free_port", "stop_process", "wait_until"]
+__all__ = ["ChildWait", "accepts", "file_tail", "free_port", "stop_process", "wait_until"]
 
 
 def wait_until(
@@ -29,3 +30,12 @@ def wait_until(
 def stop_process(popen: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
     """Stop this one child if it still runs: SIGTERM, then SIGKILL after `timeout_s`."""
     stop_child(popen, timeout_s)
+
+
+def file_tail(path: Path, lines: int) -> str:
+    """The last `lines` lines of a child's log file ("" before it has one)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
