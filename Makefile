@@ -5,8 +5,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-NATIVE := native/Cargo.toml Cargo.toml $(wildcard Cargo.lock) $(shell find native/src -name '*.rs')
-# cargo's test binaries link libpython: tell them (and pyo3's build) which one
+# the native core (pure Rust) and its Python face, built into worker._native
+NATIVE := Cargo.toml $(wildcard Cargo.lock) native/core/Cargo.toml native/python/Cargo.toml \
+	$(shell find native/core/src native/python/src -name '*.rs')
+# pyo3's build and the face's test binary (native/python, which links libpython) need to know
+# which Python; the pure core (native/core) needs none
 CARGO_ENV := PYO3_PYTHON=$(abspath $(BIN)/python) \
 	LD_LIBRARY_PATH=$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
@@ -58,13 +61,13 @@ integration: system tools $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
-# the native core's fuzz targets, each for FUZZ_SECONDS (cargo-fuzz and a nightly toolchain);
-# new inputs land in native/fuzz/corpus/<target>/, which cargo test replays
+# the pure core's fuzz targets (native/fuzz), each for FUZZ_SECONDS (cargo-fuzz and a nightly
+# toolchain); new inputs land in native/fuzz/corpus/<target>/, which cargo test replays
 FUZZ_SECONDS ?= 60
 fuzz:
 	cargo +nightly fuzz --version >/dev/null 2>&1 || cargo install --locked cargo-fuzz
-	cd native && for target in parse envelope assembler; do \
-		$(CARGO_ENV) cargo +nightly fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	for target in parse envelope assembler; do \
+		cargo +nightly fuzz run --fuzz-dir native/fuzz $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
 clean:

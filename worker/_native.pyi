@@ -14,7 +14,7 @@ from worker.model import (
     Violation,
 )
 
-# -- strict JSON (native/src/json.rs) -------------------------------------------------------------
+# -- strict JSON (native/core/src/json.rs, native/python/src/json.rs) ------------------------------
 
 @final
 class ParseError:
@@ -31,12 +31,12 @@ def parse_json(text: bytes, max_depth: int) -> Any:
 def depth_over(text: bytes, limit: int) -> int | None:
     """The nesting depth of `text` outside strings when it exceeds `limit`, else None."""
 
-# -- Kafka's default partitioner (native/src/partition.rs) ----------------------------------------
+# -- Kafka's default partitioner (native/core/src/partition.rs) ------------------------------------
 
 def partition_for_key(key: bytes, partitions: int) -> int:
     """The partition index a record with this key goes to, as the Java client decides it."""
 
-# -- the reassembler (native/src/face.rs) ---------------------------------------------------------
+# -- the reassembler (native/python/src/assembler.rs, call.rs) -------------------------------------
 
 class _Record(Protocol):
     """What `Assembler.feed_records` reads of each record (an aiokafka ConsumerRecord fits)."""
@@ -54,7 +54,7 @@ class _Record(Protocol):
 
 @final
 class Chunk:
-    """One piece of model output for one stream, as an adapter makes it (see face.rs)."""
+    """One piece of model output for one stream, as an adapter makes it (see chunk.rs)."""
 
     stream_id: Final[str]
     kind: Final[str]
@@ -153,7 +153,7 @@ class AssembledCall:
 
 @final
 class Assembler:
-    """The reassembler of every partition a worker holds (see native/src/assembler.rs)."""
+    """The reassembler of every partition a worker holds (see native/core/src/assembler.rs)."""
 
     def __init__(
         self,
@@ -200,7 +200,7 @@ class Assembler:
     @property
     def stale_records(self) -> int: ...
 
-# -- the verdict and its outcome event (native/src/event.rs) ---------------------------------------
+# -- the verdict and its outcome event (native/core/src/event.rs, native/python/src/verdict.rs) ----
 
 @final
 class Verdict:

@@ -358,6 +358,11 @@ def version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split("."))
 
 
+def _manifest(crate: Path) -> dict[str, Any]:
+    """The Cargo manifest of the crate at `crate` (relative to the repository's root)."""
+    return tomllib.loads((ROOT / crate / "Cargo.toml").read_text())
+
+
 def test_dockerfile_builds_the_wheel_in_a_stage_with_rust_and_maturin() -> None:
     head, stages = dockerfile_stages()
     assert head[0] == "# syntax=docker/dockerfile:1"  # RUN --mount needs it
@@ -373,8 +378,17 @@ def test_dockerfile_builds_the_wheel_in_a_stage_with_rust_and_maturin() -> None:
     rust = stage("rust").base
     match = re.fullmatch(r"rust:(\d+\.\d+)-slim-bookworm", rust)
     assert match, rust
-    crate = tomllib.loads((ROOT / "native" / "Cargo.toml").read_text())
-    assert version(match[1]) >= version(crate["package"]["rust-version"])
+    maturin = pyproject["tool"]["maturin"]
+    # the crate maturin builds (the Python face) and the crates it is made of (the pure core)
+    face = Path(maturin["manifest-path"]).parent
+    crates = [face] + [
+        Path(os.path.normpath(face / dependency["path"]))
+        for dependency in _manifest(face)["dependencies"].values()
+        if isinstance(dependency, dict) and "path" in dependency
+    ]
+    assert len(crates) == 2, crates
+    for crate in crates:
+        assert version(match[1]) >= version(_manifest(crate)["package"]["rust-version"]), crate
     copies = build.all("COPY")
     assert "--from=rust /usr/local/rustup /usr/local/rustup" in copies
     assert "--from=rust /usr/local/cargo /usr/local/cargo" in copies
@@ -390,13 +404,12 @@ def test_dockerfile_builds_the_wheel_in_a_stage_with_rust_and_maturin() -> None:
     sources = {
         source for line in copies if not line.startswith("--from=") for source in line.split()[:-1]
     }
-    maturin = pyproject["tool"]["maturin"]
     needed = {
         "pyproject.toml",
         "README.md",
         "Cargo.toml",
         "Cargo.lock",
-        str(Path(maturin["manifest-path"]).parent),
+        *(str(crate) for crate in crates),
         *maturin["python-packages"],
     }
     assert sources == needed

@@ -1,8 +1,8 @@
-//! The reassembler under arbitrary scripts of records and state writes (`_native::fuzzing`).
+//! The reassembler under arbitrary scripts of records and state writes (`callgate_core::fuzzing::assembler_check`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    _native::fuzzing::assembler_check(data);
+    callgate_core::fuzzing::assembler_check(data);
 });

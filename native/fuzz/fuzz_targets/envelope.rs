@@ -1,8 +1,8 @@
-//! The envelope decoder on arbitrary bytes (`_native::fuzzing`).
+//! The envelope decoder on arbitrary bytes (`callgate_core::fuzzing::envelope_check`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    _native::fuzzing::envelope_check(data);
+    callgate_core::fuzzing::envelope_check(data);
 });

@@ -2,9 +2,6 @@
 //! decides it (murmur2 of the key, made positive, modulo the partition count). Every record of
 //! one key lands in one partition, whichever client wrote it.
 
-use pyo3::exceptions::PyValueError;
-use pyo3::prelude::*;
-
 /// The Java client's `Utils.murmur2`.
 pub fn murmur2(data: &[u8]) -> u32 {
     const SEED: u32 = 0x9747_b28c;
@@ -37,18 +34,10 @@ pub fn murmur2(data: &[u8]) -> u32 {
     h
 }
 
-/// The index (0..partitions) of the partition a record with this key goes to.
-#[pyfunction]
-pub fn partition_for_key(key: &[u8], partitions: u32) -> PyResult<u32> {
-    if partitions == 0 {
-        return Err(PyValueError::new_err("a topic has at least one partition"));
-    }
-    Ok((murmur2(key) & 0x7fff_ffff) % partitions)
-}
-
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(partition_for_key, m)?)?;
-    Ok(())
+/// The index (0..partitions) of the partition a record with this key goes to; None for no
+/// partitions (a topic has at least one).
+pub fn partition_for_key(key: &[u8], partitions: u32) -> Option<u32> {
+    (partitions > 0).then(|| (murmur2(key) & 0x7fff_ffff) % partitions)
 }
 
 #[cfg(test)]

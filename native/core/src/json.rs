@@ -1,7 +1,8 @@
 //! Strict RFC 8259 parsing that builds the value in the same pass.
 //!
-//! One parser, generic over a [`Builder`]: [`PyBuilder`] makes Python objects (`parse_json`), and
-//! [`ValueBuilder`] makes a pure-Rust [`Value`] for the Rust tests and the fuzz target. The parser
+//! One parser, generic over a [`Builder`]: the Python face's builder makes Python objects
+//! (`parse_json`), and [`ValueBuilder`](crate::value::ValueBuilder) makes a pure-Rust
+//! [`Value`](crate::value::Value) for the Rust tests and the fuzz checks. The parser
 //! drives jiter's low-level [`Jiter`] with an explicit stack of open containers, so nesting costs
 //! heap, never native stack, and it stops at `max_depth` (and at [`DEPTH_CAP`] whatever the caller
 //! asks). [`check_value`] runs the same parser, building nothing, over one value inside a text
@@ -21,8 +22,6 @@ use std::fmt::Write as _;
 use jiter::{
     Jiter, JiterError, JiterErrorType, JsonErrorType, LinePosition, NumberAny, NumberInt, Peek,
 };
-use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyList, PyString};
 use smallvec::SmallVec;
 
 /// The deepest nesting the parser ever opens, whatever `max_depth` says: a bound on the stack it
@@ -31,7 +30,7 @@ pub const DEPTH_CAP: usize = 1024;
 
 const INTEGER_RANGE: &str = "an integer is outside the 64-bit range and would lose precision";
 
-/// Why a text is rejected: the `code` of a `ParseError`.
+/// Why a text is rejected: the `code` of a `ParseError` (the Python face's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Code {
     InvalidJson,
@@ -49,6 +48,11 @@ impl Code {
         Code::InvalidUtf8,
         Code::TooDeep,
     ];
+
+    /// The code named `name` (its `as_str`), if there is one.
+    pub fn parse(name: &str) -> Option<Code> {
+        Code::ALL.into_iter().find(|known| known.as_str() == name)
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -157,7 +161,7 @@ pub fn check_value<'j>(
 /// A text that is not UTF-8 is rejected as `invalid_utf8`, whatever else is wrong with it. A
 /// parse that succeeds has checked every byte (only strings may hold non-ASCII bytes), so the
 /// text is checked as a whole only on the way out of a failed parse.
-fn utf8_first(data: &[u8], failure: Failure) -> Failure {
+pub(crate) fn utf8_first(data: &[u8], failure: Failure) -> Failure {
     if failure.code == Code::InvalidUtf8 {
         return failure;
     }
@@ -619,162 +623,6 @@ fn string_end(text: &[u8], mut at: usize) -> usize {
     }
 }
 
-// --- the pure-Rust value, for the Rust tests and the fuzz target ----------------------------
-
-/// A parsed value in Rust. Object members keep their order.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Value {
-    Null,
-    Bool(bool),
-    /// every integer in [-2^63, 2^64-1]
-    Int(i128),
-    Float(f64),
-    Str(String),
-    Array(Vec<Value>),
-    Object(Vec<(String, Value)>),
-}
-
-impl Value {
-    /// Containers deep: 0 for a scalar, 1 for `[]`.
-    pub fn depth(&self) -> usize {
-        match self {
-            Value::Array(items) => 1 + items.iter().map(Value::depth).max().unwrap_or(0),
-            Value::Object(members) => 1 + members.iter().map(|(_, v)| v.depth()).max().unwrap_or(0),
-            _ => 0,
-        }
-    }
-
-    /// Compact JSON text that parses back to this value (floats in Rust's shortest round-trip
-    /// form, always with a `.` or an exponent so they stay floats).
-    pub fn to_json(&self) -> String {
-        let mut out = String::new();
-        self.write_json(&mut out);
-        out
-    }
-
-    fn write_json(&self, out: &mut String) {
-        match self {
-            Value::Null => out.push_str("null"),
-            Value::Bool(value) => out.push_str(if *value { "true" } else { "false" }),
-            Value::Int(value) => {
-                let _ = write!(out, "{value}");
-            }
-            Value::Float(value) => {
-                let _ = write!(out, "{value:?}");
-            }
-            Value::Str(value) => write_string(value, out),
-            Value::Array(items) => {
-                out.push('[');
-                for (n, item) in items.iter().enumerate() {
-                    if n > 0 {
-                        out.push(',');
-                    }
-                    item.write_json(out);
-                }
-                out.push(']');
-            }
-            Value::Object(members) => {
-                out.push('{');
-                for (n, (key, value)) in members.iter().enumerate() {
-                    if n > 0 {
-                        out.push(',');
-                    }
-                    write_string(key, out);
-                    out.push(':');
-                    value.write_json(out);
-                }
-                out.push('}');
-            }
-        }
-    }
-}
-
-fn write_string(value: &str, out: &mut String) {
-    out.push('"');
-    for c in value.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-/// An object being built in Rust: its members, and its keys for the duplicate check.
-#[derive(Default)]
-pub struct ObjectInProgress {
-    members: Vec<(String, Value)>,
-    keys: HashSet<String>,
-}
-
-/// Builds [`Value`]s.
-#[derive(Default)]
-pub struct ValueBuilder;
-
-impl Builder for ValueBuilder {
-    type Value = Value;
-    type Key = String;
-    type Array = Vec<Value>;
-    type Object = ObjectInProgress;
-    type Error = std::convert::Infallible;
-
-    fn null(&mut self) -> Value {
-        Value::Null
-    }
-    fn bool(&mut self, value: bool) -> Value {
-        Value::Bool(value)
-    }
-    fn int(&mut self, value: i64) -> Value {
-        Value::Int(value.into())
-    }
-    fn uint(&mut self, value: u64) -> Value {
-        Value::Int(value.into())
-    }
-    fn float(&mut self, value: f64) -> Value {
-        Value::Float(value)
-    }
-    fn string(&mut self, value: &str) -> Value {
-        Value::Str(value.to_owned())
-    }
-    fn key(&mut self, key: &str) -> String {
-        key.to_owned()
-    }
-    fn array(&mut self) -> Vec<Value> {
-        Vec::new()
-    }
-    fn push(&mut self, array: &mut Vec<Value>, value: Value) {
-        array.push(value);
-    }
-    fn end_array(&mut self, array: Vec<Value>) -> Result<Value, Self::Error> {
-        Ok(Value::Array(array))
-    }
-    fn object(&mut self) -> ObjectInProgress {
-        ObjectInProgress::default()
-    }
-    fn insert(
-        &mut self,
-        object: &mut ObjectInProgress,
-        key: &String,
-        value: Value,
-    ) -> Result<bool, Self::Error> {
-        if !object.keys.insert(key.clone()) {
-            return Ok(false);
-        }
-        object.members.push((key.clone(), value));
-        Ok(true)
-    }
-    fn end_object(&mut self, object: ObjectInProgress) -> Value {
-        Value::Object(object.members)
-    }
-    fn key_text(key: &String) -> Cow<'_, str> {
-        Cow::Borrowed(key)
-    }
-}
-
 /// Builds nothing, for [`check_value`]: all it keeps is each open object's keys, for the
 /// duplicate check.
 struct Checker;
@@ -817,351 +665,10 @@ impl Builder for Checker {
     }
 }
 
-/// Parses `data` into a [`Value`].
-pub fn parse_value(data: &[u8], max_depth: usize) -> Result<Value, Failure> {
-    match parse(data, max_depth, &mut ValueBuilder) {
-        Ok(value) => Ok(value),
-        Err(Stop::Invalid(failure)) => Err(failure),
-        Err(Stop::Build(never)) => match never {},
-    }
-}
-
-/// The fuzz target's checks on one input (also run over the kept corpus by `cargo test`):
-/// parsing never panics; a parsed value serializes to text that parses back to the same value;
-/// the depth the parser sees is the depth `depth_over` measures, and `max_depth` cuts exactly
-/// there; a rejection's message is plain ASCII; [`check_value`] decides as the parse does.
-pub fn fuzz_check(data: &[u8]) {
-    let parsed = parse_value(data, DEPTH_CAP);
-    check_agrees(data, &parsed);
-    match parsed {
-        Ok(value) => {
-            let text = value.to_json();
-            let again = parse_value(text.as_bytes(), DEPTH_CAP)
-                .unwrap_or_else(|failure| panic!("re-parse of {text:?} failed: {failure:?}"));
-            assert_eq!(again, value, "round trip through {text:?}");
-            assert_eq!(again.to_json(), text, "round trip is not stable");
-            let depth = value.depth();
-            assert_eq!(
-                nesting_depth(data),
-                depth,
-                "nesting_depth disagrees with the parser"
-            );
-            assert_eq!(depth_over(data, depth), None);
-            if depth > 0 {
-                assert_eq!(depth_over(data, depth - 1), Some(depth));
-                let cut = parse_value(data, depth - 1).expect_err("max_depth must cut");
-                assert_eq!(cut.code, Code::TooDeep, "{cut:?}");
-            }
-            assert_eq!(parse_value(data, depth), Ok(value));
-        }
-        Err(failure) => {
-            assert!(failure.message.is_ascii(), "{failure:?}");
-            assert!(failure.message.contains("(line "), "{failure:?}");
-            if failure.code == Code::TooDeep {
-                assert!(depth_over(data, DEPTH_CAP).is_some(), "{failure:?}");
-            }
-        }
-    }
-}
-
-/// [`check_value`] over the text, then only whitespace, is [`parse`]: the same decision, and on a
-/// value that fails, the same failure (once reclassified for a text that is not UTF-8).
-fn check_agrees(data: &[u8], parsed: &Result<Value, Failure>) {
-    let mut jiter = Jiter::new(data);
-    match (check_value(&mut jiter, data, DEPTH_CAP), parsed) {
-        (Ok(()), Ok(_)) => assert!(jiter.finish().is_ok(), "check_value stopped early"),
-        (Ok(()), Err(failure)) => {
-            // the value is sound: what the parse refused is the text after it
-            assert!(jiter.finish().is_err(), "{failure:?}");
-            assert!(
-                matches!(failure.code, Code::InvalidJson | Code::InvalidUtf8),
-                "{failure:?}"
-            );
-            assert_eq!(failure.path, "", "{failure:?}");
-        }
-        (Err(checked), Ok(_)) => panic!("check_value refuses a parsed text: {checked:?}"),
-        (Err(checked), Err(failure)) => assert_eq!(&utf8_first(data, checked), failure),
-    }
-}
-
-// --- the Python face ------------------------------------------------------------------------
-
-/// Builds Python objects: dict, list, str, int, float, bool, None. Array elements wait on one
-/// shared stack and become a list, sized once, when their array closes. Keys and short strings
-/// come from the thread's [`StringCaches`] when they are free.
-struct PyBuilder<'py, 'c> {
-    py: Python<'py>,
-    items: SmallVec<[Bound<'py, PyAny>; 16]>,
-    strings: Option<&'c mut StringCaches>,
-}
-
-/// Python strings seen lately on this thread, so a string that comes back is neither decoded nor
-/// allocated again, and a key is not hashed again either (a `str` keeps its hash). That is the
-/// common case: every call to a tool has the same keys, and its short values (units, currencies,
-/// modes, flags) repeat. Keys and values have separate tables, so values cannot crowd out keys.
-struct StringCaches {
-    keys: StringCache,
-    values: StringCache,
-}
-
-thread_local! {
-    static STRING_CACHES: std::cell::RefCell<StringCaches> =
-        std::cell::RefCell::new(StringCaches {
-            keys: StringCache::new(9, 64),
-            values: StringCache::new(8, SHORT_STRING),
-        });
-}
-
-/// A fixed number of slots, each holding the last string that hashed there: a string an
-/// attacker picks costs at most a miss (one compare more than no cache), and the memory stays
-/// bounded. Few slots (a tool's keys are a few dozen), so the table stays in the L1 cache.
-struct StringCache {
-    slots: Box<[Option<CachedString>]>,
-    bits: u32,
-    max_len: usize,
-}
-
-/// A Python string and its fingerprint. Up to [`SHORT_STRING`] bytes the fingerprint is the
-/// text (compared in three instructions); a longer one is compared with the string's UTF-8.
-struct CachedString {
-    fingerprint: Fingerprint,
-    string: Py<PyString>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Fingerprint {
-    len: usize,
-    head: u64,
-    tail: u64,
-}
-
-const SHORT_STRING: usize = 16;
-
-impl StringCache {
-    fn new(bits: u32, max_len: usize) -> Self {
-        StringCache {
-            slots: (0..1 << bits).map(|_| None).collect(),
-            bits,
-            max_len,
-        }
-    }
-
-    fn get<'py>(&mut self, py: Python<'py>, text: &str) -> Bound<'py, PyString> {
-        if text.len() > self.max_len {
-            return PyString::new(py, text);
-        }
-        let fingerprint = Fingerprint::of(text.as_bytes());
-        let slot = &mut self.slots[fingerprint.slot(self.bits)];
-        if let Some(cached) = slot {
-            let string = cached.string.bind(py);
-            if cached.fingerprint == fingerprint
-                && (text.len() <= SHORT_STRING || string.to_str().is_ok_and(|s| s == text))
-            {
-                return string.clone();
-            }
-        }
-        let string = PyString::new(py, text);
-        *slot = Some(CachedString {
-            fingerprint,
-            string: string.clone().unbind(),
-        });
-        string
-    }
-}
-
-impl Fingerprint {
-    /// The length and the first and last bytes, in two words: every byte of a text up to
-    /// [`SHORT_STRING`] long is in them.
-    fn of(key: &[u8]) -> Self {
-        let len = key.len();
-        let word = |at: usize| u64::from_le_bytes(key[at..at + 8].try_into().unwrap_or([0; 8]));
-        let half = |at: usize| {
-            u64::from(u32::from_le_bytes(
-                key[at..at + 4].try_into().unwrap_or([0; 4]),
-            ))
-        };
-        let (head, tail) = match len {
-            0 => (0, 0),
-            1..=3 => (
-                u64::from(key[0]) | u64::from(key[len / 2]) << 8 | u64::from(key[len - 1]) << 16,
-                0,
-            ),
-            4..=7 => (half(0) | half(len - 4) << 32, 0),
-            _ => (word(0), word(len - 8)),
-        };
-        Fingerprint { len, head, tail }
-    }
-
-    fn slot(self, bits: u32) -> usize {
-        let mixed = (self.head ^ self.tail.rotate_left(29) ^ self.len as u64)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (mixed >> (64 - bits)) as usize
-    }
-}
-
-impl<'py> Builder for PyBuilder<'py, '_> {
-    type Value = Bound<'py, PyAny>;
-    type Key = Bound<'py, PyString>;
-    type Array = usize;
-    type Object = Bound<'py, PyDict>;
-    type Error = PyErr;
-
-    fn null(&mut self) -> Self::Value {
-        self.py.None().into_bound(self.py)
-    }
-    fn bool(&mut self, value: bool) -> Self::Value {
-        PyBool::new(self.py, value).to_owned().into_any()
-    }
-    fn int(&mut self, value: i64) -> Self::Value {
-        match value.into_pyobject(self.py) {
-            Ok(int) => int.into_any(),
-            Err(never) => match never {},
-        }
-    }
-    fn uint(&mut self, value: u64) -> Self::Value {
-        match value.into_pyobject(self.py) {
-            Ok(int) => int.into_any(),
-            Err(never) => match never {},
-        }
-    }
-    fn float(&mut self, value: f64) -> Self::Value {
-        PyFloat::new(self.py, value).into_any()
-    }
-    fn string(&mut self, value: &str) -> Self::Value {
-        match &mut self.strings {
-            Some(caches) if value.len() <= SHORT_STRING => caches.values.get(self.py, value),
-            _ => PyString::new(self.py, value),
-        }
-        .into_any()
-    }
-    fn key(&mut self, key: &str) -> Self::Key {
-        match &mut self.strings {
-            Some(caches) => caches.keys.get(self.py, key),
-            None => PyString::new(self.py, key),
-        }
-    }
-    fn array(&mut self) -> usize {
-        self.items.len()
-    }
-    fn push(&mut self, _array: &mut usize, value: Self::Value) {
-        self.items.push(value);
-    }
-    fn end_array(&mut self, start: usize) -> PyResult<Self::Value> {
-        Ok(PyList::new(self.py, self.items.drain(start..))?.into_any())
-    }
-    fn object(&mut self) -> Self::Object {
-        PyDict::new(self.py)
-    }
-    fn insert(
-        &mut self,
-        object: &mut Self::Object,
-        key: &Self::Key,
-        value: Self::Value,
-    ) -> PyResult<bool> {
-        let before = object.len();
-        object.set_item(key, value)?;
-        Ok(object.len() > before)
-    }
-    fn end_object(&mut self, object: Self::Object) -> Self::Value {
-        object.into_any()
-    }
-    fn key_text<'k>(key: &'k Self::Key) -> Cow<'k, str> {
-        key.to_cow().unwrap_or_else(|_| key.to_string_lossy())
-    }
-}
-
-/// Why a text is not strict JSON; returned by `parse_json`, never raised.
-#[pyclass(frozen, eq, hash, module = "worker._native")]
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct ParseError {
-    #[pyo3(get)]
-    code: &'static str,
-    #[pyo3(get)]
-    message: String,
-    #[pyo3(get)]
-    path: String,
-}
-
-#[pymethods]
-impl ParseError {
-    #[new]
-    #[pyo3(signature = (code, message, path = String::new()))]
-    fn new(code: &str, message: String, path: String) -> PyResult<Self> {
-        let Some(code) = Code::ALL.into_iter().find(|known| known.as_str() == code) else {
-            let known = Code::ALL.map(Code::as_str).join(", ");
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "code must be one of {known}"
-            )));
-        };
-        Ok(ParseError {
-            code: code.as_str(),
-            message,
-            path,
-        })
-    }
-
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let repr = |text: &str| -> PyResult<String> {
-            Ok(PyString::new(py, text).repr()?.to_cow()?.into_owned())
-        };
-        Ok(format!(
-            "ParseError(code={}, message={}, path={})",
-            repr(self.code)?,
-            repr(&self.message)?,
-            repr(&self.path)?
-        ))
-    }
-}
-
-impl From<Failure> for ParseError {
-    fn from(failure: Failure) -> Self {
-        ParseError {
-            code: failure.code.as_str(),
-            message: failure.message,
-            path: failure.path,
-        }
-    }
-}
-
-/// `parse_json(text, max_depth)`: the JSON value of `text`, or a `ParseError`. Never raises for
-/// bad input.
-#[pyfunction]
-fn parse_json<'py>(py: Python<'py>, text: &[u8], max_depth: usize) -> PyResult<Bound<'py, PyAny>> {
-    // A parse can run Python code (a garbage collection, a finalizer) that parses in turn: that
-    // inner parse finds the caches taken and goes without them.
-    STRING_CACHES.with(|caches| {
-        let mut caches = caches.try_borrow_mut().ok();
-        let mut builder = PyBuilder {
-            py,
-            items: SmallVec::new(),
-            strings: caches.as_deref_mut(),
-        };
-        match parse(text, max_depth, &mut builder) {
-            Ok(value) => Ok(value),
-            Err(Stop::Invalid(failure)) => {
-                Ok(Bound::new(py, ParseError::from(failure))?.into_any())
-            }
-            Err(Stop::Build(error)) => Err(error),
-        }
-    })
-}
-
-/// `depth_over(text, limit)`: the nesting depth of `text` if deeper than `limit`, else None.
-#[pyfunction(name = "depth_over")]
-fn py_depth_over(text: &[u8], limit: usize) -> Option<usize> {
-    depth_over(text, limit)
-}
-
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<ParseError>()?;
-    m.add_function(wrap_pyfunction!(parse_json, m)?)?;
-    m.add_function(wrap_pyfunction!(py_depth_over, m)?)?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::value::{parse_value, Value};
 
     fn ok(text: &str) -> Value {
         parse_value(text.as_bytes(), 64).unwrap_or_else(|f| panic!("{text:?}: {f:?}"))
@@ -1536,16 +1043,5 @@ mod tests {
             failure.message.ends_with("(line 2, column 2)"),
             "{failure:?}"
         );
-    }
-
-    #[test]
-    fn values_round_trip_through_their_text() {
-        for text in [
-            r#"{"a": [1, 2.5, -0.0, 1e300, 5e-324, "\u0000\u001f\"\\"], "b": {"c": null}}"#,
-            "18446744073709551615",
-            r#"["\ud83d\ude00", "\u00e9"]"#,
-        ] {
-            fuzz_check(text.as_bytes());
-        }
     }
 }

@@ -1,12 +1,15 @@
-//! The kept fuzz corpora as a regression suite: every input under `fuzz/corpus/<target>/` goes
-//! through the same checks as its fuzz target, on stable, in `cargo test`.
+//! The kept fuzz corpora as a regression suite: every input under `native/fuzz/corpus/<target>/`
+//! goes through the same checks as its fuzz target (`callgate_core::fuzzing`), on stable, in
+//! `cargo test`.
 
 use std::fs;
 use std::path::Path;
 
+use callgate_core::fuzzing;
+
 fn every_input_passes(target: &str, check: fn(&[u8]), at_least: usize) {
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
+        .join("../fuzz/corpus")
         .join(target);
     let mut inputs = 0;
     for entry in fs::read_dir(&corpus).expect("the corpus is kept in the repository") {
@@ -28,15 +31,15 @@ fn every_input_passes(target: &str, check: fn(&[u8]), at_least: usize) {
 
 #[test]
 fn every_parse_input_passes_its_checks() {
-    every_input_passes("parse", _native::json::fuzz_check, 30);
+    every_input_passes("parse", fuzzing::parse_check, 30);
 }
 
 #[test]
 fn every_assembler_input_passes_its_checks() {
-    every_input_passes("assembler", _native::fuzzing::assembler_check, 30);
+    every_input_passes("assembler", fuzzing::assembler_check, 30);
 }
 
 #[test]
 fn every_envelope_input_passes_its_checks() {
-    every_input_passes("envelope", _native::fuzzing::envelope_check, 30);
+    every_input_passes("envelope", fuzzing::envelope_check, 30);
 }

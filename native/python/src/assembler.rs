@@ -4,27 +4,23 @@
 //! client (objects with `offset`, `timestamp`, `key`, `value`, `headers`), decodes every
 //! canonical envelope with the interpreter released, hands each vendor record (a
 //! `content-format` header) to the Python adapter callback, and feeds everything, in offset
-//! order, to the reassembler. A record it cannot read is a call of its own, rejected
+//! order, to the core's reassembler. A record it cannot read is a call of its own, rejected
 //! `malformed_record`, and ends every call it could belong to (`stream_corrupt`).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
-use blake2::{Blake2b128, Digest};
+use callgate_core::assembler::{Assembler as Core, Closed, Limits, PartitionFeed, Piece, Scope};
+use callgate_core::chunk::{self, Fed};
+use callgate_core::envelope::{self, Malformed};
+use callgate_core::record::{self, record_call, MALFORMED_RECORD};
+use callgate_core::snapshot;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::types::{PyBytes, PyList};
 
-use crate::assembler::{
-    Assembler as Core, CallPiece, Channel, Closed, Ending, Finish, Limits, Overflow, PartitionFeed,
-    Piece, Scope, Trace,
-};
-use crate::envelope::{self, Malformed};
-use crate::event::hex_digits;
-use crate::snapshot;
+use crate::call::AssembledCall;
 
-const MALFORMED_RECORD: &str = "malformed_record";
 const CONTENT_FORMAT: &str = "content-format";
 const TRACEPARENT: &str = "traceparent";
 
@@ -87,20 +83,7 @@ impl Chunk {
         expected: Option<String>,
         error: Option<String>,
     ) -> PyResult<Self> {
-        let known = matches!(kind.as_str(), "end" | "abort" | "malformed")
-            || Channel::parse(&kind).is_some();
-        if !known {
-            return Err(PyValueError::new_err(format!(
-                "unknown chunk kind {kind:?}"
-            )));
-        }
-        if let Some(reason) = &finish_reason {
-            if Finish::parse(reason).is_none() {
-                return Err(PyValueError::new_err(format!(
-                    "unknown finish reason {reason:?}"
-                )));
-            }
-        }
+        chunk::check(&kind, finish_reason.as_deref()).map_err(PyValueError::new_err)?;
         Ok(Chunk {
             stream_id,
             kind,
@@ -130,248 +113,36 @@ impl Chunk {
     }
 }
 
-/// What a chunk is to the reassembler, once its identifiers passed their bound.
-enum Fed<'a> {
-    Piece(Piece<'a>),
-    Malformed { code: String, detail: String },
-}
-
 impl Chunk {
+    /// The chunk's fields as the core reads them.
+    fn fields(&self) -> chunk::Chunk<'_> {
+        chunk::Chunk {
+            stream_id: &self.stream_id,
+            kind: &self.kind,
+            call_id: self.call_id.as_deref(),
+            seq: self.seq,
+            tool: self.tool.as_deref(),
+            tool_version: self.tool_version.as_deref(),
+            delta: &self.delta,
+            is_final: self.is_final,
+            finish_reason: self.finish_reason.as_deref(),
+            idempotency_key: self.idempotency_key.as_deref(),
+            trace_id: self.trace_id.as_deref(),
+            run_id: self.run_id.as_deref(),
+            step_id: self.step_id.as_deref(),
+            traceparent: self.traceparent.as_deref(),
+            attempt: self.attempt,
+            expected: self.expected.as_deref(),
+            error: self.error.as_deref(),
+        }
+    }
+
     fn to_fed(&self, max_id_bytes: usize) -> Fed<'_> {
-        let ids = [
-            ("stream_id", Some(&self.stream_id)),
-            ("call_id", self.call_id.as_ref()),
-            ("tool", self.tool.as_ref()),
-            ("tool_version", self.tool_version.as_ref()),
-            ("idempotency_key", self.idempotency_key.as_ref()),
-            ("trace_id", self.trace_id.as_ref()),
-            ("run_id", self.run_id.as_ref()),
-            ("step_id", self.step_id.as_ref()),
-            ("traceparent", self.traceparent.as_ref()),
-        ];
-        for (name, value) in ids {
-            if value.is_some_and(|v| v.len() > max_id_bytes) {
-                return Fed::Malformed {
-                    code: MALFORMED_RECORD.to_owned(),
-                    detail: format!("{name} is longer than {max_id_bytes} bytes"),
-                };
-            }
-        }
-        let stream_id = Cow::Borrowed(self.stream_id.as_str());
-        let call_id = || match &self.call_id {
-            Some(id) => Cow::Borrowed(id.as_str()),
-            None => Cow::Owned(format!("{}:{}", self.stream_id, self.kind)),
-        };
-        let piece = match self.kind.as_str() {
-            "end" => Piece::End {
-                stream_id,
-                finish: self.finish_reason.as_deref().and_then(Finish::parse),
-            },
-            "abort" => Piece::Abort {
-                stream_id,
-                call_id: call_id(),
-            },
-            "malformed" => {
-                return Fed::Malformed {
-                    code: self
-                        .error
-                        .clone()
-                        .unwrap_or_else(|| MALFORMED_RECORD.to_owned()),
-                    detail: self.delta.clone(),
-                }
-            }
-            kind => {
-                let trace = Trace {
-                    trace_id: self.trace_id.as_deref().map(Into::into),
-                    run_id: self.run_id.as_deref().map(Into::into),
-                    step_id: self.step_id.as_deref().map(Into::into),
-                    traceparent: self.traceparent.as_deref().map(Into::into),
-                    attempt: self.attempt,
-                };
-                Piece::Call(CallPiece {
-                    stream_id,
-                    call_id: call_id(),
-                    channel: Channel::parse(kind).expect("checked at construction"),
-                    seq: self.seq,
-                    tool: self.tool.as_deref().map(Cow::Borrowed),
-                    tool_version: self.tool_version.as_deref().map(Cow::Borrowed),
-                    delta: Cow::Borrowed(&self.delta),
-                    is_final: self.is_final,
-                    idempotency_key: self.idempotency_key.as_deref().map(Cow::Borrowed),
-                    trace: (!trace.is_empty()).then(|| Box::new(trace)),
-                    expected: self.expected.as_deref().map(Cow::Borrowed),
-                    // an adapter names the tool on a tool call's first piece only: what
-                    // follows continues a call and never opens one
-                    opens: self.tool.is_some() || kind != "tool_call",
-                })
-            }
-        };
-        Fed::Piece(piece)
+        self.fields().to_fed(max_id_bytes)
     }
 }
 
-/// Everything the chain needs to judge one call, as the reassembler closed it.
-///
-/// `incomplete` (a reason) or `assembly_error` (a code: `too_large`, `too_many_chunks`,
-/// `call_id_reused`, `malformed_record`, ...) set means the verdict's first failing phase is
-/// already known. `arguments` holds the text only for a call that ended complete; `nbytes`
-/// counts what was received either way. `event_id` names the call: its partition, where it
-/// began, its stream and call id.
-#[pyclass(module = "worker._native", frozen, get_all)]
-pub struct AssembledCall {
-    pub(crate) stream_id: Py<PyString>,
-    pub(crate) call_id: Py<PyString>,
-    pub(crate) tool: Option<Py<PyString>>,
-    pub(crate) arguments: Py<PyBytes>,
-    pub(crate) channel: Py<PyString>,
-    pub(crate) tool_version: Option<Py<PyString>>,
-    pub(crate) idempotency_key: Option<Py<PyString>>,
-    pub(crate) trace_id: Option<Py<PyString>>,
-    pub(crate) run_id: Option<Py<PyString>>,
-    pub(crate) step_id: Option<Py<PyString>>,
-    pub(crate) traceparent: Option<Py<PyString>>,
-    pub(crate) attempt: Option<u32>,
-    pub(crate) topic: Py<PyString>,
-    pub(crate) partition: i32,
-    pub(crate) first_offset: i64,
-    pub(crate) last_offset: i64,
-    pub(crate) chunks: u32,
-    pub(crate) duplicate_chunks: u32,
-    pub(crate) nbytes: u64,
-    pub(crate) incomplete: Option<Py<PyString>>,
-    pub(crate) assembly_error: Option<Py<PyString>>,
-    pub(crate) assembly_detail: Option<Py<PyString>>,
-    pub(crate) assembly_us: u64,
-    pub(crate) event_id: Py<PyString>,
-}
-
-#[pymethods]
-impl AssembledCall {
-    /// A call made by hand (tests, the offline tools); the reassembler makes the others.
-    #[new]
-    #[pyo3(signature = (
-        stream_id, call_id, tool=None, arguments=None, *, channel="tool_call", tool_version=None,
-        idempotency_key=None, trace_id=None, run_id=None, step_id=None, traceparent=None,
-        attempt=None, topic="", partition=0, first_offset=0, last_offset=None, chunks=1,
-        duplicate_chunks=0, nbytes=None, incomplete=None, assembly_error=None,
-        assembly_detail=None, assembly_us=0,
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
-        stream_id: &str,
-        call_id: &str,
-        tool: Option<&str>,
-        arguments: Option<&[u8]>,
-        channel: &str,
-        tool_version: Option<&str>,
-        idempotency_key: Option<&str>,
-        trace_id: Option<&str>,
-        run_id: Option<&str>,
-        step_id: Option<&str>,
-        traceparent: Option<&str>,
-        attempt: Option<u32>,
-        topic: &str,
-        partition: i32,
-        first_offset: i64,
-        last_offset: Option<i64>,
-        chunks: u32,
-        duplicate_chunks: u32,
-        nbytes: Option<u64>,
-        incomplete: Option<&str>,
-        assembly_error: Option<&str>,
-        assembly_detail: Option<&str>,
-        assembly_us: u64,
-    ) -> Self {
-        let arguments = arguments.unwrap_or_default();
-        let text = |s: Option<&str>| s.map(|s| PyString::new(py, s).unbind());
-        AssembledCall {
-            stream_id: PyString::new(py, stream_id).unbind(),
-            call_id: PyString::new(py, call_id).unbind(),
-            tool: text(tool),
-            arguments: PyBytes::new(py, arguments).unbind(),
-            channel: PyString::new(py, channel).unbind(),
-            tool_version: text(tool_version),
-            idempotency_key: text(idempotency_key),
-            trace_id: text(trace_id),
-            run_id: text(run_id),
-            step_id: text(step_id),
-            traceparent: text(traceparent),
-            attempt,
-            topic: PyString::new(py, topic).unbind(),
-            partition,
-            first_offset,
-            last_offset: last_offset.unwrap_or(first_offset),
-            chunks,
-            duplicate_chunks,
-            nbytes: nbytes.unwrap_or(arguments.len() as u64),
-            incomplete: text(incomplete),
-            assembly_error: text(assembly_error),
-            assembly_detail: text(assembly_detail),
-            assembly_us,
-            event_id: PyString::new(
-                py,
-                &call_event_id(topic, partition, first_offset, stream_id, call_id),
-            )
-            .unbind(),
-        }
-    }
-
-    fn __repr__(&self, py: Python<'_>) -> String {
-        format!(
-            "AssembledCall(stream_id={}, call_id={}, tool={:?}, first_offset={}, incomplete={:?}, assembly_error={:?})",
-            self.stream_id.bind(py),
-            self.call_id.bind(py),
-            self.tool.as_ref().map(|t| t.bind(py).to_string()),
-            self.first_offset,
-            self.incomplete.as_ref().map(|t| t.bind(py).to_string()),
-            self.assembly_error.as_ref().map(|t| t.bind(py).to_string()),
-        )
-    }
-}
-
-/// An event id: 128 bits of BLAKE2b over the parts, each ended by a NUL, as 32 hex digits.
-fn event_id(parts: &[&[u8]]) -> String {
-    let mut hasher = Blake2b128::new();
-    for part in parts {
-        hasher.update(part);
-        hasher.update([0u8]);
-    }
-    let mut hex = Vec::with_capacity(32);
-    for byte in hasher.finalize() {
-        hex.extend_from_slice(&hex_digits(byte));
-    }
-    String::from_utf8(hex).expect("hex digits are ASCII")
-}
-
-fn call_event_id(
-    topic: &str,
-    partition: i32,
-    first_offset: i64,
-    stream: &str,
-    call: &str,
-) -> String {
-    event_id(&[
-        topic.as_bytes(),
-        partition.to_string().as_bytes(),
-        first_offset.to_string().as_bytes(),
-        stream.as_bytes(),
-        call.as_bytes(),
-    ])
-}
-
-fn cut(text: &str, max_bytes: usize) -> &str {
-    if text.len() <= max_bytes {
-        return text;
-    }
-    let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-/// The reassembler of every partition this worker holds (see `assembler.rs`).
+/// The reassembler of every partition this worker holds (the core's `assembler`).
 #[pyclass(module = "worker._native")]
 pub struct Assembler {
     core: Core,
@@ -410,15 +181,6 @@ impl Assembler {
         (Arc::from(topic), partition)
     }
 
-    fn bounds(&self) -> Bounds {
-        Bounds {
-            max_call_bytes: self.core.limits.max_call_bytes,
-            max_call_chunks: self.core.limits.max_call_chunks,
-            max_id_bytes: self.max_id_bytes,
-            max_detail_bytes: self.max_detail_bytes,
-        }
-    }
-
     /// One partition's records about to be fed, the calls they close going to `out`.
     fn batch<'py, 'a>(
         &'a mut self,
@@ -426,104 +188,31 @@ impl Assembler {
         scope: &'a Scope,
         out: &'a Bound<'py, PyList>,
     ) -> Batch<'py, 'a> {
-        let bounds = self.bounds();
+        let (max_id_bytes, max_detail_bytes) = (self.max_id_bytes, self.max_detail_bytes);
+        let feed = self.core.partition(scope);
+        let limits = feed.limits();
         Batch {
             py,
             scope,
-            feed: self.core.partition(scope),
-            bounds,
+            feed,
+            limits,
+            max_id_bytes,
+            max_detail_bytes,
             out,
             closed: Vec::new(),
         }
     }
 }
 
-/// The bounds the calls handed to Python are made with.
-#[derive(Clone, Copy)]
-struct Bounds {
-    max_call_bytes: usize,
-    max_call_chunks: u32,
-    max_id_bytes: usize,
-    max_detail_bytes: usize,
-}
-
-fn to_python(
-    py: Python<'_>,
-    bounds: Bounds,
-    scope: &Scope,
-    closed: Closed,
-) -> PyResult<Py<AssembledCall>> {
-    let text = |s: &Option<Box<str>>| s.as_deref().map(|s| PyString::new(py, s).unbind());
-    let trace = closed.trace.as_deref().cloned().unwrap_or_default();
-    let (incomplete, error, detail) = match &closed.ending {
-        Ending::Complete => (None, None, None),
-        Ending::Incomplete(reason) => (Some(reason.as_str()), None, None),
-        Ending::Overflow(Overflow::TooLarge) => (
-            None,
-            Some("too_large"),
-            Some(format!("the call exceeded {} bytes", bounds.max_call_bytes)),
-        ),
-        Ending::Overflow(Overflow::TooManyChunks) => (
-            None,
-            Some("too_many_chunks"),
-            Some(format!(
-                "the call exceeded {} chunks",
-                bounds.max_call_chunks
-            )),
-        ),
-        Ending::Reused => (
-            None,
-            Some("call_id_reused"),
-            Some("the call id was already used by another call of this stream".to_owned()),
-        ),
-    };
-    let id = call_event_id(
-        &scope.0,
-        scope.1,
-        closed.first_offset,
-        &closed.stream_id,
-        &closed.call_id,
-    );
-    Py::new(
-        py,
-        AssembledCall {
-            stream_id: PyString::new(py, &closed.stream_id).unbind(),
-            call_id: PyString::new(py, &closed.call_id).unbind(),
-            tool: text(&closed.tool),
-            arguments: PyBytes::new(py, &closed.text).unbind(),
-            channel: PyString::intern(py, closed.channel.as_str()).unbind(),
-            tool_version: text(&closed.tool_version),
-            idempotency_key: text(&closed.idempotency_key),
-            trace_id: text(&trace.trace_id),
-            run_id: text(&trace.run_id),
-            step_id: text(&trace.step_id),
-            traceparent: text(&trace.traceparent),
-            attempt: trace.attempt,
-            topic: PyString::new(py, &scope.0).unbind(),
-            partition: scope.1,
-            first_offset: closed.first_offset,
-            last_offset: closed.last_offset,
-            chunks: closed.chunks,
-            duplicate_chunks: closed.duplicates,
-            nbytes: closed.received,
-            incomplete: incomplete.map(|s| PyString::intern(py, s).unbind()),
-            assembly_error: error.map(|s| PyString::intern(py, s).unbind()),
-            assembly_detail: detail.map(|s| PyString::new(py, &s).unbind()),
-            assembly_us: closed.busy_ns / 1000,
-            event_id: PyString::new(py, &id).unbind(),
-        },
-    )
-}
-
 fn emit(
     py: Python<'_>,
-    bounds: Bounds,
+    limits: &Limits,
     scope: &Scope,
     closed: impl IntoIterator<Item = Closed>,
     out: &Bound<'_, PyList>,
 ) -> PyResult<()> {
     for call in closed {
-        out.append(to_python(py, bounds, scope, call)?)?;
+        out.append(Py::new(py, AssembledCall::closed(py, limits, scope, call))?)?;
     }
     Ok(())
 }
@@ -533,7 +222,9 @@ struct Batch<'py, 'a> {
     py: Python<'py>,
     scope: &'a Scope,
     feed: PartitionFeed<'a>,
-    bounds: Bounds,
+    limits: &'a Limits,
+    max_id_bytes: usize,
+    max_detail_bytes: usize,
     out: &'a Bound<'py, PyList>,
     /// Calls closed and not yet emitted.
     closed: Vec<Closed>,
@@ -552,7 +243,7 @@ impl Batch<'_, '_> {
     fn emit_closed(&mut self) -> PyResult<()> {
         emit(
             self.py,
-            self.bounds,
+            self.limits,
             self.scope,
             self.closed.drain(..),
             self.out,
@@ -562,46 +253,15 @@ impl Batch<'_, '_> {
     /// A record that could not be read: a rejected call of its own.
     fn malformed(&self, offset: i64, key: Option<&[u8]>, code: &str, detail: &str) -> PyResult<()> {
         let (py, scope) = (self.py, self.scope);
-        let stream = String::from_utf8_lossy(key.unwrap_or_default());
-        let stream = cut(&stream, self.bounds.max_id_bytes);
-        let call_id = format!("record:{}:{}:{}", scope.0, scope.1, offset);
-        let id = event_id(&[
-            scope.0.as_bytes(),
-            scope.1.to_string().as_bytes(),
-            offset.to_string().as_bytes(),
-            b"record",
-        ]);
-        let call = Py::new(
-            py,
-            AssembledCall {
-                stream_id: PyString::new(py, stream).unbind(),
-                call_id: PyString::new(py, &call_id).unbind(),
-                tool: None,
-                arguments: PyBytes::new(py, b"").unbind(),
-                channel: PyString::intern(py, Channel::ToolCall.as_str()).unbind(),
-                tool_version: None,
-                idempotency_key: None,
-                trace_id: None,
-                run_id: None,
-                step_id: None,
-                traceparent: None,
-                attempt: None,
-                topic: PyString::new(py, &scope.0).unbind(),
-                partition: scope.1,
-                first_offset: offset,
-                last_offset: offset,
-                chunks: 0,
-                duplicate_chunks: 0,
-                nbytes: 0,
-                incomplete: None,
-                assembly_error: Some(PyString::intern(py, code).unbind()),
-                assembly_detail: Some(
-                    PyString::new(py, cut(detail, self.bounds.max_detail_bytes)).unbind(),
-                ),
-                assembly_us: 0,
-                event_id: PyString::new(py, &id).unbind(),
-            },
-        )?;
+        let call = record_call(
+            scope,
+            offset,
+            key,
+            detail,
+            self.max_id_bytes,
+            self.max_detail_bytes,
+        );
+        let call = Py::new(py, AssembledCall::record(py, scope, offset, code, call))?;
         self.out.append(call)
     }
 
@@ -623,23 +283,7 @@ impl Batch<'_, '_> {
         bad: Malformed,
     ) -> PyResult<()> {
         self.malformed(offset, key, MALFORMED_RECORD, &bad.message)?;
-        let closed = &mut self.closed;
-        match (bad.stream_id, bad.call_id) {
-            (Some(stream), Some(call)) => self.feed.feed(
-                offset,
-                &mut Piece::Abort {
-                    stream_id: Cow::Owned(stream),
-                    call_id: Cow::Owned(call),
-                },
-                closed,
-            ),
-            (Some(stream), None) => self.feed.abort_stream(offset, &stream, closed),
-            (None, _) => {
-                if let Some(stream) = key.and_then(|k| std::str::from_utf8(k).ok()) {
-                    self.feed.abort_stream(offset, stream, closed);
-                }
-            }
-        }
+        record::abort_unreadable(&mut self.feed, offset, key, bad, &mut self.closed);
         self.emit()
     }
 }
@@ -704,20 +348,17 @@ impl Assembler {
         max_call_lifetime_ms: i64,
         recently_closed_per_partition: usize,
     ) -> PyResult<Self> {
-        if max_open_calls_per_partition == 0 || recently_closed_per_partition == 0 {
-            return Err(PyValueError::new_err(
-                "the per-partition bounds must be at least 1",
-            ));
-        }
+        let limits = Limits {
+            max_call_bytes,
+            max_call_chunks,
+            max_open_calls: max_open_calls_per_partition,
+            idle_timeout_ms,
+            max_call_lifetime_ms,
+            recently_closed: recently_closed_per_partition,
+        };
+        limits.check().map_err(PyValueError::new_err)?;
         Ok(Assembler {
-            core: Core::new(Limits {
-                max_call_bytes,
-                max_call_chunks,
-                max_open_calls: max_open_calls_per_partition,
-                idle_timeout_ms,
-                max_call_lifetime_ms,
-                recently_closed: recently_closed_per_partition,
-            }),
+            core: Core::new(limits),
             max_id_bytes,
             max_detail_bytes,
         })
@@ -871,9 +512,8 @@ impl Assembler {
     /// End of all input (offline): every open call ends `stream_ended`.
     fn flush<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
-        let bounds = self.bounds();
         for (scope, closed) in self.core.flush() {
-            emit(py, bounds, &scope, closed, &out)?;
+            emit(py, &self.core.limits, &scope, closed, &out)?;
         }
         Ok(out)
     }
@@ -882,7 +522,7 @@ impl Assembler {
         self.core.drop_partition(&Self::scope(topic, partition));
     }
 
-    /// The partition's whole state, serialized (see `snapshot.rs`); starts a new delta epoch.
+    /// The partition's whole state, serialized (the core's `snapshot`); starts a new delta epoch.
     fn snapshot<'py>(
         &mut self,
         py: Python<'py>,

@@ -1,5 +1,11 @@
-//! The checks of the reassembler's and the envelope decoder's fuzz targets (`native/fuzz/`),
-//! here so that `cargo test` runs the kept corpus through them on stable (`tests/fuzz_corpus.rs`).
+//! The checks of the fuzz targets (`native/fuzz/`), one function per target, behind the
+//! `fuzzing` feature: the production modules carry no oracle. `cargo test` runs the kept corpus
+//! through the same functions on stable (`tests/fuzz_corpus.rs`).
+//!
+//! `parse_check`: the strict JSON parser on any bytes never panics; a parsed value serializes to
+//! text that parses back to the same value; the depth the parser sees is the depth `depth_over`
+//! measures, and `max_depth` cuts exactly there; a rejection's message is plain ASCII; and
+//! `check_value` decides as the parse does.
 //!
 //! `envelope_check`: any bytes decode to a piece or a reason, never a panic, and a decoded piece
 //! holds no identifier past its bound.
@@ -16,8 +22,67 @@ use std::sync::Arc;
 use crate::assembler::{
     Assembler, CallPiece, Channel, Closed, Ending, Finish, Limits, Piece, Scope,
 };
+use jiter::Jiter;
+
 use crate::envelope;
+use crate::json::{check_value, depth_over, nesting_depth, utf8_first, Code, Failure, DEPTH_CAP};
 use crate::snapshot;
+use crate::value::{parse_value, Value};
+
+/// The parse target's checks on one input (see the module's docs).
+pub fn parse_check(data: &[u8]) {
+    let parsed = parse_value(data, DEPTH_CAP);
+    check_agrees(data, &parsed);
+    match parsed {
+        Ok(value) => {
+            let text = value.to_json();
+            let again = parse_value(text.as_bytes(), DEPTH_CAP)
+                .unwrap_or_else(|failure| panic!("re-parse of {text:?} failed: {failure:?}"));
+            assert_eq!(again, value, "round trip through {text:?}");
+            assert_eq!(again.to_json(), text, "round trip is not stable");
+            let depth = value.depth();
+            assert_eq!(
+                nesting_depth(data),
+                depth,
+                "nesting_depth disagrees with the parser"
+            );
+            assert_eq!(depth_over(data, depth), None);
+            if depth > 0 {
+                assert_eq!(depth_over(data, depth - 1), Some(depth));
+                let cut = parse_value(data, depth - 1).expect_err("max_depth must cut");
+                assert_eq!(cut.code, Code::TooDeep, "{cut:?}");
+            }
+            assert_eq!(parse_value(data, depth), Ok(value));
+        }
+        Err(failure) => {
+            assert!(failure.message.is_ascii(), "{failure:?}");
+            assert!(failure.message.contains("(line "), "{failure:?}");
+            if failure.code == Code::TooDeep {
+                assert!(depth_over(data, DEPTH_CAP).is_some(), "{failure:?}");
+            }
+        }
+    }
+}
+
+/// [`check_value`] over the text, then only whitespace, is [`parse`]: the same decision, and on a
+/// value that fails, the same failure (once reclassified for a text that is not UTF-8).
+fn check_agrees(data: &[u8], parsed: &Result<Value, Failure>) {
+    let mut jiter = Jiter::new(data);
+    match (check_value(&mut jiter, data, DEPTH_CAP), parsed) {
+        (Ok(()), Ok(_)) => assert!(jiter.finish().is_ok(), "check_value stopped early"),
+        (Ok(()), Err(failure)) => {
+            // the value is sound: what the parse refused is the text after it
+            assert!(jiter.finish().is_err(), "{failure:?}");
+            assert!(
+                matches!(failure.code, Code::InvalidJson | Code::InvalidUtf8),
+                "{failure:?}"
+            );
+            assert_eq!(failure.path, "", "{failure:?}");
+        }
+        (Err(checked), Ok(_)) => panic!("check_value refuses a parsed text: {checked:?}"),
+        (Err(checked), Err(failure)) => assert_eq!(&utf8_first(data, checked), failure),
+    }
+}
 
 const MAX_ID_BYTES: usize = 16;
 
@@ -233,6 +298,17 @@ mod tests {
         ] {
             assembler_check(data);
             envelope_check(data);
+        }
+    }
+
+    #[test]
+    fn values_round_trip_through_their_text() {
+        for text in [
+            r#"{"a": [1, 2.5, -0.0, 1e300, 5e-324, "\u0000\u001f\"\\"], "b": {"c": null}}"#,
+            "18446744073709551615",
+            r#"["\ud83d\ude00", "\u00e9"]"#,
+        ] {
+            parse_check(text.as_bytes());
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The reassembler: ordered pieces of many interleaved streams in, complete calls out.
 //!
-//! Pure Rust, no Python: `lib.rs` is its face. It is fed one partition's records in offset
+//! Pure Rust, no Python: the Python face (`native/python`) feeds it and hands its calls on. It is fed one partition's records in offset
 //! order; each record brings zero or more [`Piece`]s (a canonical envelope is one piece, a vendor
 //! event as many as its adapter made). It returns the calls those pieces closed, complete or not.
 //!
@@ -62,6 +62,16 @@ pub struct Limits {
     pub idle_timeout_ms: i64,
     pub max_call_lifetime_ms: i64,
     pub recently_closed: usize,
+}
+
+impl Limits {
+    /// Why these bounds cannot work, if they cannot.
+    pub fn check(&self) -> Result<(), &'static str> {
+        if self.max_open_calls == 0 || self.recently_closed == 0 {
+            return Err("the per-partition bounds must be at least 1");
+        }
+        Ok(())
+    }
 }
 
 /// What a call is: a tool call, or a channel that is not one (judged later, never executed).
@@ -232,6 +242,43 @@ pub enum Ending {
     Incomplete(Incomplete),
     Overflow(Overflow),
     Reused,
+}
+
+/// A call that assembly already rejects: its code and what to tell about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssemblyError {
+    pub code: &'static str,
+    pub detail: String,
+}
+
+impl Ending {
+    /// The reason of a call that ended incomplete.
+    pub fn incomplete(&self) -> Option<Incomplete> {
+        match self {
+            Ending::Incomplete(reason) => Some(*reason),
+            _ => None,
+        }
+    }
+
+    /// The rejection of a call that went past a bound (`limits`') or reused an id.
+    pub fn assembly_error(&self, limits: &Limits) -> Option<AssemblyError> {
+        let (code, detail) = match self {
+            Ending::Complete | Ending::Incomplete(_) => return None,
+            Ending::Overflow(Overflow::TooLarge) => (
+                "too_large",
+                format!("the call exceeded {} bytes", limits.max_call_bytes),
+            ),
+            Ending::Overflow(Overflow::TooManyChunks) => (
+                "too_many_chunks",
+                format!("the call exceeded {} chunks", limits.max_call_chunks),
+            ),
+            Ending::Reused => (
+                "call_id_reused",
+                "the call id was already used by another call of this stream".to_owned(),
+            ),
+        };
+        Some(AssemblyError { code, detail })
+    }
 }
 
 /// A call the reassembler closed, with everything the chain needs to judge it.
@@ -761,7 +808,12 @@ pub struct PartitionFeed<'a> {
     shared: Shared<'a>,
 }
 
-impl PartitionFeed<'_> {
+impl<'a> PartitionFeed<'a> {
+    /// The bounds of the assembler it was borrowed from.
+    pub fn limits(&self) -> &'a Limits {
+        self.shared.limits
+    }
+
     /// A record begins: advance the partition's time and close what aged out before it.
     /// False (and nothing changes) when the record was fed already: its offset is below the
     /// partition's next one, as when a restored partition is fetched from an earlier offset.

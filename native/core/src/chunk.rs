@@ -1,0 +1,218 @@
+//! A chunk as an adapter makes it (the Python face's `Chunk`), checked when it is made and turned
+//! into what the reassembler is fed.
+//!
+//! `kind` is a channel (`tool_call`, `text`, `refusal`, `error`, `mcp_result`), `end` (the
+//! stream ended; `finish_reason` says how), `abort` (the adapter met an event it could not place:
+//! the call `call_id` cannot be trusted) or `malformed` (the record is not what its format says:
+//! `delta` says why, `error` names the code, `malformed_record` unless said otherwise).
+//! `expected` on a final piece is the vendor's own final text of the whole call.
+
+use std::borrow::Cow;
+
+use crate::assembler::{CallPiece, Channel, Finish, Piece, Trace};
+use crate::record::MALFORMED_RECORD;
+
+/// A chunk's fields, borrowed from whoever holds them.
+#[derive(Clone, Copy, Debug)]
+pub struct Chunk<'a> {
+    pub stream_id: &'a str,
+    pub kind: &'a str,
+    pub call_id: Option<&'a str>,
+    pub seq: Option<u32>,
+    pub tool: Option<&'a str>,
+    pub tool_version: Option<&'a str>,
+    pub delta: &'a str,
+    pub is_final: bool,
+    pub finish_reason: Option<&'a str>,
+    pub idempotency_key: Option<&'a str>,
+    pub trace_id: Option<&'a str>,
+    pub run_id: Option<&'a str>,
+    pub step_id: Option<&'a str>,
+    pub traceparent: Option<&'a str>,
+    pub attempt: Option<u32>,
+    pub expected: Option<&'a str>,
+    pub error: Option<&'a str>,
+}
+
+/// What a chunk is to the reassembler, once its identifiers passed their bound.
+#[derive(Clone, Debug)]
+pub enum Fed<'a> {
+    Piece(Piece<'a>),
+    Malformed { code: String, detail: String },
+}
+
+/// Why a chunk of this `kind` and `finish_reason` cannot be made, if it cannot.
+pub fn check(kind: &str, finish_reason: Option<&str>) -> Result<(), String> {
+    let known = matches!(kind, "end" | "abort" | "malformed") || Channel::parse(kind).is_some();
+    if !known {
+        return Err(format!("unknown chunk kind {kind:?}"));
+    }
+    if let Some(reason) = finish_reason {
+        if Finish::parse(reason).is_none() {
+            return Err(format!("unknown finish reason {reason:?}"));
+        }
+    }
+    Ok(())
+}
+
+impl<'a> Chunk<'a> {
+    /// The piece this chunk is, or why it is malformed (an identifier longer than
+    /// `max_id_bytes`, or a `malformed` chunk). The chunk passed [`check`].
+    pub fn to_fed(&self, max_id_bytes: usize) -> Fed<'a> {
+        let ids = [
+            ("stream_id", Some(self.stream_id)),
+            ("call_id", self.call_id),
+            ("tool", self.tool),
+            ("tool_version", self.tool_version),
+            ("idempotency_key", self.idempotency_key),
+            ("trace_id", self.trace_id),
+            ("run_id", self.run_id),
+            ("step_id", self.step_id),
+            ("traceparent", self.traceparent),
+        ];
+        for (name, value) in ids {
+            if value.is_some_and(|v| v.len() > max_id_bytes) {
+                return Fed::Malformed {
+                    code: MALFORMED_RECORD.to_owned(),
+                    detail: format!("{name} is longer than {max_id_bytes} bytes"),
+                };
+            }
+        }
+        let stream_id = Cow::Borrowed(self.stream_id);
+        let call_id = || match self.call_id {
+            Some(id) => Cow::Borrowed(id),
+            None => Cow::Owned(format!("{}:{}", self.stream_id, self.kind)),
+        };
+        let piece = match self.kind {
+            "end" => Piece::End {
+                stream_id,
+                finish: self.finish_reason.and_then(Finish::parse),
+            },
+            "abort" => Piece::Abort {
+                stream_id,
+                call_id: call_id(),
+            },
+            "malformed" => {
+                return Fed::Malformed {
+                    code: self.error.unwrap_or(MALFORMED_RECORD).to_owned(),
+                    detail: self.delta.to_owned(),
+                }
+            }
+            kind => {
+                let trace = Trace {
+                    trace_id: self.trace_id.map(Into::into),
+                    run_id: self.run_id.map(Into::into),
+                    step_id: self.step_id.map(Into::into),
+                    traceparent: self.traceparent.map(Into::into),
+                    attempt: self.attempt,
+                };
+                Piece::Call(CallPiece {
+                    stream_id,
+                    call_id: call_id(),
+                    channel: Channel::parse(kind).expect("checked at construction"),
+                    seq: self.seq,
+                    tool: self.tool.map(Cow::Borrowed),
+                    tool_version: self.tool_version.map(Cow::Borrowed),
+                    delta: Cow::Borrowed(self.delta),
+                    is_final: self.is_final,
+                    idempotency_key: self.idempotency_key.map(Cow::Borrowed),
+                    trace: (!trace.is_empty()).then(|| Box::new(trace)),
+                    expected: self.expected.map(Cow::Borrowed),
+                    // an adapter names the tool on a tool call's first piece only: what
+                    // follows continues a call and never opens one
+                    opens: self.tool.is_some() || kind != "tool_call",
+                })
+            }
+        };
+        Fed::Piece(piece)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk<'a>(kind: &'a str, stream_id: &'a str) -> Chunk<'a> {
+        Chunk {
+            stream_id,
+            kind,
+            call_id: None,
+            seq: None,
+            tool: None,
+            tool_version: None,
+            delta: "{}",
+            is_final: false,
+            finish_reason: None,
+            idempotency_key: None,
+            trace_id: None,
+            run_id: None,
+            step_id: None,
+            traceparent: None,
+            attempt: None,
+            expected: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn only_known_kinds_and_finish_reasons_make_a_chunk() {
+        assert!(check("tool_call", None).is_ok());
+        assert!(check("end", Some("length")).is_ok());
+        assert_eq!(
+            check("toolcall", None),
+            Err("unknown chunk kind \"toolcall\"".to_owned())
+        );
+        assert_eq!(
+            check("end", Some("done")),
+            Err("unknown finish reason \"done\"".to_owned())
+        );
+    }
+
+    #[test]
+    fn an_identifier_past_its_bound_makes_the_chunk_malformed() {
+        match chunk("tool_call", "stream").to_fed(5) {
+            Fed::Malformed { code, detail } => {
+                assert_eq!(code, MALFORMED_RECORD);
+                assert_eq!(detail, "stream_id is longer than 5 bytes");
+            }
+            Fed::Piece(piece) => panic!("{piece:?}"),
+        }
+    }
+
+    #[test]
+    fn a_continuation_opens_no_call_and_a_call_without_id_is_named_by_its_kind() {
+        let Fed::Piece(Piece::Call(piece)) = chunk("tool_call", "s").to_fed(64) else {
+            panic!("a call piece");
+        };
+        assert!(!piece.opens);
+        assert_eq!(piece.call_id, "s:tool_call");
+        let named = Chunk {
+            tool: Some("t"),
+            ..chunk("tool_call", "s")
+        };
+        let Fed::Piece(Piece::Call(piece)) = named.to_fed(64) else {
+            panic!("a call piece");
+        };
+        assert!(piece.opens);
+        let Fed::Piece(Piece::Call(text)) = chunk("text", "s").to_fed(64) else {
+            panic!("a call piece");
+        };
+        assert!(text.opens);
+    }
+
+    #[test]
+    fn a_malformed_chunk_names_its_code_or_the_default() {
+        let Fed::Malformed { code, detail } = chunk("malformed", "s").to_fed(64) else {
+            panic!("malformed");
+        };
+        assert_eq!((code.as_str(), detail.as_str()), (MALFORMED_RECORD, "{}"));
+        let named = Chunk {
+            error: Some("unsupported_format"),
+            ..chunk("malformed", "s")
+        };
+        let Fed::Malformed { code, .. } = named.to_fed(64) else {
+            panic!("malformed");
+        };
+        assert_eq!(code, "unsupported_format");
+    }
+}

@@ -1,0 +1,106 @@
+//! A record that cannot be read becomes a call of its own, rejected `malformed_record` (or the
+//! code its adapter names): its stream is the record's key (cut to the identifier bound), its call
+//! id and event id name the record's place, and its detail is cut to the detail bound. An
+//! envelope that cannot be read ends every call it could belong to ([`abort_unreadable`]).
+
+use std::borrow::Cow;
+
+use crate::assembler::{Closed, PartitionFeed, Piece, Scope};
+use crate::envelope::Malformed;
+use crate::event::record_event_id;
+
+/// The code of a record that is not what its format says.
+pub const MALFORMED_RECORD: &str = "malformed_record";
+
+/// The call a record that could not be read becomes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordCall {
+    pub stream_id: String,
+    pub call_id: String,
+    pub event_id: String,
+    pub detail: String,
+}
+
+/// The call of the unreadable record at `offset` of `scope`, with key `key`.
+pub fn record_call(
+    scope: &Scope,
+    offset: i64,
+    key: Option<&[u8]>,
+    detail: &str,
+    max_id_bytes: usize,
+    max_detail_bytes: usize,
+) -> RecordCall {
+    let stream = String::from_utf8_lossy(key.unwrap_or_default());
+    RecordCall {
+        stream_id: cut(&stream, max_id_bytes).to_owned(),
+        call_id: format!("record:{}:{}:{}", scope.0, scope.1, offset),
+        event_id: record_event_id(&scope.0, scope.1, offset),
+        detail: cut(detail, max_detail_bytes).to_owned(),
+    }
+}
+
+/// Ends, `stream_corrupt`, every call the unreadable envelope `bad` at `offset` could belong to:
+/// the call it names, else every call of the stream it names, else of the stream its record's
+/// key names. The calls it closes go to `closed`.
+pub fn abort_unreadable(
+    feed: &mut PartitionFeed<'_>,
+    offset: i64,
+    key: Option<&[u8]>,
+    bad: Malformed,
+    closed: &mut Vec<Closed>,
+) {
+    match (bad.stream_id, bad.call_id) {
+        (Some(stream), Some(call)) => feed.feed(
+            offset,
+            &mut Piece::Abort {
+                stream_id: Cow::Owned(stream),
+                call_id: Cow::Owned(call),
+            },
+            closed,
+        ),
+        (Some(stream), None) => feed.abort_stream(offset, &stream, closed),
+        (None, _) => {
+            if let Some(stream) = key.and_then(|k| std::str::from_utf8(k).ok()) {
+                feed.abort_stream(offset, stream, closed);
+            }
+        }
+    }
+}
+
+/// At most `max_bytes` of `text`, cut at a character boundary.
+fn cut(text: &str, max_bytes: usize) -> &str {
+    if text.len() <= max_bytes {
+        return text;
+    }
+    let mut end = max_bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn identifiers_and_detail_are_cut_at_a_character_boundary() {
+        let scope = (Arc::from("in"), 3);
+        let call = record_call(&scope, 7, Some("aé".as_bytes()), "déjà", 2, 3);
+        assert_eq!(call.stream_id, "a");
+        assert_eq!(call.detail, "d\u{e9}");
+        assert_eq!(call.call_id, "record:in:3:7");
+        assert_eq!(call.event_id, record_event_id("in", 3, 7));
+        assert_eq!(call.event_id.len(), 32);
+    }
+
+    #[test]
+    fn a_key_that_is_not_utf8_is_read_lossily() {
+        let call = record_call(&(Arc::from("t"), 0), 0, Some(b"\xffk"), "", 64, 64);
+        assert_eq!(call.stream_id, "\u{fffd}k");
+        let none = record_call(&(Arc::from("t"), 0), 0, None, "", 64, 64);
+        assert_eq!(none.stream_id, "");
+    }
+}
