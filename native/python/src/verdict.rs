@@ -173,49 +173,42 @@ pub fn encode_event<'py>(
             ])
         }
     };
-    let violations = verdict
-        .violations
-        .bind(py)
-        .try_iter()?
-        .map(|violation| {
-            let violation = violation?;
-            Ok([
-                violation.getattr(pyo3::intern!(py, "path"))?,
-                violation.getattr(pyo3::intern!(py, "keyword"))?,
-                violation.getattr(pyo3::intern!(py, "message"))?,
-            ])
-        })
-        .collect::<PyResult<SmallVec<[_; 4]>>>()?;
-    let repairs = verdict
-        .repairs
-        .bind(py)
-        .try_iter()?
-        .collect::<PyResult<SmallVec<[_; 4]>>>()?;
-    let phases = verdict
-        .phases_us
-        .bind(py)
-        .iter()
-        .map(|(phase, micros)| Ok((phase.cast_into::<PyString>()?, micros.extract::<i64>()?)))
-        .collect::<PyResult<SmallVec<[_; 8]>>>()?;
+    // plain loops: collecting a Python iterator asks it for a length hint first (a method
+    // object made and called per list, about 250 instructions a call)
+    let mut violations: SmallVec<[[Bound<'py, PyAny>; 3]; 4]> = SmallVec::new();
+    for violation in verdict.violations.bind(py).try_iter()? {
+        let violation = violation?;
+        violations.push([
+            violation.getattr(pyo3::intern!(py, "path"))?,
+            violation.getattr(pyo3::intern!(py, "keyword"))?,
+            violation.getattr(pyo3::intern!(py, "message"))?,
+        ]);
+    }
+    let mut repairs: SmallVec<[Bound<'py, PyAny>; 4]> = SmallVec::new();
+    for kind in verdict.repairs.bind(py).try_iter()? {
+        repairs.push(kind?);
+    }
+    let mut phases: SmallVec<[(Bound<'py, PyString>, i64); 8]> = SmallVec::new();
+    for (phase, micros) in verdict.phases_us.bind(py).iter() {
+        phases.push((phase.cast_into::<PyString>()?, micros.extract::<i64>()?));
+    }
     // the fields, borrowed
-    let violations = violations
-        .iter()
-        .map(|[path, keyword, message]| {
-            Ok(Violation {
-                path: str_or_none(path)?,
-                keyword: str_or_none(keyword)?,
-                message: str_or_none(message)?,
-            })
-        })
-        .collect::<PyResult<SmallVec<[_; 4]>>>()?;
-    let repairs = repairs
-        .iter()
-        .map(str_or_none)
-        .collect::<PyResult<SmallVec<[_; 4]>>>()?;
-    let phases_us = phases
-        .iter()
-        .map(|(phase, micros)| Ok((phase.to_str()?, *micros)))
-        .collect::<PyResult<SmallVec<[_; 8]>>>()?;
+    let mut violation_fields: SmallVec<[Violation<'_>; 4]> = SmallVec::new();
+    for [path, keyword, message] in &violations {
+        violation_fields.push(Violation {
+            path: str_or_none(path)?,
+            keyword: str_or_none(keyword)?,
+            message: str_or_none(message)?,
+        });
+    }
+    let mut repair_kinds: SmallVec<[Option<&str>; 4]> = SmallVec::new();
+    for kind in &repairs {
+        repair_kinds.push(str_or_none(kind)?);
+    }
+    let mut phases_us: SmallVec<[(&str, i64); 8]> = SmallVec::new();
+    for (phase, micros) in &phases {
+        phases_us.push((phase.to_str()?, *micros));
+    }
     let fields = event::Verdict {
         outcome: verdict.outcome.bind(py).to_str()?,
         phase: opt_str(py, &verdict.phase)?,
@@ -228,12 +221,12 @@ pub fn encode_event<'py>(
                 version: str_or_none(version)?,
             }),
         },
-        violations: &violations,
+        violations: &violation_fields,
         feedback_json: verdict
             .feedback_json
             .as_ref()
             .map(|json| json.bind(py).as_bytes()),
-        repairs: &repairs,
+        repairs: &repair_kinds,
         retryable: verdict.retryable,
         idempotency_key: opt_str(py, &verdict.idempotency_key)?,
         duplicate_of: opt_str(py, &verdict.duplicate_of)?,
