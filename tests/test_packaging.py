@@ -89,7 +89,14 @@ def test_the_sdist_holds_the_sources_and_the_demo_contracts(
     sdist, _ = distributions
     with tarfile.open(sdist) as archive:
         members = {m.name.split("/", 1)[1]: m for m in archive.getmembers() if "/" in m.name}
-        for needed in ("pyproject.toml", "Cargo.lock", "native/Cargo.toml", "worker/cli.py"):
+        needed_files = (
+            "pyproject.toml",
+            "Cargo.lock",
+            "native/core/Cargo.toml",  # the pure core, which the face depends on by path
+            "native/python/Cargo.toml",
+            "worker/cli.py",
+        )
+        for needed in needed_files:
             assert needed in members, needed
         contracts = {
             name.removeprefix("callgate_demo/contracts/"): archive.extractfile(member).read()  # type: ignore[union-attr]
