@@ -8,6 +8,8 @@ Raises `ConfigError` / `SchemaLoadError` naming what is wrong, before anything r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from worker._native import Assembler
 from worker.adapters.decoder import Decoder
 from worker.core.idempotency import KeyStore
@@ -81,9 +83,24 @@ def build_decoder(settings: Settings) -> Decoder:
     )
 
 
-def build_processor(settings: Settings, registry: SchemaRegistry | None = None) -> Processor:
+def with_contracts(settings: Settings, directory: Path) -> Settings:
+    """The same settings with another contracts directory (a candidate's)."""
+    return settings.model_copy(
+        update={"schemas": settings.schemas.model_copy(update={"dir": directory})}
+    )
+
+
+def build_processor(
+    settings: Settings, registry: SchemaRegistry | None = None, *, candidate: Path | None = None
+) -> Processor:
+    """The processor; with `candidate`, every call is judged under those contracts (and their
+    plugins) too, the verdicts compared on each emission (`worker.core.flips`)."""
     limits = settings.limits
     registry = registry if registry is not None else build_registry(settings)
+    shadow = None
+    if candidate is not None:
+        candidate_settings = with_contracts(settings, candidate)
+        shadow = build_gate(candidate_settings, build_registry(candidate_settings))
     return Processor(
         build_assembler(settings),
         build_decoder(settings),
@@ -92,6 +109,7 @@ def build_processor(settings: Settings, registry: SchemaRegistry | None = None) 
             max_event_bytes=limits.max_event_bytes,
             max_feedback_bytes=limits.max_feedback_bytes,
         ),
+        shadow=shadow,
     )
 
 

@@ -168,9 +168,22 @@ def substitute_rejection(
 ) -> Verdict:
     """What is sent instead of an event that cannot be written as judged (phase `delivery`)."""
     violations = (Violation("", code.value, detail),)
+    return _rejection(verdict, Phase.DELIVERY, code, violations, max_feedback_bytes)
+
+
+def _rejection(
+    verdict: Verdict,
+    phase: Phase,
+    code: Code,
+    violations: tuple[Violation, ...],
+    max_feedback_bytes: int,
+    *,
+    duplicate_of: str | None = None,
+) -> Verdict:
+    """`verdict` replaced by a final rejection (its schema and key kept)."""
     return Verdict(
         Outcome.REJECTED,
-        phase=Phase.DELIVERY,
+        phase=phase,
         code=code,
         schema=verdict.schema,
         violations=violations,
@@ -184,6 +197,7 @@ def substitute_rejection(
             max_bytes=max_feedback_bytes,
         ),
         idempotency_key=verdict.idempotency_key,
+        duplicate_of=duplicate_of,
         phases_us=verdict.phases_us,
     )
 
@@ -279,12 +293,7 @@ def idempotency_rejection(
     fields = orjson.loads(event)
     schema = fields.get("schema")
     ref = SchemaRef(schema["id"], schema["version"]) if schema else None
-    message = (
-        "a call with this idempotency key was already accepted"
-        if code is Code.DUPLICATE
-        else "this idempotency key was used for a different call"
-    )
-    violations = (Violation("", "idempotency_key", message),)
+    violations = _key_violations(code)
     fields["outcome"] = Outcome.REJECTED.value
     fields["phase"] = Phase.IDEMPOTENCY.value
     fields["error_code"] = code.value
@@ -300,3 +309,28 @@ def idempotency_rejection(
     fields.pop("arguments", None)
     fields.pop("requires_approval", None)
     return orjson.dumps(fields), fields
+
+
+def key_rejection(
+    verdict: Verdict, code: Code, first_event_id: str, max_feedback_bytes: int
+) -> Verdict:
+    """The verdict of an accepted keyed call that its key's owner rejected (`duplicate`,
+    `idempotency_conflict`): what `idempotency_rejection` writes, as a verdict."""
+    violations = _key_violations(code)
+    return _rejection(
+        verdict,
+        Phase.IDEMPOTENCY,
+        code,
+        violations,
+        max_feedback_bytes,
+        duplicate_of=first_event_id,
+    )
+
+
+def _key_violations(code: Code) -> tuple[Violation, ...]:
+    message = (
+        "a call with this idempotency key was already accepted"
+        if code is Code.DUPLICATE
+        else "this idempotency key was used for a different call"
+    )
+    return (Violation("", "idempotency_key", message),)

@@ -30,8 +30,8 @@ from enum import StrEnum
 
 import orjson
 
-from worker.core.events import idempotency_rejection, read_idempotency_request
-from worker.model import Code, Outcome, SchemaRef
+from worker.core.events import idempotency_rejection, key_rejection, read_idempotency_request
+from worker.model import Code, Outcome, SchemaRef, Verdict
 
 
 class Decision(StrEnum):
@@ -123,6 +123,15 @@ class KeyStore:
         self._keys = OrderedDict(ordered)
 
 
+def rejection_code(decision: Decision) -> Code | None:
+    """The code a decision rejects with (`duplicate`, `idempotency_conflict`); None: accepted."""
+    if decision is Decision.DUPLICATE:
+        return Code.DUPLICATE
+    if decision is Decision.CONFLICT:
+        return Code.IDEMPOTENCY_CONFLICT
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Resolution:
     """What the owner of a key emits for one request: the event, and the changes to write."""
@@ -144,11 +153,29 @@ def resolve(
     """Decide one idempotency request against the store. ValueError if it is not a request."""
     found = read_idempotency_request(request)
     decision, record, changes = store.decide(found.key, found.digest, found.event_id, at_ms)
-    event, outcome, code = found.event, Outcome.ACCEPTED, None
-    if decision in (Decision.DUPLICATE, Decision.CONFLICT):
-        code = Code.DUPLICATE if decision is Decision.DUPLICATE else Code.IDEMPOTENCY_CONFLICT
+    event, outcome, code = found.event, Outcome.ACCEPTED, rejection_code(decision)
+    if code is not None:
         event, _ = idempotency_rejection(found.event, code, record.event_id, max_feedback_bytes)
         outcome = Outcome.REJECTED
     return Resolution(
         decision, event, outcome, code, found.call_id, found.tool, found.schema, changes
     )
+
+
+def decide_here(
+    store: KeyStore, event_id: str, verdict: Verdict, max_feedback_bytes: int
+) -> Verdict:
+    """`verdict` on the call `event_id` as its key's owner decides it, the owner being this
+    process (no time: keys age by the store's own, as in `callgate check`). An accepted call
+    with a key is accepted, or rejected `duplicate` / `idempotency_conflict`; any other verdict
+    is returned as it is."""
+    if verdict.outcome is not Outcome.ACCEPTED or verdict.idempotency_digest is None:
+        return verdict
+    assert verdict.idempotency_key is not None, "a request digest comes with its key"
+    decision, record, _ = store.decide(
+        verdict.idempotency_key, verdict.idempotency_digest, event_id, None
+    )
+    code = rejection_code(decision)
+    if code is None:
+        return verdict
+    return key_rejection(verdict, code, record.event_id, max_feedback_bytes)

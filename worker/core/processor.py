@@ -8,6 +8,10 @@ reads a clock, a file or a setting, or does I/O.
 
 A partition's state (open calls and vendor streams) is written with `checkpoint` and rebuilt
 with `restore`; the runtime decides when, and where it is kept.
+
+With a `shadow` gate (candidate contracts), every call is judged by it too and its emission
+carries the `Comparison` (`worker.core.flips`); the verdict, the event and where it goes are the
+main gate's alone.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from worker.core.events import (
     record_key,
     substitute_rejection,
 )
+from worker.core.flips import Comparison, judge_both
 from worker.core.pipeline import Gate
 from worker.model import Code, Outcome, Verdict
 
@@ -53,7 +58,8 @@ _ROUTES = {
 
 
 class Emission(NamedTuple):
-    """One record to produce, and the call and verdict it came from (for metrics)."""
+    """One record to produce, and the call and verdict it came from (for metrics); with a
+    shadow gate, the call's verdicts compared (the gates' own, before the event was written)."""
 
     route: Route
     key: bytes
@@ -61,6 +67,7 @@ class Emission(NamedTuple):
     headers: Headers
     call: AssembledCall
     verdict: Verdict
+    shadow: Comparison | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +78,18 @@ class EventLimits:
 
 class Processor:
     def __init__(
-        self, assembler: Assembler, decoder: Decoder, gate: Gate, limits: EventLimits
+        self,
+        assembler: Assembler,
+        decoder: Decoder,
+        gate: Gate,
+        limits: EventLimits,
+        *,
+        shadow: Gate | None = None,
     ) -> None:
         self.assembler = assembler
         self.decoder = decoder
         self.gate = gate
+        self.shadow = shadow
         self._limits = limits
 
     def feed(self, topic: str, partition: int, records: Iterable[Any]) -> list[Emission]:
@@ -94,6 +108,7 @@ class Processor:
         write its event is that call's `internal_error` rejection (logged)."""
         limits = self._limits
         judged = self.gate.judge(call)
+        shadow = judge_both(call, judged, self.shadow) if self.shadow is not None else None
         # where the event goes follows the event as written (an accepted call whose event cannot
         # be written is an `event_too_large` rejection, never an accepted or keyed emission)
         try:
@@ -120,12 +135,12 @@ class Processor:
         if verdict.idempotency_digest is not None and verdict.outcome is Outcome.ACCEPTED:
             request = idempotency_request(call, verdict, value)
             assert verdict.idempotency_key is not None
-            return Emission(
-                Route.IDEMPOTENCY, verdict.idempotency_key.encode(), request, [], call, verdict
-            )
+            key = verdict.idempotency_key.encode()
+            return Emission(Route.IDEMPOTENCY, key, request, [], call, verdict, shadow)
         version = schema.version if schema is not None else None
         headers = record_headers(verdict.outcome, call.tool, version)
-        return Emission(_ROUTES[verdict.outcome], record_key(call), value, headers, call, verdict)
+        route = _ROUTES[verdict.outcome]
+        return Emission(route, record_key(call), value, headers, call, verdict, shadow)
 
     # -- partitions ---------------------------------------------------------------------------
 
