@@ -87,6 +87,29 @@ def _records(
         yield FileRecord(name, 0, offset, None, key, value, encoded)
 
 
+def feed_input(
+    processor: Processor,
+    source: BinaryIO,
+    *,
+    name: str = "-",
+    fmt: str = ENVELOPE,
+    stream_id: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Iterator[list[Emission]]:
+    """What the processor makes of `source`, batch by batch; the last batch is what the end of
+    the input makes of the calls still open."""
+    stream = stream_id or Path(name).stem or "stream"
+    topic = _topic(name)
+    batch: list[FileRecord] = []
+    for record in _records(source, topic, fmt, stream, headers or {}):
+        batch.append(record)
+        if len(batch) >= _BATCH:
+            yield processor.feed(topic, 0, batch)
+            batch = []
+    yield processor.feed(topic, 0, batch)
+    yield processor.flush()
+
+
 def run_check(
     processor: Processor,
     keys: KeyStore,
@@ -101,8 +124,9 @@ def run_check(
 ) -> Counter[tuple[str, str, str]]:
     """Judge every call in `source`, write one event per line to `out`; return the tallies."""
     tally: Counter[tuple[str, str, str]] = Counter()
-
-    def write(emissions: list[Emission]) -> None:
+    for emissions in feed_input(
+        processor, source, name=name, fmt=fmt, stream_id=stream_id, headers=headers
+    ):
         for emission in emissions:
             value = emission.value
             verdict = emission.verdict
@@ -117,17 +141,6 @@ def run_check(
                     phase, detail = fields["phase"], fields["error_code"]
             tally[(outcome, phase, detail)] += 1
             out.write(value + b"\n")
-
-    stream = stream_id or Path(name).stem or "stream"
-    topic = _topic(name)
-    batch: list[FileRecord] = []
-    for record in _records(source, topic, fmt, stream, headers or {}):
-        batch.append(record)
-        if len(batch) >= _BATCH:
-            write(processor.feed(topic, 0, batch))
-            batch = []
-    write(processor.feed(topic, 0, batch))
-    write(processor.flush())
     out.flush()
     return tally
 
@@ -164,18 +177,12 @@ def parse_fail_on(text: str) -> frozenset[Outcome]:
     return frozenset(known[name] for name in names)
 
 
-def main_check(
-    processor: Processor,
-    keys: KeyStore,
-    *,
-    path: str,
-    fmt: str | None,
-    stream_id: str | None,
-    headers: Mapping[str, str] | None,
-    max_feedback_bytes: int,
-    fail_on: frozenset[Outcome] = frozenset(),
-) -> int:
-    """`callgate check`: judge the input, print the summary; the exit status."""
+@contextlib.contextmanager
+def open_input(
+    path: str, fmt: str | None, headers: Mapping[str, str] | None, *, command: str = "check"
+) -> Iterator[tuple[BinaryIO, str]]:
+    """The input `path` names (`-`: stdin) and its format: `fmt`, or told from its first
+    records. Raises `ConfigError` when it cannot be read or its format cannot be used."""
     with contextlib.ExitStack() as stack:
         try:
             source: BinaryIO = (
@@ -190,7 +197,7 @@ def main_check(
             fmt = detected.format
             if fmt != ENVELOPE:
                 print(
-                    f"callgate check: reading {shown} as {fmt} ({detected.reason}; "
+                    f"callgate {command}: reading {shown} as {fmt} ({detected.reason}; "
                     "--format chooses)",
                     file=sys.stderr,
                 )
@@ -198,13 +205,29 @@ def main_check(
             raise ConfigError(
                 "an MCP result does not name its tool: give --header tool=<tool name>"
             )
+        yield source, fmt
+
+
+def main_check(
+    processor: Processor,
+    keys: KeyStore,
+    *,
+    path: str,
+    fmt: str | None,
+    stream_id: str | None,
+    headers: Mapping[str, str] | None,
+    max_feedback_bytes: int,
+    fail_on: frozenset[Outcome] = frozenset(),
+) -> int:
+    """`callgate check`: judge the input, print the summary; the exit status."""
+    with open_input(path, fmt, headers) as (source, known):
         tally = run_check(
             processor,
             keys,
             source,
             sys.stdout.buffer,
             name=path,
-            fmt=fmt,
+            fmt=known,
             stream_id=stream_id,
             headers=headers,
             max_feedback_bytes=max_feedback_bytes,

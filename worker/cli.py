@@ -1,4 +1,5 @@
-"""The `callgate` command line: `check` (offline), `schemas` (author tools), `run` (the worker)."""
+"""The `callgate` command line: `check` (offline), `replay` (candidate contracts on recorded
+traffic), `schemas` (author tools), `run` (the worker), `topics`."""
 
 from __future__ import annotations
 
@@ -10,13 +11,25 @@ from pathlib import Path
 from worker import __version__
 from worker.adapters.decoder import ENVELOPE, formats
 from worker.adapters.dialects import dialect_of, split_format
-from worker.check import FAILED_ON, PASSED, main_check, parse_fail_on
+from worker.check import FAILED_ON, PASSED, feed_input, main_check, open_input, parse_fail_on
 from worker.compose import build_key_store, build_processor
 from worker.errors import CallgateError, ConfigError, InputFormatError
+from worker.replay import EXAMPLES, FLIPS_OVER, NO_FLIPS_OVER, Replay, exit_status, parse_time
 from worker.runtime.cli import add_run_command
+from worker.runtime.history import Bound, Span, read_range
 from worker.runtime.topics_cli import add_topics_command
 from worker.schemas.cli import add_schemas_command
 from worker.settings import load_settings
+
+
+def _headers(items: list[str]) -> dict[str, str]:
+    headers = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--header takes NAME=VALUE, not {item!r}")
+        headers[name.strip().lower()] = value
+    return headers
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -25,12 +38,7 @@ def _check(args: argparse.Namespace) -> int:
         overrides["schemas"] = {"dir": args.schemas, "engine": args.engine}
     settings = load_settings(args.settings, **overrides)
     fail_on = parse_fail_on(args.fail_on) if args.fail_on is not None else frozenset()
-    headers = {}
-    for item in args.header:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise ConfigError(f"--header takes NAME=VALUE, not {item!r}")
-        headers[name.strip().lower()] = value
+    headers = _headers(args.header)
     processor = build_processor(settings)
     return main_check(
         processor,
@@ -42,6 +50,159 @@ def _check(args: argparse.Namespace) -> int:
         max_feedback_bytes=settings.limits.max_feedback_bytes,
         fail_on=fail_on,
     )
+
+
+def _replay(args: argparse.Namespace) -> int:
+    schemas: dict[str, object] = {}
+    if args.baseline is not None:
+        schemas["dir"] = args.baseline
+    if args.engine:
+        schemas["engine"] = args.engine
+    overrides: dict[str, object] = {"schemas": schemas} if schemas else {}
+    if args.bootstrap:
+        overrides["kafka"] = {"bootstrap_servers": args.bootstrap}
+    settings = load_settings(args.settings, **overrides)
+    if bool(args.inputs) == bool(args.topic):
+        raise ConfigError("replay reads input files or --topic, one of the two")
+    ranged = (args.partition, args.since, args.until, args.from_offset, args.to_offset)
+    if args.inputs and any(value not in (None, []) for value in ranged):
+        raise ConfigError(
+            "--partition, --since, --until, --from-offset and --to-offset need --topic"
+        )
+    if args.topic and (args.format or args.header or args.stream_id):
+        raise ConfigError("--format, --header and --stream-id are for input files")
+    if args.since is not None and args.from_offset is not None:
+        raise ConfigError("the range starts at --since or at --from-offset, not both")
+    if args.until is not None and args.to_offset is not None:
+        raise ConfigError("the range ends at --until or at --to-offset, not both")
+    processor = build_processor(settings, candidate=args.schemas)
+    assert processor.shadow is not None
+    replay = Replay(
+        build_key_store(settings),
+        build_key_store(settings),
+        (processor.gate.registry, processor.shadow.registry),
+        settings.limits.max_feedback_bytes,
+        args.examples,
+    )
+    if args.inputs:
+        headers = _headers(args.header)
+        for path in args.inputs:
+            with open_input(path, args.format, headers, command="replay") as (stream, fmt):
+                for emissions in feed_input(
+                    processor,
+                    stream,
+                    name=path,
+                    fmt=fmt,
+                    stream_id=args.stream_id,
+                    headers=headers,
+                ):
+                    replay.add(emissions)
+        read = ", ".join(args.inputs)
+    else:
+        start = Bound(args.from_offset, _time(args.since, "--since"))
+        end = Bound(args.to_offset, _time(args.until, "--until"))
+        spans: list[Span] = read_range(
+            settings,
+            args.topic,
+            partitions=args.partition or (),
+            start=start,
+            end=end,
+            feed=lambda topic, partition, records: replay.add(
+                processor.feed(topic, partition, records)
+            ),
+        )
+        replay.add(processor.flush())
+        read = "; ".join(str(span) for span in spans)
+    report = replay.report(
+        baseline=str(settings.schemas.dir), candidate=str(args.schemas), source=read
+    )
+    if args.json:
+        sys.stdout.buffer.write(report.encode() + b"\n")
+    else:
+        print(report.table())
+    return exit_status(report, args.fail_on_flips)
+
+
+def _time(text: str | None, option: str) -> int | None:
+    return parse_time(text, option) if text is not None else None
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a whole number of 0 or more, not {text!r}")
+    return int(text)
+
+
+def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    replay = commands.add_parser(
+        "replay",
+        help="judge recorded traffic under candidate contracts and the current ones; count "
+        "what would change, per tool and version",
+        description="Judge every call of input files (as check reads them) or of a range of a "
+        "Kafka topic under two contract sets, and report the calls whose verdict would change "
+        "(flips), per tool and schema version, with a few sanitized examples of each kind.",
+        epilog=f"exit status: {NO_FLIPS_OVER} no more flips than --fail-on-flips allows (or no "
+        f"--fail-on-flips); {FLIPS_OVER} more; 2 an input, the cluster, a setting or a "
+        "contract cannot be used (one message on stderr)",
+    )
+    replay.add_argument(
+        "--schemas", type=Path, required=True, metavar="CANDIDATE", help="candidate contracts"
+    )
+    replay.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="CURRENT",
+        help="current contracts (default: the settings' CALLGATE_SCHEMAS__DIR)",
+    )
+    replay.add_argument("--engine", choices=["fastjsonschema", "jsonschema-rs"])
+    replay.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+    replay.add_argument(
+        "--fail-on-flips",
+        type=_count,
+        metavar="N",
+        help=f"exit with status {FLIPS_OVER} when more than N calls flip (0: any flip)",
+    )
+    replay.add_argument(
+        "--examples",
+        type=_count,
+        default=EXAMPLES,
+        metavar="N",
+        help=f"flips shown per kind (default {EXAMPLES})",
+    )
+    replay.add_argument("--settings", type=Path, help="JSON settings file")
+    files = replay.add_argument_group("input files (as callgate check reads them)")
+    files.add_argument("inputs", nargs="*", metavar="FILE", help="input files, or - for stdin")
+    files.add_argument(
+        "--format",
+        type=_content_format,
+        metavar="FORMAT",
+        help="the inputs' format, as for check (default: told from their first records)",
+    )
+    files.add_argument("--stream-id", help="stream id for vendor formats (default: file name)")
+    files.add_argument(
+        "--header", action="append", default=[], metavar="NAME=VALUE", help="as for check"
+    )
+    kafka = replay.add_argument_group(
+        "a Kafka topic (read-only: no group, nothing committed, read_committed)"
+    )
+    kafka.add_argument("--topic", action="append", default=[], help="input topic; repeatable")
+    kafka.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT,...",
+        help="the cluster (default: the settings' CALLGATE_KAFKA__BOOTSTRAP_SERVERS)",
+    )
+    kafka.add_argument(
+        "--partition", type=_count, action="append", default=[], help="only this partition"
+    )
+    kafka.add_argument(
+        "--since",
+        metavar="TIME",
+        help="from the first record at or after TIME (ISO 8601, UTC unless it says; or epoch ms)",
+    )
+    kafka.add_argument("--until", metavar="TIME", help="up to the first record at or after TIME")
+    kafka.add_argument("--from-offset", type=_count, metavar="N", help="start at offset N")
+    kafka.add_argument("--to-offset", type=_count, metavar="N", help="stop before offset N")
+    replay.set_defaults(func=_replay)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("input", nargs="?", default="-", help="input file, or - for stdin")
     check.set_defaults(func=_check)
 
+    _add_replay(commands)
     add_schemas_command(commands)
     add_run_command(commands)
     add_topics_command(commands)
