@@ -248,3 +248,16 @@ def test_times_are_read_as_iso_8601_or_epoch_milliseconds() -> None:
     assert parse_time("2025-06-01T00:00:00Z", "--since") == 1_748_736_000_000
     assert parse_time("2025-06-01", "--since") == 1_748_736_000_000
     assert parse_time("2025-06-01T02:00:00+02:00", "--until") == 1_748_736_000_000
+
+
+def test_the_readme_shows_what_the_example_prints(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Trying a contract change on recorded traffic") :]
+    command = section[section.index("callgate replay ") :].split("\n", 1)[0]
+    shown = section.split("The first prints:\n\n```text\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(REPO)
+    status, out, _ = replay(capsys, *command.split()[2:])
+    assert status == 0
+    assert out == shown
