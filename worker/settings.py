@@ -102,7 +102,10 @@ class KafkaSettings(BaseModel):
         "past what was written to them",
     )
     commit_interval_ms: int = Field(
-        100, ge=0, description="offsets are committed at most this often (and on revoke and stop)"
+        100,
+        ge=0,
+        description="checkpoints are taken and offsets (exactly_once: transactions) committed "
+        "at most this often, beside the rounds (and on revoke and stop)",
     )
     request_timeout_ms: int = Field(
         30_000, ge=1000, description="an unacknowledged outcome event then fails and is sent again"
@@ -114,8 +117,18 @@ class KafkaSettings(BaseModel):
         "consumes a topic the input pattern matches that was created after it started, or "
         "partitions added to an input",
     )
-    max_pending_produces: int = Field(
-        20_000, ge=1, description="unacknowledged outcome events before fetching pauses"
+    max_in_flight_records: int = Field(
+        20_000,
+        ge=1,
+        description="records in the pipeline: read ahead of the rounds, or written and not "
+        "acknowledged (exactly_once: not committed); fetching pauses above it, and resumes at "
+        "half",
+    )
+    max_in_flight_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="bytes (keys and values) written and not acknowledged (exactly_once: not "
+        "committed); fetching pauses above it, and resumes at half",
     )
 
     _split = field_validator("bootstrap_servers", mode="before")(_split_csv)

@@ -31,9 +31,11 @@ from worker.runtime.topics import TopicSpec, state_topics_deleted
 
 @dataclass
 class Hold:
-    """The next client call at `point` waits: `reached` is set, then it waits for `release`."""
+    """The next client call at `point` (of the transactional producer `client`, when given)
+    waits: `reached` is set, then it waits for `release`."""
 
     point: str
+    client: str | None = None
     reached: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -84,10 +86,10 @@ class FakeBroker:
     #: set (and replaced) whenever a topic is created or the metadata waits time out
     metadata_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def reach(self, point: str) -> None:
+    async def reach(self, point: str, client: str | None = None) -> None:
         """A client call passes `point`: it waits there if the test holds it."""
         hold = self.hold
-        if hold is not None and hold.point == point:
+        if hold is not None and hold.point == point and hold.client in (None, client):
             self.hold = None
             hold.reached.set()
             await hold.release.wait()
@@ -221,7 +223,7 @@ class FakeProducer:
         self.stopped = True
 
     async def _reach(self, point: str) -> None:
-        await self._broker.reach(point)
+        await self._broker.reach(point, self.transactional_id)
         if self.stopped:
             await _never()
 
@@ -368,7 +370,7 @@ class FakeConsumer:
             self._positions.pop(tp, None)
 
     async def getmany(
-        self, *, timeout_ms: int, max_records: int
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
     ) -> dict[TopicPartition, list[FakeRecord]]:
         if self.held_up is not None:  # a rebalance in progress: aiokafka waits, whatever timeout
             await self.held_up.wait()
@@ -387,7 +389,7 @@ class FakeConsumer:
         if out_of_range:  # the worker's consumer has no automatic reset
             raise OffsetOutOfRangeError(out_of_range)
         for tp in sorted(self.assigned):
-            if tp in self._paused or budget <= 0:
+            if tp in self._paused or budget <= 0 or (partitions and tp not in partitions):
                 continue
             log = self._broker.logs[tp.topic][tp.partition]
             start = self._positions[tp]

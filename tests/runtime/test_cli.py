@@ -32,7 +32,7 @@ def test_run_help_lists_every_setting_with_its_environment_name() -> None:
     assert len(names) > 30
     missing = [name for name in names if f"  {name}=" not in result.stdout]
     assert missing == []
-    assert "CALLGATE_KAFKA__MAX_PENDING_PRODUCES=20000" in result.stdout
+    assert "CALLGATE_KAFKA__MAX_IN_FLIGHT_RECORDS=20000" in result.stdout
     assert "--settings FILE" in result.stdout
 
 

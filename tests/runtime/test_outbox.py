@@ -126,6 +126,13 @@ async def test_every_record_is_written_and_acknowledged_once_in_order(
         else:
             clock.now += 0.5
         await settle()
+        # what it holds is what was added and not acknowledged yet, in records and in bytes
+        unacknowledged = len(added) - len(sink.acknowledged_values)
+        assert outbox.held_records == unacknowledged
+        held = sorted(r.value or b"" for r in added)
+        for value in sink.acknowledged_values:
+            held.remove(value)
+        assert outbox.held_bytes == sum(2 * len(v) if k else len(v) for v, k in _keys(added, held))
     for topic in TOPICS:
         broker.fail_topic(topic, None)
     broker.create_topic(LATE, PARTITIONS)
@@ -139,6 +146,7 @@ async def test_every_record_is_written_and_acknowledged_once_in_order(
             break
     assert not outbox.queued
     assert not outbox.in_flight
+    assert (outbox.held_records, outbox.held_bytes) == (0, 0)
     await outbox.close()
 
     values = sorted(record.value or b"" for record in added)
@@ -153,6 +161,12 @@ async def test_every_record_is_written_and_acknowledged_once_in_order(
             for log in broker.logs[topic]:
                 order = [int(r.value or b"") for r in log]
                 assert order == sorted(order), f"{topic}: {order}"
+
+
+def _keys(added: list[Record], values: list[bytes]) -> list[tuple[bytes, bool]]:
+    """The values still held, each with whether its record has a key (its value as key)."""
+    keyed = {record.value: record.key is not None for record in added}
+    return [(value, keyed[value]) for value in values]
 
 
 async def test_rounds_dispatched_while_a_batch_waits_go_together_behind_it() -> None:
@@ -210,6 +224,7 @@ async def test_a_discarded_record_waiting_for_its_partition_is_not_sent() -> Non
     assert sorted(sink.acknowledged_values) == [b"handed over", b"kept", b"sent"]
     assert not outbox.queued
     assert not outbox.in_flight
+    assert (outbox.held_records, outbox.held_bytes) == (0, 0), "the dropped one let go"
 
 
 async def test_close_stops_a_sender_waiting_on_the_producer() -> None:

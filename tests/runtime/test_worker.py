@@ -63,8 +63,9 @@ def make_settings(**overrides: Any) -> Settings:
     return Settings.model_validate(base)
 
 
-#: far longer than any round takes here: a round that waits this long waits for the cluster
-ROUND_S = 5.0
+#: far longer than any round takes here, however busy the machine: only a round that waits for
+#: good (for the cluster, or a hold never released) reaches it
+ROUND_S = 30.0
 
 
 def new_broker() -> FakeBroker:
@@ -219,6 +220,46 @@ def fenced(worker: Worker) -> dict[tuple[str, int], float]:
     delivery = worker.delivery
     assert isinstance(delivery, ExactlyOnce)
     return delivery.fenced
+
+
+class Clock:
+    """The worker's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def rounds_until(
+    worker: Worker,
+    done: Callable[[], bool],
+    what: str,
+    *,
+    clock: Clock | None = None,
+    step_s: float = 1.0,
+    timeout_s: float = 60.0,
+) -> int:
+    """Rounds until `done()` (the clock `step_s` later after each, when given); how many. What
+    runs beside the rounds (the topic check, exactly_once's commits) runs between them. Bounded
+    by `timeout_s` of real time, which only a hang reaches."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    rounds = 0
+    while not done():
+        waited = loop.time() - started
+        if waited > timeout_s:
+            raise AssertionError(
+                f"no {what} after {rounds} rounds ({waited:.1f} s): {worker.readiness()}, "
+                f"{worker.stats}"
+            )
+        await asyncio.wait_for(worker.step(), ROUND_S)
+        rounds += 1
+        if clock is not None:
+            clock.now += step_s
+        await asyncio.sleep(0.001)
+    return rounds
 
 
 def generated(examples: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -865,7 +906,7 @@ ROUND_WAITS = {
 
 
 async def held_round(worker: Worker, broker: FakeBroker, hold: Hold) -> None:
-    """Rounds until one of them reaches the hold (that round ends once it is released)."""
+    """Rounds until what they write or commit reaches the hold."""
     for _ in range(20):
         await worker.step()
         broker.deliver()
@@ -877,10 +918,11 @@ async def held_round(worker: Worker, broker: FakeBroker, hold: Hold) -> None:
 @generated(examples=30)
 async def test_a_rebalance_waits_for_the_round_in_progress(data: st.DataObject) -> None:
     """The consumer runs its rebalance listener in a task of its own, whenever the group
-    rebalances: here while a round waits on the broker at a generated point. The partitions
-    given up leave only once the round is over (a transactional producer stopped under its
-    commit never hears back, and the worker would wait for good), then move to another worker
-    or come back; every call keeps one verdict, and one event under exactly_once."""
+    rebalances: here while what the rounds write (at_least_once), or a commit of a partition
+    given up (exactly_once), waits on the broker at a generated point. The partitions given up
+    leave only once that is over (a transactional producer stopped under its commit never hears
+    back, and the worker would wait for good), then move to another worker or come back; every
+    call keeps one verdict, and one event under exactly_once."""
     guarantee = data.draw(st.sampled_from(sorted(ROUND_WAITS)), label="guarantee")
     point = data.draw(st.sampled_from(ROUND_WAITS[guarantee]), label="the round waits at")
     moves_away = data.draw(st.booleans(), label="moves to another worker")
@@ -892,15 +934,17 @@ async def test_a_rebalance_waits_for_the_round_in_progress(data: st.DataObject) 
     one = new_worker(broker, **mode)
     await one.start()
     await consumer(one).join()
-    hold = broker.hold = Hold(point)
+    # exactly_once: the commit of a partition given up (each partition commits on its own)
+    client = f"{GROUP}-{INPUT}-{moved[0].partition}" if guarantee == "exactly_once" else None
+    hold = broker.hold = Hold(point, client)
     rounds = asyncio.create_task(held_round(one, broker, hold))
-    await asyncio.wait_for(hold.reached.wait(), timeout=5.0)
+    await asyncio.wait_for(hold.reached.wait(), timeout=ROUND_S)
     rebalance = asyncio.create_task(consumer(one).revoke(moved))
     for _ in range(20):
         await asyncio.sleep(0)
-    assert not rebalance.done(), "the partitions left in the middle of a round"
+    assert not rebalance.done(), "the partitions left while their writes or commit waited"
     hold.release.set()
-    await asyncio.wait_for(asyncio.gather(rounds, rebalance), timeout=5.0)
+    await asyncio.wait_for(asyncio.gather(rounds, rebalance), timeout=ROUND_S)
     workers = [one]
     if moves_away:
         two = new_worker(broker, **mode)
@@ -931,9 +975,45 @@ async def test_exactly_once_commits_records_checkpoints_and_offsets_together() -
     await worker.start()
     for _ in range(10):
         await worker.step()
+    await worker.delivery.settled()
     assert_one_event_per_call(broker, calls)
     for partition in range(PARTITIONS):
         assert broker.committed[(GROUP, INPUT, partition)] == len(broker.logs[INPUT][partition])
+
+
+async def test_exactly_once_commits_on_an_interval_beside_the_rounds() -> None:
+    """Rounds write into the partitions' open transactions at once; a partition's transaction
+    commits once per commit interval, beside the rounds, with the checkpoint and the offset of
+    every round before it; what a round makes while its partition commits goes into the next
+    transaction. Each partition is committed once per interval however many rounds it read."""
+    clock = Clock()
+    broker = new_broker()
+    streams, calls = traffic(9)
+    produce(broker, streams)
+    worker = new_worker(
+        broker,
+        clock,
+        delivery={"guarantee": "exactly_once"},
+        kafka={"commit_interval_ms": 1000, "fetch_max_records": 1},
+    )
+    await worker.start()
+    await consumer(worker).join()
+    for _ in range(5):  # within one interval (the first commit is due at once)
+        await worker.step()
+        clock.now += 0.1
+    await worker.delivery.settled()
+    first = dict(broker.committed)
+    assert first, "the first rounds committed at once"
+    for _ in range(4):  # still within the interval: nothing more is committed
+        await worker.step()
+        clock.now += 0.1
+    await worker.delivery.settled()
+    assert broker.committed == first
+    clock.now += 1.0
+    await rounds_until(worker, lambda: not consumer(worker).behind(), "every record read")
+    await rounds_until(worker, worker.idle, "every partition committed", clock=clock)
+    assert_one_event_per_call(broker, calls)
+    assert_input_committed(broker)
 
 
 async def test_exactly_once_a_deleted_changelog_stops_the_worker() -> None:
@@ -943,19 +1023,16 @@ async def test_exactly_once_a_deleted_changelog_stops_the_worker() -> None:
     broker = new_broker()
     streams, _ = traffic(6)
     produce(broker, {name: records[:1] for name, records in streams.items()})
-    ticks = iter(range(10**9))  # each reading of the clock is a second later: checks are due
-    worker = new_worker(broker, clock=lambda: next(ticks), delivery={"guarantee": "exactly_once"})
+    clock = Clock()
+    worker = new_worker(broker, clock, delivery={"guarantee": "exactly_once"})
     await worker.start()
     await worker.step()
+    await worker.delivery.settled()
     committed = dict(broker.committed)
     changelog = changelog_topic(GROUP, INPUT)
     del broker.logs[changelog]
     produce(broker, {name: records[1:] for name, records in streams.items()})
-    for _ in range(20):
-        await worker.step()
-        if worker.stopping:
-            break
-    assert worker.stopping, worker.readiness()
+    await rounds_until(worker, lambda: worker.stopping, "stop", clock=clock)
     with pytest.raises(StateError, match=f"internal topics deleted: {changelog};"):
         await worker.run()
     assert broker.committed == committed, "no round committed once the state was gone"
@@ -973,19 +1050,20 @@ async def test_exactly_once_a_deleted_outcome_topic_is_waited_for_and_judged_aga
     worker = new_worker(broker, delivery={"guarantee": "exactly_once"})
     await worker.start()
     del broker.logs[ACCEPTED]
-    for _ in range(20):
-        await worker.step()
-        if "does not exist" in worker.readiness()[1]:
-            break
+    await rounds_until(
+        worker, lambda: "does not exist" in worker.readiness()[1], "deleted topic seen gone"
+    )
     assert worker.readiness() == (
         False,
         f"writes failing ({ACCEPTED}: does not exist); rounds rewound until done",
     )
     assert outcome_events(broker) == {}, "no round committed without its events"
     broker.create_topic(ACCEPTED, 2)
-    for _ in range(20):
-        await worker.step()
-    assert worker.readiness()[0]
+    await rounds_until(
+        worker,
+        lambda: worker.readiness()[0] and worker.idle() and not consumer(worker).behind(),
+        "every call judged and committed once the topic is back",
+    )
     assert_one_event_per_call(broker, calls)
     for partition in range(PARTITIONS):
         assert broker.committed[(GROUP, INPUT, partition)] == len(broker.logs[INPUT][partition])
@@ -1013,6 +1091,7 @@ async def test_a_former_owner_is_fenced_and_its_round_never_lands() -> None:
     for _ in range(5):
         await one.step()  # still believes it owns the moved partition: fenced there
         await two.step()
+    await rounds_until(one, lambda: bool(fenced(one)), "fence seen")
     assert (INPUT, 0) not in one.assignment
     assert (INPUT, 0) in fenced(one)
     assert broker.epochs[f"{GROUP}-{INPUT}-0"] == epoch, "the former owner fenced the new one"
@@ -1021,6 +1100,8 @@ async def test_a_former_owner_is_fenced_and_its_round_never_lands() -> None:
     for _ in range(3):
         await one.step()
         await two.step()
+    await one.delivery.settled()
+    await two.delivery.settled()
     assert_one_event_per_call(broker, calls)
     assert_input_committed(broker)
 
@@ -1028,23 +1109,24 @@ async def test_a_former_owner_is_fenced_and_its_round_never_lands() -> None:
 async def test_a_partition_fenced_but_still_held_a_session_later_is_taken_back() -> None:
     """Fenced for another reason (its transaction timed out): no rebalance comes, so after a
     session the worker opens the partition again and judges on, with no event twice."""
-    now = [0.0]
+    clock = Clock()
     broker = new_broker()
     streams, calls = traffic(6)
     produce(broker, dict(list(streams.items())[:3]))
-    worker = new_worker(broker, lambda: now[0], delivery={"guarantee": "exactly_once"})
+    worker = new_worker(broker, clock, delivery={"guarantee": "exactly_once"})
     settings = worker.settings
     await worker.start()
     await worker.step()
+    await worker.delivery.settled()
     for partition in range(PARTITIONS):  # the broker bumps every producer's epoch
         broker.epochs[f"{GROUP}-{INPUT}-{partition}"] += 1
     produce(broker, dict(list(streams.items())[3:]))
-    await worker.step()
-    assert fenced(worker)
-    now[0] += settings.kafka.session_timeout_ms / 1000
-    for _ in range(5):
-        await worker.step()
-    assert not fenced(worker)
+    await rounds_until(worker, lambda: bool(fenced(worker)), "fence seen")
+    clock.now += settings.kafka.session_timeout_ms / 1000
+    await rounds_until(worker, lambda: not fenced(worker), "partitions taken back")
+    await rounds_until(
+        worker, lambda: worker.idle() and not consumer(worker).behind(), "every call committed"
+    )
     assert_one_event_per_call(broker, calls)
     assert_input_committed(broker)
 
@@ -1052,20 +1134,23 @@ async def test_a_partition_fenced_but_still_held_a_session_later_is_taken_back()
 async def test_exactly_once_a_round_whose_writes_fail_is_tried_again_not_paused_for_good() -> None:
     """The round's writes to a failing topic time out: the round is rewound, fetching goes on,
     and once the topic takes writes again every call has its one event."""
-    ticks = iter(range(10**9))  # each reading of the clock is a second later
+    clock = Clock()
     broker = new_broker()
     streams, calls = traffic(6)
     produce(broker, streams)
-    worker = new_worker(broker, lambda: float(next(ticks)), delivery={"guarantee": "exactly_once"})
+    worker = new_worker(broker, clock, delivery={"guarantee": "exactly_once"})
     await worker.start()
     broker.fail_topic(ACCEPTED, RequestTimedOutError())
-    for _ in range(3):
-        await worker.step()
-    assert worker.stats.rewinds > 0
+    await rounds_until(worker, lambda: worker.stats.rewinds > 0, "rewind", clock=clock)
     assert not outcome_events(broker)
+    assert not fenced(worker), "a commit that fails in time is rewound, never given up"
     broker.fail_topic(ACCEPTED, None)
-    for _ in range(6):
-        await worker.step()
+    await rounds_until(
+        worker,
+        lambda: worker.idle() and not consumer(worker).behind(),
+        "every call committed once the topic takes writes",
+        clock=clock,
+    )
     assert_one_event_per_call(broker, calls)
     assert_input_committed(broker)
 
@@ -1083,11 +1168,54 @@ async def test_a_transaction_that_never_commits_is_given_up_within_its_timeout()
     await worker.start()
     await consumer(worker).join()
     hold = broker.hold = Hold("commit_transaction")  # never released
-    await asyncio.wait_for(worker.step(), timeout=5.0)
+    await rounds_until(worker, lambda: worker.stats.rewinds == 1, "rewind of the stuck commit")
     assert hold.reached.is_set()
-    assert worker.stats.rewinds == 1
-    for _ in range(5):
-        await worker.step()
+    await rounds_until(
+        worker, lambda: worker.idle() and not consumer(worker).behind(), "every call committed"
+    )
+    assert_one_event_per_call(broker, calls)
+    assert_input_committed(broker)
+
+
+async def test_a_commit_that_fails_after_a_round_outlived_the_session_reopens_nothing() -> None:
+    """The worker stalls (a paused process: here a round whose fetch waits while the clock
+    passes the session) with a commit in flight; once it runs again that commit fails by its
+    timeout. Its membership may be lost and its partitions another member's: it gives them up
+    without opening their producers again (which would fence that member), until the group
+    assigns it partitions again; then it opens them and judges on, every call into one
+    event."""
+    clock = Clock()
+    broker = new_broker()
+    streams, calls = traffic(6)
+    produce(broker, streams)
+    worker = new_worker(
+        broker, clock, delivery={"guarantee": "exactly_once", "transaction_timeout_ms": 1000}
+    )
+    session_s = worker.settings.kafka.session_timeout_ms / 1000
+    await worker.start()
+    await consumer(worker).join()
+    hold = broker.hold = Hold("commit_transaction", f"{GROUP}-{INPUT}-0")
+    await rounds_until(worker, hold.reached.is_set, "a commit in flight")
+    epochs = dict(broker.epochs)
+    fake = consumer(worker)
+    clock.now += 1.0  # a while after the assignment
+    fake.held_up = asyncio.Event()  # the next round's fetch waits: the worker stalls
+    stalled = asyncio.create_task(worker.step())
+    await asyncio.sleep(0)
+    clock.now += session_s + 5  # the process was stopped this long
+    fake.held_up.set()
+    fake.held_up = None
+    await asyncio.wait_for(stalled, ROUND_S)
+    await rounds_until(worker, lambda: (INPUT, 0) in fenced(worker), "the partition given up")
+    assert broker.epochs == epochs, "a producer opened again: it would fence the new owner"
+    assert worker.stats.rewinds == 0
+    hold.release.set()
+    await fake.revoke([TopicPartition(INPUT, 0)])  # the group moves it on, then gives it back
+    await fake.join([TopicPartition(INPUT, 0)])
+    assert broker.epochs[f"{GROUP}-{INPUT}-0"] == epochs[f"{GROUP}-{INPUT}-0"] + 1
+    await rounds_until(
+        worker, lambda: worker.idle() and not fake.behind(), "every call committed", clock=clock
+    )
     assert_one_event_per_call(broker, calls)
     assert_input_committed(broker)
 
@@ -1101,8 +1229,8 @@ async def test_a_commit_that_never_returns_is_given_up_and_made_again() -> None:
     worker = new_worker(broker, kafka={"request_timeout_ms": 1000})
     await worker.start()
     hold = broker.hold = Hold("commit")  # never released
-    await asyncio.wait_for(held_round(worker, broker, hold), timeout=5.0)
-    await asyncio.wait_for(commit_settled(worker), timeout=5.0)
+    await asyncio.wait_for(held_round(worker, broker, hold), timeout=ROUND_S)
+    await asyncio.wait_for(commit_settled(worker), timeout=ROUND_S)
     assert worker.stats.commit_errors == 1
     await run_until_idle(worker, broker)
     assert_one_verdict_per_call(broker, calls)
@@ -1119,14 +1247,14 @@ async def test_rounds_go_on_while_a_commit_waits_and_a_stop_waits_for_it() -> No
     worker = new_worker(broker, kafka={"commit_interval_ms": 0})
     await worker.start()
     hold = broker.hold = Hold("commit")
-    await asyncio.wait_for(held_round(worker, broker, hold), timeout=5.0)
+    await asyncio.wait_for(held_round(worker, broker, hold), timeout=ROUND_S)
     fake = consumer(worker)
     assert broker.committed == {}, "the first commit is held"
     assert len(fake.commits_asked) == 1
     later = {f"t{i}": weather_call(f"t{i}", f"d{i}", f"town{i}") for i in range(6)}
     produce(broker, later)
     for _ in range(6):
-        await asyncio.wait_for(worker.step(), timeout=1.0)
+        await asyncio.wait_for(worker.step(), timeout=ROUND_S)
         broker.deliver()
     assert len(fake.commits_asked) == 1, "one commit in flight at a time"
     assert broker.committed == {}
@@ -1137,7 +1265,7 @@ async def test_rounds_go_on_while_a_commit_waits_and_a_stop_waits_for_it() -> No
         await asyncio.sleep(0)
     assert not closing.done(), "the stop waits for the commit in flight"
     hold.release.set()
-    await asyncio.wait_for(closing, timeout=5.0)
+    await asyncio.wait_for(closing, timeout=ROUND_S)
     assert worker.stats.commit_errors == 0
     assert_input_committed(broker)
 
@@ -1175,5 +1303,5 @@ async def test_a_stop_does_not_wait_for_a_rebalance_in_progress() -> None:
     running = asyncio.create_task(worker.run())
     await asyncio.sleep(0)
     worker.request_stop()
-    await asyncio.wait_for(running, timeout=2.0)
+    await asyncio.wait_for(running, timeout=ROUND_S)
     await worker.close()

@@ -73,9 +73,10 @@ async def read_records(
     topics: Mapping[str, int],
     *,
     read_committed: bool = False,
-    timeout_s: float = 60.0,
+    timeout_s: float = 240.0,
 ) -> list[Any]:
-    """Every record of the topics (name -> partitions) from their start to their end now."""
+    """Every record of the topics (name -> partitions) from their start to their end now
+    (`timeout_s`: only a hang reaches it)."""
     consumer = _consumer(bootstrap, read_committed)
     await consumer.start()
     try:
@@ -89,7 +90,9 @@ async def read_records(
         # transaction markers take offsets too: read until every position reaches its end
         todo = [tp for tp in tps if ends[tp] > 0]
         while todo:
-            assert time.monotonic() < deadline, f"{topics} not readable to their end in time"
+            assert time.monotonic() < deadline, (
+                f"{topics} not readable to their end within {timeout_s:.0f} s: still reading {todo}"
+            )
             for batch in (await consumer.getmany(*todo, timeout_ms=500)).values():
                 records.extend(batch)
             todo = [tp for tp in todo if await consumer.position(tp) < ends[tp]]

@@ -111,7 +111,9 @@ class WorkerProcess:
             if not self.alive and not self.paused:
                 raise AssertionError(f"{self.name} exited ({self.returncode})\n{self.tail()}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name}: no {needle!r} x{count}\n{self.tail()}")
+                raise AssertionError(
+                    f"{self.name}: no {needle!r} x{count} within {timeout_s:.0f} s\n{self.tail()}"
+                )
             await asyncio.sleep(POLL_S)
 
     def kill(self) -> None:

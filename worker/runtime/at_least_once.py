@@ -32,32 +32,33 @@ log = logging.getLogger("callgate.worker")
 
 
 class AtLeastOnce(Outcomes):
-    """Every round, in order:
+    """The rounds, and what follows them, in order:
 
-    1. Its batch is judged: every call the batch closes becomes one record, an outcome event or
-       (a call with an idempotency key) a request to the owner of the key; an owner's decisions
-       on requests are outcome events and key-store changes (`worker.runtime.judging`).
-    2. Each input partition it read is checkpointed right away, so the checkpoint reflects
-       exactly the records fed so far.
-    3. Every record of the round is sent, batched per topic partition, by the outbox's senders
-       beside the rounds (`worker.runtime.outbox`); the next round is judged meanwhile.
-    4. When every record of this round and of every earlier round is acknowledged, and the
-       outcome topics were seen to exist after that (a broker may acknowledge writes to a
-       deleted topic and drop them; the state must not move past outputs that may be gone),
-       the round's checkpoints are sent, in round order (rounds ready together are sent
-       together, each partition's frames in order; a frame names its place, so a restore
-       applies them in order regardless).
-    5. When they are acknowledged, the round's input offsets (and the offsets of the
-       idempotency requests it decided) are committed, at most once per
-       `kafka.commit_interval_ms`: one commit at a time, beside the rounds (no round waits for
-       it); a revoke or a stop waits for the commit in flight, then commits the rest.
+    1. A round's batch is judged: every call the batch closes becomes one record, an outcome
+       event or (a call with an idempotency key) a request to the owner of the key; an owner's
+       decisions on requests are outcome events and key-store changes (`worker.runtime.
+       judging`). The records are written at once, batched per topic partition, by the
+       outbox's senders beside the rounds (`worker.runtime.outbox`); the next round is judged
+       meanwhile.
+    2. Every `kafka.commit_interval_ms` (and when partitions are revoked, and at a stop), each
+       input partition fed since its last checkpoint is checkpointed: the checkpoint reflects
+       exactly the records fed so far, and joins the rounds in flight as one of its own.
+    3. When every record of the rounds before a checkpoint is acknowledged, and the outcome
+       topics were seen to exist after that (a broker may acknowledge writes to a deleted topic
+       and drop them; the state must not move past outputs that may be gone), the checkpoint
+       is sent (checkpoints ready together are sent together, each partition's frames in
+       order; a frame names its place, so a restore applies them in order regardless).
+    4. When it is acknowledged, the input offsets it reflects are committed (and the offsets
+       of the idempotency requests decided by the rounds before it), at most once per
+       `kafka.commit_interval_ms`: one commit at a time, beside the rounds; a revoke or a stop
+       waits for the commit in flight, then commits the rest.
 
-    Crash points: before 4, the last checkpoint is an earlier one, and the records after it are
-    judged again into the same events; between 4 and 5, the partition resumes right after its
-    checkpoint, whatever the committed offset says; after 5, nothing is replayed. A record
+    Crash points: before 3, the last checkpoint is an earlier one, and the records after it are
+    judged again into the same events; between 3 and 4, the partition resumes right after its
+    checkpoint, whatever the committed offset says; after 4, nothing is replayed. A record
     acknowledged only after a retry may be written twice: an identical duplicate, which
-    consumers drop by `event_id`. Too many records unacknowledged, or a topic whose writes
-    fail, pause fetching (`worker.runtime.flow`) until the backlog drains.
+    consumers drop by `event_id`. Too many records (or bytes) unacknowledged, or a topic whose
+    writes fail, pause fetching (`worker.runtime.flow`) until the backlog drains.
     """
 
     def __init__(self, context: Context) -> None:
@@ -71,6 +72,9 @@ class AtLeastOnce(Outcomes):
         self.ledger = Ledger()
         self._producer: Any = None
         self._outbox: Outbox | None = None
+        #: input partitions fed since their last checkpoint
+        self._fed: set[Partition] = set()
+        self._last_checkpoint = float("-inf")
         self._last_commit = 0.0
         #: the offset commit running beside the rounds (`_commit_when_due`)
         self._committing: asyncio.Task[None] | None = None
@@ -91,20 +95,30 @@ class AtLeastOnce(Outcomes):
         assert self._outbox is not None, "start() first"
         self._outbox.add(record)
 
-    async def submit(self, judged: Judged) -> Lost:
-        """Steps 1 and 2 are done (the records were added): the round waits for step 3."""
-        self.ledger.open_round(judged.id, judged.records, judged.checkpoints, judged.offsets)
-        return NOTHING_LOST
+    def submit(self, judged: Judged) -> None:
+        """Step 1 is done (the records were added): the round waits for their
+        acknowledgements. Its input partitions wait for their next checkpoint; the offsets of
+        the idempotency requests it decided are committed after it."""
+        state = self._context.state
+        offsets = {}
+        for where, offset in judged.offsets.items():
+            if state.is_input(where):
+                self._fed.add(where)
+            else:
+                offsets[where] = offset
+        self.ledger.open_round(judged.id, judged.records, {}, offsets)
 
     async def advance(self, *, force: bool = False) -> Lost:
-        """Steps 3 to 5 for every round they are due for."""
+        """Step 1's writes, and steps 2 to 4 for whatever they are due for."""
         outbox = self._outbox
         assert outbox is not None, "start() first"
         outbox.dispatch()
-        # Checkpoints wait for the check. A failing write may mean its topic was deleted: such a
-        # topic never acknowledges, and when every round in flight owes it records none waits
-        # for the check, so the failing writes start it too.
-        if self._topics.failing or self.ledger.awaiting_verification():
+        if self._fed and (
+            force or self._clock() - self._last_checkpoint >= self._commit_interval_s
+        ):
+            self._checkpoint()
+        # checkpoints wait for a check (the worker also has one made while writes fail)
+        if self.ledger.awaiting_verification():
             self._topics.check_when_due()
         for round_ in self.ledger.checkpoints_to_send(self._topics.verified_at):
             for where, frames in round_.checkpoints.items():
@@ -113,8 +127,18 @@ class AtLeastOnce(Outcomes):
         await self._commit_when_due(force=force)
         return NOTHING_LOST
 
+    def _checkpoint(self) -> None:
+        """Step 2: every input partition fed since its last checkpoint, checkpointed now."""
+        state = self._context.state
+        checkpoints, offsets = {}, {}
+        for where in self._fed:
+            checkpoints[where], offsets[where] = state.checkpoint(where)
+        self._fed.clear()
+        self._last_checkpoint = self._clock()
+        self.ledger.open_round(self._context.next_round(), {}, checkpoints, offsets)
+
     async def _commit_when_due(self, *, force: bool) -> None:
-        """Step 5: commit the offsets whose rounds are acknowledged and checkpointed. A due
+        """Step 4: commit the offsets whose rounds are acknowledged and checkpointed. A due
         commit runs beside the rounds, as the topic check does: a round never waits for the
         group coordinator's answer (a commit took 5-20 ms of a loaded round), and one commit is
         in flight at a time. A forced one (revoke, stop) waits for the one in flight, then
@@ -180,7 +204,11 @@ class AtLeastOnce(Outcomes):
 
     @property
     def pending_records(self) -> int:
-        return self.ledger.pending_records
+        return 0 if self._outbox is None else self._outbox.held_records
+
+    @property
+    def pending_bytes(self) -> int:
+        return 0 if self._outbox is None else self._outbox.held_bytes
 
     @property
     def pauses_while_failing(self) -> bool:
@@ -192,6 +220,9 @@ class AtLeastOnce(Outcomes):
     async def open(self, partitions: Iterable[Partition]) -> None:
         pass
 
+    async def rewind(self, partitions: Iterable[Partition]) -> None:
+        self.forget(partitions)
+
     async def release(self, partitions: Iterable[Partition]) -> None:
         """Finish what is in flight (bounded: half a session), then forget the partitions."""
         await self.drain(self._clock() + max(1.0, self._session_s / 2))
@@ -199,13 +230,10 @@ class AtLeastOnce(Outcomes):
 
     def forget(self, partitions: Iterable[Partition]) -> None:
         gone = set(partitions)
+        self._fed -= gone
         self.ledger.forget(gone, self._clock())
         if self._outbox is not None:
             self._outbox.discard(lambda record: record.origin.partition in gone)
-
-    def clear(self) -> None:
-        if self._outbox is not None:
-            self._outbox.clear()
 
     async def drain(self, deadline: float) -> None:
         """Send, checkpoint and commit what is in flight, until done or the deadline (a hard
@@ -225,7 +253,7 @@ class AtLeastOnce(Outcomes):
             await outbox.wait_progress(min(0.1, max(0.0, deadline - self._clock())))
 
     def idle(self) -> bool:
-        return self.ledger.idle()
+        return self.ledger.idle() and not self._fed
 
     async def settled(self) -> None:
         if self._committing is not None:

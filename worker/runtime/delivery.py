@@ -1,23 +1,27 @@
 """The delivery protocol: what is written, acknowledged and committed, in which order, and why.
 
 The worker judges input in *rounds*: one fetched batch of its assigned partitions, and what that
-batch makes (`worker.runtime.judging`). Per input partition the state of its open calls (and
-vendor streams) is kept in a compacted changelog topic, co-partitioned with the input
-(`worker.runtime.checkpoints`). A checkpoint reflects an input offset: every record before it
-was fed, none after. A round's records are of four kinds (`Kind`): outcome events and
-idempotency requests (`OUTPUT`), key-store changes (`KEY_CHANGE`), checkpoint frames
-(`CHECKPOINT`) and the tombstones that delete the frames a newer generation replaces
-(`TOMBSTONE`).
+batch makes (`worker.runtime.judging`), written at once. Per input partition the state of its
+open calls (and vendor streams) is kept in a compacted changelog topic, co-partitioned with the
+input (`worker.runtime.checkpoints`). A checkpoint reflects an input offset: every record before
+it was fed, none after. Checkpoints are taken, and offsets committed, on an interval
+(`kafka.commit_interval_ms`, as Kafka Streams' `commit.interval.ms`), beside the rounds: no
+round waits for an acknowledgement, a checkpoint or a commit. What is written is of four kinds
+(`Kind`): outcome events and idempotency requests (`OUTPUT`), key-store changes
+(`KEY_CHANGE`), checkpoint frames (`CHECKPOINT`) and the tombstones that delete the frames a
+newer generation replaces (`TOMBSTONE`).
 
 `Delivery` is what a guarantee does with the rounds; there are two, each stating its steps in
 its own docstring:
 
 - `at_least_once` (`worker.runtime.at_least_once.AtLeastOnce`; the default, and the only mode on
-  a broker without transactions): a round's records are written, then its checkpoints, then its
-  input offsets are committed, each step after the one before is acknowledged;
+  a broker without transactions): the rounds' records are written, then a checkpoint of what
+  they were judged from, then the input offsets it reflects are committed, each step once the
+  one before is acknowledged;
 - `exactly_once` (`worker.runtime.exactly_once.ExactlyOnce`; needs transactions): each owned
-  partition's round is one Kafka transaction of its records, its checkpoint and its next input
-  offset, which commit together or not at all.
+  partition writes into a Kafka transaction of its own, which holds the records of its rounds
+  since the last commit, a checkpoint and the next input offset, and commits all of it or
+  nothing.
 
 Why no crash point loses a call or yields a second, different verdict:
 
@@ -51,7 +55,7 @@ from worker.runtime.topic_watch import TopicWatch
 from worker.settings import Settings
 
 if TYPE_CHECKING:  # they use this module's types
-    from worker.runtime.fetcher import Fetcher
+    from worker.runtime.fetcher import Fetcher, Membership
     from worker.runtime.kafka import Kafka
     from worker.runtime.partitions import State
 
@@ -102,8 +106,6 @@ class Judged:
     id: int
     #: records made (handed to the delivery with `Delivery.add`)
     records: dict[Partition, int] = field(default_factory=dict)
-    #: the checkpoint frames taken right after the partition's records were fed
-    checkpoints: dict[Partition, list[ChangelogRecord]] = field(default_factory=dict)
     #: the next input offset of each partition the round read
     offsets: dict[Partition, int] = field(default_factory=dict)
 
@@ -140,6 +142,9 @@ class Lost:
     def __bool__(self) -> bool:
         return bool(self.rewind or self.fenced)
 
+    def __add__(self, other: Lost) -> Lost:
+        return Lost(self.rewind + other.rewind, self.fenced + other.fenced)
+
 
 NOTHING_LOST = Lost()
 
@@ -160,17 +165,25 @@ class Delivery(Protocol):
         """A record the round being judged made."""
         ...
 
-    async def submit(self, judged: Judged) -> Lost:
+    def submit(self, judged: Judged) -> None:
         """The round is judged: every record it made was added."""
         ...
 
     async def advance(self, *, force: bool = False) -> Lost:
-        """Between rounds: move what is in flight on (`force`: commit what may be, now)."""
+        """Between rounds: write what was added, and when the commit interval is over (or
+        `force`), checkpoint and commit what may be, beside the rounds (`force`: now, and wait
+        for it)."""
         ...
 
     @property
     def pending_records(self) -> int:
-        """Records handed over and not acknowledged yet (fetching pauses above a bound)."""
+        """Records handed over and not acknowledged yet (exactly once: not committed);
+        fetching pauses above a bound."""
+        ...
+
+    @property
+    def pending_bytes(self) -> int:
+        """The bytes (keys and values) of `pending_records`."""
         ...
 
     @property
@@ -183,18 +196,18 @@ class Delivery(Protocol):
         written for."""
         ...
 
+    async def rewind(self, partitions: Iterable[Partition]) -> None:
+        """Drop what was written for the partitions and is not committed: they are restored
+        from their committed state and judged again from there."""
+        ...
+
     async def release(self, partitions: Iterable[Partition]) -> None:
         """The group takes the partitions away: finish what is in flight for them (bounded),
         then let them go."""
         ...
 
     def forget(self, partitions: Iterable[Partition]) -> None:
-        """Drop what is queued or owed for the partitions (revoked, or rewound)."""
-        ...
-
-    def clear(self) -> None:
-        """Drop everything queued (a written topic was found deleted: every partition is
-        rewound)."""
+        """Drop what is queued or owed for the partitions (they are gone, or fenced)."""
         ...
 
     async def drain(self, deadline: float) -> None:
@@ -235,6 +248,9 @@ class Context:
     #: stop the worker, and have it raise this (state that cannot be kept)
     stop_fatally: Callable[[InfrastructureError], None]
     clock: Callable[[], float]
+    #: the id of a round that is not a judged batch (a checkpoint's, under at_least_once)
+    next_round: Callable[[], int]
+    membership: Membership
     #: the accepted, rejected and incomplete topics
     outcome_topics: frozenset[str]
 

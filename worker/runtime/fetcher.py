@@ -1,11 +1,17 @@
 """The group consumer: what is fetched next, where each partition resumes, what is paused.
 
-The only module that talks to the worker's consumer. A fetch never outlives a stop (the consumer
-waits out a rebalance in progress whatever the fetch timeout, and a stop must not wait for the
-group). A partition is placed where its restored state ends (`place`); a position the log no
-longer has is moved to the log's start and the loss said (`skip_deleted`): the consumer has no
-automatic reset, so nothing is skipped in silence. Offsets are committed through `commit`,
-never past the log's end.
+The only module that talks to the worker's consumer. The consumer (aiokafka's) fetches a
+partition again only once everything it holds of that partition was taken, and has one fetch in
+flight per broker; one that holds only partitions with nothing new waits there up to
+`fetch_max_wait_ms`. So what it holds is read ahead as soon as it is there (within a bound:
+`fetch`), and the next fetch is in flight while a round is judged. A fetch never outlives a
+stop (the consumer waits out a rebalance in progress whatever the fetch timeout, and a stop
+must not wait for the group).
+
+A partition is placed where its restored state ends (`place`); a position the log no longer has
+is moved to the log's start and the loss said (`skip_deleted`): the consumer has no automatic
+reset, so nothing is skipped in silence. Offsets are committed through `commit`, never past the
+log's end.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -38,12 +45,107 @@ class Fetcher:
         self._timeout_ms = fetch_timeout_ms
         self._max_records = max_records
         self._stopped: asyncio.Future[Any] | None = None
+        #: records read ahead of the rounds, per partition: lists of records, in order, and
+        #: how many of the first list were taken already
+        self._ahead: dict[TopicPartition, deque[list[Any]]] = {}
+        self._taken: dict[TopicPartition, int] = {}
+        self.ahead_records = 0
+        #: how many times each partition was placed again or dropped: a batch taken before
+        #: that is not the partition's any more (`current`)
+        self._moves: dict[TopicPartition, int] = {}
+        self._batch_moves: dict[TopicPartition, int] = {}
 
-    async def fetch(self, stop: asyncio.Event) -> Batch:
-        """The next batch; nothing once `stop` is set. Raises `OffsetOutOfRangeError` (see
-        `skip_deleted`); any other error of the fetch is logged, and the batch is empty."""
+    async def fetch(self, stop: asyncio.Event, room: int) -> Batch:
+        """The next round's batch (at most `fetch_max_records`): what was read ahead, else
+        what the consumer fetches within the fetch timeout. Then what the consumer holds of
+        the partitions with nothing read ahead is read ahead, up to `room` records in all (so
+        what is read ahead of a partition is at most one fetch of it). Nothing once `stop` is
+        set. Raises `OffsetOutOfRangeError` (see `skip_deleted`); any other error of the fetch
+        is logged, and the batch is empty."""
+        if not self.ahead_records:
+            self._keep(await self._get(stop, self._timeout_ms, max(room, self._max_records)))
+        batch = self._take(self._max_records)
+        self._batch_moves = {tp: self._moves.get(tp, 0) for tp in batch}
+        if stop.is_set():
+            return {}
+        drained = [tp for tp in self.consumer.assignment() if tp not in self._ahead]
+        if room > self.ahead_records and drained:
+            self._keep(await self._get(stop, 0, room - self.ahead_records, drained))
+        else:  # the producer, the consumer's fetches and the commits run meanwhile
+            await asyncio.sleep(0)
+        return batch
+
+    def _keep(self, fetched: Batch) -> None:
+        for tp, records in fetched.items():
+            if records:
+                self._ahead.setdefault(tp, deque()).append(records)
+                self.ahead_records += len(records)
+
+    def _take(self, most: int) -> dict[TopicPartition, list[Any]]:
+        """Up to `most` records read ahead, oldest first per partition; the partition taken
+        from first turns with each round, so none waits behind another."""
+        batch: dict[TopicPartition, list[Any]] = {}
+        for tp in list(self._ahead):
+            if most <= 0:
+                break
+            lists = self._ahead.pop(tp)
+            taken: list[Any] = []
+            while lists and len(taken) < most:
+                start = self._taken.pop(tp, 0)
+                records = lists[0]
+                end = min(len(records), start + most - len(taken))
+                taken.extend(records[start:end] if start or end < len(records) else records)
+                if end < len(records):
+                    self._taken[tp] = end
+                else:
+                    lists.popleft()
+            batch[tp] = taken
+            most -= len(taken)
+            self.ahead_records -= len(taken)
+            if lists:
+                self._ahead[tp] = lists  # behind the others: taken from first next time
+        return batch
+
+    def current(self, batch: Batch) -> Batch:
+        """The partitions of the last batch fetched that were not placed again or dropped
+        since (a rewind or a rebalance ran meanwhile: their records are not where their
+        partitions are now)."""
+        moves = self._moves
+        return {
+            tp: records
+            for tp, records in batch.items()
+            if self._batch_moves.get(tp) == moves.get(tp, 0)
+        }
+
+    def put_back(self, batch: Batch) -> None:
+        """A batch not judged is fetched again: each partition from its first record."""
+        self.drop((tp.topic, tp.partition) for tp in batch)
+        for tp, records in batch.items():
+            if records:
+                self.consumer.seek(tp, records[0].offset)
+
+    def drop(self, partitions: Iterable[Partition]) -> None:
+        """Forget what was read ahead of the partitions (they move, or are fetched again from
+        another place)."""
+        for topic, partition in partitions:
+            tp = TopicPartition(topic, partition)
+            self._moves[tp] = self._moves.get(tp, 0) + 1
+            lists = self._ahead.pop(tp, None)
+            if lists:
+                self.ahead_records -= sum(len(records) for records in lists)
+                self.ahead_records += self._taken.pop(tp, 0)
+
+    async def _get(
+        self,
+        stop: asyncio.Event,
+        timeout_ms: int,
+        most: int,
+        partitions: list[TopicPartition] | None = None,
+    ) -> Batch:
+        """What the consumer holds (or fetches within `timeout_ms`), at most `most` records,
+        of `partitions` (all by default); nothing once `stop` is set."""
         fetch = asyncio.ensure_future(
-            self.consumer.getmany(timeout_ms=self._timeout_ms, max_records=self._max_records)
+            self.consumer.getmany(*(partitions or ()), timeout_ms=timeout_ms, max_records=most)
         )
         if self._stopped is None:
             self._stopped = asyncio.ensure_future(stop.wait())
@@ -88,6 +190,7 @@ class Fetcher:
         elsewhere since, or revoked)."""
         consumer = self.consumer
         owned = set(assigned)
+        self.drop((tp.topic, tp.partition) for tp in out_of_range)
         try:
             positions = {}
             for tp, at in out_of_range.items():
@@ -125,6 +228,7 @@ class Fetcher:
         """Each partition fetched from its offset; None: from its committed offset, else from
         its start. Raises `BrokerError`."""
         consumer = self.consumer
+        self.drop(resume)
         try:
             for (topic, partition), checkpointed in resume.items():
                 tp = TopicPartition(topic, partition)
@@ -186,3 +290,48 @@ class Fetcher:
             await asyncio.wait_for(self.consumer.stop(), timeout=max(0.1, timeout_s))
         except (TimeoutError, KafkaError) as exc:
             log.warning("closing the consumer: %r", exc)
+
+
+class Membership:
+    """What the worker knows of its place in the consumer group.
+
+    A member that stalls past its session (a process paused, a loop blocked) is expelled by the
+    group coordinator without hearing of it until its next heartbeat: from the moment it runs
+    again it may hold partitions that another member owns now. Whatever it writes for them then
+    is refused once the new owner has fenced it, but what it opens (a producer of a partition's
+    transactional id) fences the new owner in turn. So a round that outlived the session (the
+    worker's rounds follow each other within a fetch timeout, and its heartbeats run between
+    them: a round that long means the loop stalled) with no assignment during it counts as
+    membership lost, until the group assigns partitions again or a session has passed without
+    that (the heartbeats then say the member stayed: an expelled one hears it within a
+    heartbeat and rejoins)."""
+
+    def __init__(self, session_s: float, clock: Callable[[], float]) -> None:
+        self._session_s = session_s
+        self._clock = clock
+        self._assigned_at = float("-inf")
+        self._lost_at: float | None = None
+
+    def assigned(self) -> None:
+        """The group assigned partitions: the member has its place."""
+        self._assigned_at = self._clock()
+        self._lost_at = None
+
+    def ran(self, since: float) -> None:
+        """A round ran from `since` until now: past the session, with no assignment during
+        it, the membership is lost."""
+        now = self._clock()
+        if now - since > self._session_s and self._assigned_at < since:
+            if self._lost_at is None:
+                log.warning(
+                    "stalled %.1f s, past the session (%.1f s): taking the group membership "
+                    "for lost until the group assigns partitions again",
+                    now - since,
+                    self._session_s,
+                )
+            self._lost_at = now
+
+    @property
+    def lost(self) -> bool:
+        lost_at = self._lost_at
+        return lost_at is not None and self._clock() - lost_at < self._session_s

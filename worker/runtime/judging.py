@@ -24,7 +24,6 @@ from worker.core.events import encode, record_headers, substitute_rejection
 from worker.core.processor import Processor, Route
 from worker.metrics import Metrics
 from worker.model import Code, Outcome, Phase
-from worker.runtime.checkpoints import ChangelogRecord
 from worker.runtime.delivery import Judged, Kind, Origin, Partition, Stats
 from worker.runtime.keys import KeyOwners
 from worker.runtime.outbox import Record
@@ -62,19 +61,16 @@ class Judge:
             Route.INCOMPLETE: topics.incomplete,
             Route.IDEMPOTENCY: requests_topic,
         }
-        self._next_round = 0
         self._dropped = (0, 0)  # the reassembler's dropped-chunk counts already reported
 
     def round(
         self,
+        round_id: int,
         batch: Mapping[TopicPartition, list[Any]],
         add: Callable[[Record], None],
-        checkpoint: Callable[[str, int], list[ChangelogRecord]],
     ) -> Judged:
-        """The batch judged: each record made handed to `add` as it is made, each input
-        partition checkpointed right after its records were fed."""
-        judged = Judged(self._next_round)
-        self._next_round += 1
+        """The batch judged: each record made handed to `add` as it is made."""
+        judged = Judged(round_id)
         for tp, fetched in batch.items():
             if not fetched:
                 continue
@@ -85,7 +81,6 @@ class Judge:
                 judged.records[where] = self._decide_keys(judged.id, tp.partition, fetched, add)
                 continue
             judged.records[where] = self._feed(judged.id, where, fetched, add)
-            judged.checkpoints[where] = checkpoint(tp.topic, tp.partition)
         assembler = self._processor.assembler
         self._metrics.set_open_calls(assembler.open_calls)
         self._metrics.set_buffered_bytes(assembler.buffered_bytes)

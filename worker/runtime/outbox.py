@@ -191,6 +191,9 @@ class Outbox:
     _health: dict[str, _TopicHealth] = field(default_factory=dict)
     _partitions: dict[str, list[int]] = field(default_factory=dict)
     in_flight: int = 0
+    #: records added and not acknowledged, refused or let go yet, and their bytes (key and value)
+    held_records: int = 0
+    held_bytes: int = 0
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
     #: records given to a topic partition's sender and not handed to the producer yet
     _waiting: dict[tuple[str, int], list[Record]] = field(default_factory=dict)
@@ -205,7 +208,21 @@ class Outbox:
     _sender_error: BaseException | None = None
 
     def add(self, record: Record) -> None:
+        self._hold(record, 1)
         self._queued.append(record)
+
+    def _hold(self, record: Record, sign: int) -> None:
+        self.held_records += sign
+        self.held_bytes += sign * (len(record.key or b"") + len(record.value or b""))
+
+    def _kept(self, records: list[Record], drop: Callable[[Record], bool]) -> list[Record]:
+        kept = []
+        for record in records:
+            if drop(record):
+                self._hold(record, -1)
+            else:
+                kept.append(record)
+        return kept
 
     async def wait_progress(self, timeout_s: float) -> None:
         """Until an acknowledgement or a failure arrives, or the timeout."""
@@ -222,21 +239,16 @@ class Outbox:
     def discard(self, drop: Callable[[Record], bool]) -> None:
         """Forget queued records that no longer matter (their partition was revoked); what a
         sender is handing over already goes."""
-        self._queued = [r for r in self._queued if not drop(r)]
-        self._retry = [r for r in self._retry if not drop(r)]
+        self._queued = self._kept(self._queued, drop)
+        self._retry = self._kept(self._retry, drop)
         for where, waiting in self._waiting.items():
-            self._waiting[where] = [r for r in waiting if not drop(r)]
+            self._waiting[where] = self._kept(waiting, drop)
         for topic, unplaced in self._unplaced.items():
-            self._unplaced[topic] = [r for r in unplaced if not drop(r)]
+            self._unplaced[topic] = self._kept(unplaced, drop)
 
     def clear(self) -> None:
         """Forget everything queued (an aborted transaction, a rewind)."""
-        self._queued = []
-        self._retry = []
-        for waiting in self._waiting.values():
-            waiting.clear()
-        for unplaced in self._unplaced.values():
-            unplaced.clear()
+        self.discard(lambda record: True)
 
     @property
     def queued(self) -> int:
@@ -381,7 +393,7 @@ class Outbox:
             if not self.transactional:
                 raise
             # the transaction is over: its error was reported on an earlier write or request
-            self._break(transaction_error(self.producer) or KafkaError(f"{exc}"))
+            self._break(transaction_error(self.producer) or KafkaError(f"{exc}"), records)
             return
         self.in_flight += len(records)
         future.add_done_callback(lambda done: self._done(done, topic, records))
@@ -413,11 +425,12 @@ class Outbox:
             log.info("topic %s: writes succeed again", topic)
             self.sink.topic_recovered(topic)
         for record in records:
+            self._hold(record, -1)
             self.sink.acknowledged(record)
 
     def _failed(self, records: list[Record], error: KafkaError) -> None:
         if self.transactional and isinstance(error, PRODUCER_ERRORS):
-            self._break(error)
+            self._break(error, records)
             return
         if isinstance(error, PERMANENT_ERRORS):
             if len(records) > 1:  # find the record at fault: send each alone
@@ -427,9 +440,10 @@ class Outbox:
                 return
             (record,) = records
             log.error("topic %s refused a record for good: %r", record.topic, error)
+            self._hold(record, -1)
             substitute = self.sink.refused(record, error)
             if substitute is not None:
-                self._queued.append(substitute)
+                self.add(substitute)
             return
         topic = records[0].topic
         health = self._health_of(topic)
@@ -441,7 +455,10 @@ class Outbox:
         self._partitions.pop(topic, None)  # the partition count may have changed
         self._retry.extend(records)
 
-    def _break(self, error: KafkaError) -> None:
+    def _break(self, error: KafkaError, records: list[Record]) -> None:
+        """The records are dropped with the transaction they belong to."""
+        for record in records:
+            self._hold(record, -1)
         if self.broken is None:
             log.warning("a transactional producer can write no more: %r", error)
             self.broken = error

@@ -179,17 +179,21 @@ class State:
         )
         return restored.offset
 
-    def checkpoint(self, topic: str, partition: int) -> list[ChangelogRecord]:
-        """The records of the input partition's next frame: its state as fed so far."""
-        where = (topic, partition)
+    def checkpoint(self, where: Partition) -> tuple[list[ChangelogRecord], int]:
+        """The records of the input partition's next frame (its state as fed so far), and the
+        offset it reflects: the partition's next to read."""
         writer = self._writers.get(where)
         if writer is None:
             writer = self._writers[where] = Writer(self._record_bytes, new_writer_id())
         full = writer.wants_full()
-        body = self._processor.checkpoint(topic, partition, full=full)
-        offset = self._processor.next_offset(topic, partition)
+        body = self._processor.checkpoint(*where, full=full)
+        offset = self._processor.next_offset(*where)
         assert offset is not None, "checkpoint after feeding"
-        return writer.frame(body, full=full, offset=offset)
+        return writer.frame(body, full=full, offset=offset), offset
+
+    def is_input(self, where: Partition) -> bool:
+        """Whether the partition is an input's (else the idempotency requests')."""
+        return where[0] != self._requests
 
     def tombstones(self, where: Partition) -> list[ChangelogRecord]:
         """Once the partition's newest full frame is acknowledged: the older keys to delete."""
@@ -277,26 +281,34 @@ class Assignment:
     def forget(self, partitions: Iterable[Partition]) -> None:
         """Drop the partitions' state and whatever is queued or owed for them."""
         gone = set(partitions)
+        self._fetcher.drop(gone)
         self._state.forget(gone)
         self._delivery.forget(gone)
         self.owned -= gone
 
     async def rewind(self, partitions: Iterable[Partition] | None = None) -> None:
-        """Forget the partitions' state (all by default) and restore it as committed; fetch
-        from there."""
+        """Drop what was judged of the partitions (all by default) and not committed, and
+        restore their state as committed; fetch from there."""
         again = list(self.owned if partitions is None else partitions)
+        if self.closed or not again:
+            return
         self.forget(again)
+        self._fetcher.pause(again)
+        try:
+            await self._delivery.rewind(again)
+        except BrokerError as exc:
+            self._stop_fatally(exc)
+            return
         await self.restore(again)
 
     async def recover(self, lost: Lost) -> None:
         """Partitions the delivery can no longer write for: fenced ones are given up (paused,
-        forgotten), the others opened again and restored from their committed state."""
+        forgotten), the others rewound."""
         if lost.fenced:
             self._fetcher.pause(lost.fenced)
             self.forget(lost.fenced)
         if lost.rewind:
-            self.forget(lost.rewind)
-            await self.open(list(lost.rewind))
+            await self.rewind(lost.rewind)
 
     def throttle(self, on: bool) -> None:
         """Pause fetching every partition (`on`), or resume it."""

@@ -1,4 +1,4 @@
-"""Exactly once: a transactional producer per owned partition, and its round's transaction.
+"""Exactly once: a transactional producer per owned partition, and its open transaction.
 
 Kafka fences a former owner's transactions by transactional id only. aiokafka's
 `send_offsets_to_transaction` does not carry the consumer group's generation (KIP-447), so with
@@ -10,14 +10,15 @@ completes the former owner's open transaction and refuses its later ones (`Produ
 
 A partition's transaction is begun as soon as the previous one ends (beginning is local, and
 the first `begin` waits until the broker has fenced the former owner, which is what makes a
-restore after `open` read everything that owner committed). A round's transaction holds what
-the round made from the partition (events, idempotency requests or key-store changes,
-checkpoint frames and the tombstones they allow) and the partition's next input offset; it
-commits all of that or nothing.
+restore after `open` read everything that owner committed). The records the rounds make from
+the partition are written into its open transaction as they are made (`add`, `dispatch`); a
+`commit` adds the partition's next input offset and commits all of it, or nothing. Records
+made while a commit runs wait for the next transaction: a transaction holds exactly the rounds
+its offset reflects.
 
 Every step with the broker is bounded by the transaction timeout: the client's own waits for a
-commit, its offsets or a producer id have none, and a round that waited for good would stop the
-worker's every partition. A round not committed in time is a failed round (the caller reopens
+commit, its offsets or a producer id have none, and a commit that waited for good would stop
+the worker's every partition. A commit not done in time is a failed one (the caller reopens
 the partition, which aborts whatever the transaction holds).
 """
 
@@ -26,15 +27,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from worker.runtime.delivery import Partition
-from worker.runtime.outbox import Outbox, Sink, transaction_error
+from worker.runtime.ledger import Partition
+from worker.runtime.outbox import Outbox, Record, Sink, transaction_error
 
 log = logging.getLogger("callgate.transactions")
+
+
+@dataclass(slots=True)
+class _Open:
+    """An owned partition's producer, its transaction's outbox, and what waits for the next."""
+
+    producer: Any
+    outbox: Outbox
+    #: the transaction is being committed: what is made meanwhile goes into the next one
+    committing: bool = False
+    next: list[Record] = field(default_factory=list)
 
 
 class Transactions:
@@ -53,19 +66,34 @@ class Transactions:
         self._sink = sink
         self._clock = clock
         self._group = group
-        #: a round's writes get half of it, so that its commit has the rest
+        #: a commit's writes get half of it, so that the rest of the commit has the rest
         self._timeout_s = timeout_s
         self._send_timeout_s = timeout_s / 2
-        #: each open partition's producer (an `AIOKafkaProducer`) and its outbox
-        self._open: dict[Partition, tuple[Any, Outbox]] = {}
+        self._open: dict[Partition, _Open] = {}
 
     def outbox(self, where: Partition) -> Outbox | None:
-        """Where the partition's records of this round go (None: the partition is not open)."""
+        """The outbox of the partition's open transaction (None: the partition is not open)."""
         held = self._open.get(where)
-        return None if held is None else held[1]
+        return None if held is None else held.outbox
 
     def __contains__(self, where: Partition) -> bool:
         return where in self._open
+
+    def committing(self, where: Partition) -> bool:
+        held = self._open.get(where)
+        return held is not None and held.committing
+
+    @property
+    def held_records(self) -> int:
+        """Records added and not committed (or let go) yet, every partition's."""
+        return sum(held.outbox.held_records + len(held.next) for held in self._open.values())
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(
+            held.outbox.held_bytes + sum(len(r.key or b"") + len(r.value or b"") for r in held.next)
+            for held in self._open.values()
+        )
 
     async def open(self, where: Partition) -> None:
         """Start the partition's producer and begin its transaction; returns once the broker has
@@ -77,35 +105,64 @@ class Transactions:
             await self._stop(producer, 5.0)
             raise
         outbox = Outbox(producer, self._sink, self._clock, transactional=True)
-        self._open[where] = (producer, outbox)
+        self._open[where] = _Open(producer, outbox)
+
+    def add(self, where: Partition, record: Record) -> None:
+        """A record of the partition's open transaction (of the next, while one commits)."""
+        held = self._open[where]
+        if held.committing:
+            held.next.append(record)
+        else:
+            held.outbox.add(record)
+
+    def dispatch(self) -> None:
+        """Write what the open transactions hold (their outboxes' senders do, beside)."""
+        for held in self._open.values():
+            if not held.committing:
+                held.outbox.dispatch()
 
     async def close(self, where: Partition, timeout_s: float = 5.0) -> None:
         """Stop the partition's producer; what its open transaction holds is aborted."""
         held = self._open.pop(where, None)
         if held is not None:
-            producer, outbox = held
-            await outbox.close()
-            await self._stop(producer, timeout_s)
+            await held.outbox.close()
+            await self._stop(held.producer, timeout_s)
 
     async def close_all(self, timeout_s: float) -> None:
         await asyncio.gather(*(self.close(where, timeout_s) for where in list(self._open)))
 
-    async def commit(self, where: Partition, offset: int) -> None:
-        """Commit the partition's round: its queued records and its next input offset, then
-        begin the next transaction. Raises KafkaError when the round is not committed: nothing
-        of it is visible, and the producer is left as it is (one of `outbox.FENCED`, from a write or
+    def commit(self, where: Partition, offset: int) -> asyncio.Task[None]:
+        """Commit the partition's transaction: the records added so far and its next input
+        offset, then begin the next transaction; records added from now on wait for it. The
+        task raises KafkaError when the transaction is not committed: nothing of it is
+        visible, and the producer is left as it is (one of `outbox.FENCED`, from a write or
         from the commit: a newer owner has the partition; anything else: reopening the
         partition aborts the transaction)."""
-        producer, outbox = self._open[where]
-        try:
-            await self._bounded(self._commit(producer, outbox, where, offset), "commit a round")
-        except KafkaError:
-            outbox.clear()
-            raise
+        held = self._open[where]
+        assert not held.committing, "one commit of a partition at a time"
+        held.committing = True
+        return asyncio.ensure_future(self._commit(where, held, offset))
 
-    async def _commit(self, producer: Any, outbox: Outbox, where: Partition, offset: int) -> None:
+    async def _commit(self, where: Partition, held: _Open, offset: int) -> None:
+        try:
+            await self._bounded(self._steps(held, where, offset), "commit a transaction")
+        except KafkaError:
+            held.outbox.clear()
+            held.next.clear()
+            raise
+        finally:
+            held.committing = False
+        if self._open.get(where) is not held:  # closed meanwhile: its records go with it
+            return
+        for record in held.next:
+            held.outbox.add(record)
+        held.next.clear()
+        held.outbox.dispatch()
+
+    async def _steps(self, held: _Open, where: Partition, offset: int) -> None:
+        producer = held.producer
         # each request is made only while the transaction is still open (see `transaction_error`)
-        await self._send_all(outbox)
+        await self._send_all(held.outbox)
         self._raise_if_over(producer)
         await producer.send_offsets_to_transaction({TopicPartition(*where): offset}, self._group)
         self._raise_if_over(producer)
@@ -142,7 +199,7 @@ class Transactions:
                 return
             if self._clock() >= deadline:
                 raise KafkaError(
-                    f"records of the round not written within {self._send_timeout_s:.1f} s"
+                    f"records of the transaction not written within {self._send_timeout_s:.1f} s"
                 )
             await outbox.wait_progress(outbox.backoff.base_s)
 

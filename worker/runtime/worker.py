@@ -23,10 +23,10 @@ the worker.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
@@ -38,7 +38,7 @@ from worker.metrics import Metrics
 from worker.runtime.at_least_once import AtLeastOnce
 from worker.runtime.delivery import Context, Delivery, Partition, Stats
 from worker.runtime.exactly_once import ExactlyOnce
-from worker.runtime.fetcher import Fetcher
+from worker.runtime.fetcher import Fetcher, Membership
 from worker.runtime.flow import FlowControl
 from worker.runtime.judging import Judge
 from worker.runtime.kafka import Kafka, Listener
@@ -113,7 +113,12 @@ class Worker:
         self._fetcher: Fetcher | None = None
         self._delivery: Delivery | None = None
         self._assignment: Assignment | None = None
-        self._flow = FlowControl(settings.kafka.max_pending_produces)
+        kafka_settings = settings.kafka
+        self._flow = FlowControl(
+            kafka_settings.max_in_flight_records, kafka_settings.max_in_flight_bytes
+        )
+        self._membership = Membership(kafka_settings.session_timeout_ms / 1000, clock)
+        self._rounds = itertools.count()
         self._stop = asyncio.Event()
         #: held by a round from its fetched batch to its end, and by a rebalance
         self._round = asyncio.Lock()
@@ -152,17 +157,19 @@ class Worker:
             )
             await self._fetcher.consumer.start()
             context = Context(
-                settings,
-                self._kafka,
-                self._fetcher,
-                self.state,
-                self._topics,
-                self.metrics,
-                self.stats,
-                self._judge.substitute,
-                self._stop_fatally,
-                self._clock,
-                self._outcome_topics,
+                settings=settings,
+                kafka=self._kafka,
+                fetcher=self._fetcher,
+                state=self.state,
+                topics=self._topics,
+                metrics=self.metrics,
+                stats=self.stats,
+                substitute=self._judge.substitute,
+                stop_fatally=self._stop_fatally,
+                clock=self._clock,
+                next_round=lambda: next(self._rounds),
+                membership=self._membership,
+                outcome_topics=self._outcome_topics,
             )
             exactly_once = settings.delivery.guarantee == "exactly_once"
             self._delivery = ExactlyOnce(context) if exactly_once else AtLeastOnce(context)
@@ -268,47 +275,42 @@ class Worker:
     # -- a round -------------------------------------------------------------------------------
 
     async def step(self) -> None:
-        """Fetch one batch, judge it, hand what it made to the delivery, move what is in
-        flight along."""
-        fetcher, assignment = self.fetcher, self._assignment
+        """Fetch one batch (the next one is fetched meanwhile), judge it, hand what it made to
+        the delivery, move what is in flight along."""
+        fetcher, assignment, delivery = self.fetcher, self._assignment, self.delivery
         assert assignment is not None
+        began = self._clock()
         try:
-            batch = await fetcher.fetch(self._stop)
+            room = self._flow.max_records - delivery.pending_records
+            batch = await fetcher.fetch(self._stop, room)
         except OffsetOutOfRangeError as exc:
             async with self._round:
                 await fetcher.skip_deleted(exc.args[0], assignment.owned)
             return
+        finally:
+            self._membership.ran(began)
         if self._stop.is_set():
             return  # what was fetched is fetched again by whoever judges it next
         async with self._round:
-            delivery = self.delivery
-            # a partition revoked while this batch was fetched is its next owner's
+            await self._apply_check()
+            # a partition revoked (or rewound) since this batch was fetched is elsewhere now
             batch = {
                 tp: records
-                for tp, records in batch.items()
+                for tp, records in fetcher.current(batch).items()
                 if (tp.topic, tp.partition) in assignment.owned
                 and delivery.writable((tp.topic, tp.partition))
             }
-            if self._topics.missing:
-                await self._recheck_missing(batch)
-            else:
-                if batch:
-                    fetcher.observe_lag(batch)
-                    judged = self._judge.round(batch, delivery.add, self.state.checkpoint)
-                    await assignment.recover(await delivery.submit(judged))
-                await self._apply_check()
-                await assignment.recover(await delivery.advance())
+            if self._topics.failing:
+                # A failing write may mean its topic was deleted: a check says whether (such a
+                # topic never acknowledges, so nothing else may wait for a check)
+                self._topics.check_when_due()
+            if self._topics.missing:  # nothing is judged until the topic is back
+                fetcher.put_back(batch)
+            elif batch:
+                fetcher.observe_lag(batch)
+                delivery.submit(self._judge.round(next(self._rounds), batch, delivery.add))
+            await assignment.recover(await delivery.advance())
             self._apply_flow()
-
-    async def _recheck_missing(self, batch: Mapping[TopicPartition, list[Any]]) -> None:
-        """While a topic is missing nothing is judged (a batch fetched before the pause is
-        fetched again after the rewind); see every interval whether it is back."""
-        if batch:
-            log.debug("dropping a batch of %d partitions while a topic is missing", len(batch))
-            await self._rewound()
-        self._topics.check_when_due()
-        await self._topics.wait(0.05)
-        await self._apply_check()
 
     async def _apply_check(self) -> None:
         """Act on a finished check (`worker.runtime.topic_watch`). A broker may acknowledge
@@ -322,19 +324,15 @@ class Worker:
             return
         if found.state_gone:
             self._stop_fatally(state_topics_deleted(found.state_gone))
-        elif found.newly_missing:
-            self.delivery.clear()
-            await self._rewound()
-
-    async def _rewound(self) -> None:
-        assert self._assignment is not None
-        await self._assignment.rewind()
+        elif found.newly_missing and self._assignment is not None:
+            await self._assignment.rewind()
 
     def _apply_flow(self) -> None:
         delivery, assignment = self.delivery, self._assignment
         assert assignment is not None
-        pause_for_failing = bool(self._topics.failing) and delivery.pauses_while_failing
-        decision = self._flow.update(delivery.pending_records, pause_for_failing)
+        writes_fail = bool(self._topics.failing) and delivery.pauses_while_failing
+        held = writes_fail or self._topics.missing
+        decision = self._flow.update(delivery.pending_records, delivery.pending_bytes, held)
         if decision is None or not assignment.owned:
             return
         owned = len(assignment.owned)
@@ -361,6 +359,7 @@ class Worker:
                 await self._assignment.release([(tp.topic, tp.partition) for tp in revoked])
 
     async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+        self._membership.assigned()
         async with self._round:
             if self._assignment is not None:
                 await self._assignment.open([(tp.topic, tp.partition) for tp in assigned])

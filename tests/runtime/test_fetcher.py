@@ -1,0 +1,144 @@
+"""The fetcher on an in-memory consumer (`tests.runtime.fakes`): what it reads ahead is handed
+out once, in order, within its bounds; a batch of a partition placed again since is not the
+partition's any more; and the membership rule of a worker whose round outlived its session."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import TopicPartition
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.runtime.fakes import FakeBroker, FakeConsumer
+from worker.metrics import Metrics
+from worker.runtime.fetcher import Fetcher, Membership
+
+TOPIC = "in"
+PARTITIONS = 3
+
+
+class Listener:
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        pass
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        pass
+
+
+def fetcher_on(broker: FakeBroker, *, max_records: int, buffered: int) -> Fetcher:
+    """A fetcher whose consumer hands out at most `buffered` records a call (what aiokafka
+    holds of the partitions at a time)."""
+    consumer = FakeConsumer(broker, "g", max_records=buffered)
+    consumer.subscribe(topics=[TOPIC], listener=Listener())
+    return Fetcher(consumer, Metrics(frozenset()), fetch_timeout_ms=1, max_records=max_records)
+
+
+def loaded(counts: list[int]) -> FakeBroker:
+    broker = FakeBroker()
+    broker.create_topic(TOPIC, PARTITIONS)
+    for partition, count in enumerate(counts):
+        for offset in range(count):
+            broker.append(TOPIC, partition, key=None, value=b"%d" % offset)
+    return broker
+
+
+@pytest.mark.asyncio
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    counts=st.lists(st.integers(0, 60), min_size=PARTITIONS, max_size=PARTITIONS),
+    max_records=st.integers(1, 25),
+    buffered=st.integers(1, 40),
+    room=st.integers(0, 100),
+)
+async def test_every_record_is_handed_out_once_in_order_within_the_bounds(
+    counts: list[int], max_records: int, buffered: int, room: int
+) -> None:
+    broker = loaded(counts)
+    fetcher = fetcher_on(broker, max_records=max_records, buffered=buffered)
+    await fetcher.consumer.join()
+    stop = asyncio.Event()
+    seen: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+    for _ in range(sum(counts) + 5):
+        batch = await fetcher.fetch(stop, room)
+        assert sum(len(records) for records in batch.values()) <= max_records
+        # read ahead: within the room (or a round's worth), one handout of a partition at most
+        assert fetcher.ahead_records <= max(room, max_records) + buffered
+        for tp, records in batch.items():
+            seen[tp.partition].extend(record.offset for record in records)
+    assert seen == {p: list(range(count)) for p, count in enumerate(counts)}
+    assert fetcher.ahead_records == 0
+
+
+@pytest.mark.asyncio
+async def test_a_batch_of_a_partition_placed_again_since_is_not_the_partition_s() -> None:
+    broker = loaded([10, 10, 10])
+    fetcher = fetcher_on(broker, max_records=30, buffered=30)
+    await fetcher.consumer.join()
+    batch = await fetcher.fetch(asyncio.Event(), 0)
+    assert {tp.partition for tp in batch} == {0, 1, 2}
+    await fetcher.place({(TOPIC, 1): 4})  # a rewind or a rebalance ran meanwhile
+    assert {tp.partition for tp in fetcher.current(batch)} == {0, 2}
+    again = await fetcher.fetch(asyncio.Event(), 0)
+    assert [r.offset for r in again[TopicPartition(TOPIC, 1)]] == list(range(4, 10))
+
+
+@pytest.mark.asyncio
+async def test_a_batch_put_back_is_fetched_again_from_its_first_record() -> None:
+    broker = loaded([10, 0, 0])
+    fetcher = fetcher_on(broker, max_records=4, buffered=10)
+    await fetcher.consumer.join()
+    first = await fetcher.fetch(asyncio.Event(), 100)
+    assert [r.offset for r in first[TopicPartition(TOPIC, 0)]] == [0, 1, 2, 3]
+    fetcher.put_back(first)
+    assert fetcher.ahead_records == 0, "what was read ahead of it goes too"
+    again = await fetcher.fetch(asyncio.Event(), 100)
+    assert [r.offset for r in again[TopicPartition(TOPIC, 0)]] == [0, 1, 2, 3]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_round_that_outlived_the_session_loses_the_membership_until_assigned() -> None:
+    clock = Clock()
+    membership = Membership(6.0, clock)
+    began = clock.now
+    clock.now += 5.0
+    membership.ran(began)
+    assert not membership.lost, "within the session"
+    began = clock.now
+    clock.now += 15.0  # paused (SIGSTOP) in the middle of a round
+    membership.ran(began)
+    assert membership.lost
+    membership.assigned()  # it rejoined: the group gave it partitions again
+    assert not membership.lost
+
+
+def test_a_round_outlived_by_a_rebalance_that_assigned_during_it_keeps_the_membership() -> None:
+    clock = Clock()
+    membership = Membership(6.0, clock)
+    began = clock.now
+    clock.now += 10.0  # the fetch waited out a rebalance, which assigned partitions
+    membership.assigned()
+    clock.now += 1.0
+    membership.ran(began)
+    assert not membership.lost
+
+
+def test_a_membership_taken_for_lost_that_no_rebalance_follows_is_kept_a_session_later() -> None:
+    """Heartbeats go on between the rounds: a member that was expelled hears it within one and
+    rejoins; one that hears nothing for a session stayed."""
+    clock = Clock()
+    membership = Membership(6.0, clock)
+    began = clock.now
+    clock.now += 7.0
+    membership.ran(began)
+    assert membership.lost
+    clock.now += 6.0
+    assert not membership.lost
