@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from worker._native import AssembledCall
+from worker.core.flips import Comparison, Kind
 from worker.core.idempotency import Decision
 from worker.metrics import (
     CHECKPOINT_KINDS,
@@ -27,7 +29,7 @@ from worker.metrics import (
     Metrics,
     series_names,
 )
-from worker.model import Code, IncompleteReason, Outcome, Phase, RepairKind, Verdict
+from worker.model import Code, IncompleteReason, Outcome, Phase, RepairKind, SchemaRef, Verdict
 from worker.settings import SchemaSettings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
@@ -103,6 +105,7 @@ def test_the_series_operators_query_exist() -> None:
         "callgate_events_substituted_total",
         "callgate_events_dropped_total",
         "callgate_input_records_deleted_total",
+        "callgate_shadow_calls_total",
         "callgate_build_info",
     }
     # the limit is exposed only when known: a made-up one would make its alert lie
@@ -517,3 +520,40 @@ def test_a_scrape_during_updates_sees_consistent_series() -> None:
     assert final[("callgate_records_total", frozenset())] == total
     labels = frozenset({("outcome", "rejected"), ("tool", "get_weather")})
     assert final[("callgate_calls_total", labels)] == total
+
+
+# -- shadow mode ----------------------------------------------------------------------------------
+
+
+def comparison(tool: str | None, kind: Kind, version: str | None = "1") -> Comparison:
+    schema = SchemaRef("weather.get_weather", version) if version is not None else None
+    verdict = Verdict(Outcome.ACCEPTED, schema=schema, arguments_json=b"{}")
+    call = AssembledCall("stream", "call", tool, b"{}")
+    return Comparison(call, verdict, verdict, kind)
+
+
+def test_shadow_calls_are_counted_by_tool_version_and_kind() -> None:
+    metrics = new_metrics(shadow_series=[("get_weather", "1"), ("get_weather", "2")])
+    before = series(scrape(metrics), "callgate_shadow_calls_total")
+    # every (tool, version) of both contract sets, every kind: at zero from the start
+    assert len(before) == 2 * len(Kind)
+    assert set(before.values()) == {0.0}
+    metrics.shadow(comparison("get_weather", Kind.ACCEPTED_TO_REJECTED))
+    metrics.shadow(comparison("weather.get_weather", Kind.ACCEPTED_TO_REJECTED))
+    metrics.shadow(comparison("get_weather", Kind.ACCEPTED_UNCHANGED, "2"))
+    metrics.shadow(comparison("made-up tool name", Kind.REJECTED_UNCHANGED, None))
+    metrics.shadow(comparison(None, Kind.INCOMPLETE_UNCHANGED, None))
+    after = series(scrape(metrics), "callgate_shadow_calls_total")
+    counted = {tuple(sorted(labels)): v for labels, v in after.items() if v}
+    assert counted == {
+        (("kind", "accepted_to_rejected"), ("tool", "get_weather"), ("version", "1")): 2.0,
+        (("kind", "accepted_unchanged"), ("tool", "get_weather"), ("version", "2")): 1.0,
+        (("kind", "rejected_unchanged"), ("tool", UNKNOWN_TOOL), ("version", NO_LABEL)): 1.0,
+        (("kind", "incomplete_unchanged"), ("tool", NO_TOOL), ("version", NO_LABEL)): 1.0,
+    }
+
+
+def test_without_shadow_mode_the_family_is_declared_and_empty() -> None:
+    metrics = new_metrics()
+    assert "callgate_shadow_calls_total" in metrics.series_names()
+    assert series(scrape(metrics), "callgate_shadow_calls_total") == {}

@@ -180,3 +180,17 @@ def test_a_check_across_a_section_names_each_source_it_read(
     file.write_bytes(orjson.dumps({"kafka": {"security_protocol": "SASL_SSL"}}))
     with pytest.raises(ConfigError, match=rf"invalid settings: {re.escape(str(file))}: kafka: "):
         load_settings(file)
+
+
+def test_the_shadow_topic_needs_candidate_contracts_and_is_never_input(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    clean_env.setenv("CALLGATE_SHADOW__TOPIC", "flips")
+    with pytest.raises(ConfigError, match=r"CALLGATE_SHADOW.*needs the candidate contracts"):
+        load_settings(schemas={"dir": SCHEMAS})
+    clean_env.setenv("CALLGATE_SHADOW__SCHEMAS", str(SCHEMAS))
+    settings = load_settings(schemas={"dir": SCHEMAS})
+    assert settings.written_topics[-1] == "flips"
+    clean_env.setenv("CALLGATE_TOPICS__INPUT", "in,flips")
+    with pytest.raises(ConfigError, match=r"input topics \['flips'\].*shadow topic"):
+        load_settings(schemas={"dir": SCHEMAS})

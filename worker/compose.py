@@ -15,6 +15,7 @@ from worker.adapters.decoder import Decoder
 from worker.core.idempotency import KeyStore
 from worker.core.pipeline import Gate, GateLimits
 from worker.core.processor import EventLimits, Processor
+from worker.metrics import Metrics
 from worker.plugins import load_plugins
 from worker.schemas.contract import ViolationLimits
 from worker.schemas.registry import SchemaRegistry
@@ -36,13 +37,25 @@ def build_registry(settings: Settings) -> SchemaRegistry:
     )
 
 
-def tool_labels(registry: SchemaRegistry) -> dict[str, str]:
+def tool_labels(*registries: SchemaRegistry) -> dict[str, str]:
     """Every name a call may give a tool (its name, its schema id) -> the tool's metric label."""
     labels: dict[str, str] = {}
-    for contract in registry.contracts():
-        labels[contract.tool] = contract.tool
-        labels[contract.ref.id] = contract.tool
+    for registry in registries:
+        for contract in registry.contracts():
+            labels.setdefault(contract.tool, contract.tool)
+            labels.setdefault(contract.ref.id, contract.tool)
     return labels
+
+
+def shadow_series(processor: Processor) -> list[tuple[str, str]]:
+    """The (tool label, version) of every contract of both sets when the processor judges
+    under candidate contracts too (none otherwise): the shadow series exposed from the start."""
+    if processor.shadow is None:
+        return []
+    registries = (processor.gate.registry, processor.shadow.registry)
+    return sorted(
+        {(c.tool, c.ref.version) for registry in registries for c in registry.contracts()}
+    )
 
 
 def build_gate(settings: Settings, registry: SchemaRegistry) -> Gate:
@@ -110,6 +123,21 @@ def build_processor(
             max_feedback_bytes=limits.max_feedback_bytes,
         ),
         shadow=shadow,
+    )
+
+
+def build_metrics(settings: Settings, processor: Processor) -> Metrics:
+    """The worker's metrics: a label for every tool of both contract sets, the key store's
+    bound, and (in shadow mode) the shadow series at zero."""
+    registries = [processor.gate.registry]
+    if processor.shadow is not None:
+        registries.append(processor.shadow.registry)
+    keys = settings.idempotency
+    return Metrics(
+        tool_labels(*registries),
+        engine=settings.schemas.engine,
+        max_idempotency_keys=keys.max_keys * keys.partitions,
+        shadow_series=shadow_series(processor),
     )
 
 

@@ -17,8 +17,10 @@ ordinary `prometheus_client` metrics.
 
 Label sets stay bounded: `tool` values are the registry's tool labels plus `_unknown` (a name the
 registry does not know) and `_none` (a call without a tool, e.g. a refusal); every other label
-value comes from an enum (`worker.model`, `Decision`) or a fixed pair (`full`/`delta`), or, for
-`consumer_lag`, from the assigned partitions. Nothing from a record ever becomes a label value.
+value comes from an enum (`worker.model`, `Decision`, `worker.core.flips.Kind`) or a fixed pair
+(`full`/`delta`), or, for `consumer_lag`, from the assigned partitions, or, for the shadow
+series' `version`, from the contracts' own versions. Nothing from a record ever becomes a label
+value.
 
 Series a rate or an alert must see from their first increment exist, at zero, from the start:
 every (outcome, tool), reason, kind, decision, the poison codes, and `internal_error` in every
@@ -38,6 +40,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from worker import __version__
+from worker.core.flips import Comparison, Kind
 from worker.core.idempotency import Decision
 from worker.model import Code, IncompleteReason, Outcome, Phase, RepairKind, Verdict
 from worker.settings import SchemaSettings
@@ -85,6 +88,7 @@ _INCOMPLETE = PREFIX + "incomplete"
 _REPAIRS = PREFIX + "repairs"
 _RECORDS = PREFIX + "records"
 _PHASE_DURATION = PREFIX + "phase_duration_seconds"
+_SHADOW_CALLS = PREFIX + "shadow_calls"
 
 # the hot path's enum members, bound once (a global is cheaper than a class attribute)
 _ACCEPTED, _REJECTED, _INCOMPLETE_OUTCOME = Outcome.ACCEPTED, Outcome.REJECTED, Outcome.INCOMPLETE
@@ -97,7 +101,9 @@ _DEFAULT_ENGINE: str = SchemaSettings.model_fields["engine"].default
 class _HotPathCollector(Collector):
     """The per-call series as plain integers; turned into metric families only when scraped."""
 
-    def __init__(self, tool_labels: frozenset[str]) -> None:
+    def __init__(
+        self, tool_labels: frozenset[str], shadow_series: Iterable[tuple[str, str]]
+    ) -> None:
         self.records = 0
         self.calls: dict[tuple[str, str], int] = {
             (outcome, tool): 0
@@ -112,6 +118,9 @@ class _HotPathCollector(Collector):
         # Per phase: one count per bucket, the +Inf slot, then the sum in microseconds (last).
         self.buckets: dict[str, list[int]] = {
             phase: [0] * (len(PHASE_BUCKETS_US) + 2) for phase in Phase
+        }
+        self.shadow: dict[tuple[str, str, str], int] = {
+            (tool, version, kind): 0 for tool, version in shadow_series for kind in Kind
         }
 
     def describe(self) -> Iterable[Metric]:
@@ -141,6 +150,13 @@ class _HotPathCollector(Collector):
         durations = HistogramMetricFamily(
             _PHASE_DURATION, "Time spent in each phase of the chain, per call.", labels=("phase",)
         )
+        shadow = CounterMetricFamily(
+            _SHADOW_CALLS,
+            "Calls judged again under the candidate contracts (shadow mode), by tool, schema "
+            "version and kind: a flip (accepted_to_rejected, rejected_to_accepted, "
+            "accepted_changed, ...) or none (accepted_unchanged, rejected_changed, ...).",
+            labels=("tool", "version", "kind"),
+        )
         if not empty:
             records.add_metric((), self.records)
             for (outcome, tool), value in self.calls.copy().items():
@@ -159,7 +175,9 @@ class _HotPathCollector(Collector):
                     cumulative += count
                     buckets.append((bound, cumulative))
                 durations.add_metric((str(phase),), buckets, sum_value=sum_us / 1_000_000)
-        yield from (records, calls, rejections, incomplete, repairs, durations)
+            for (tool, version, kind), value in self.shadow.copy().items():
+                shadow.add_metric((tool, version, str(kind)), value)
+        yield from (records, calls, rejections, incomplete, repairs, durations, shadow)
 
 
 class Metrics:
@@ -169,6 +187,8 @@ class Metrics:
     label. `max_idempotency_keys` is how many keys the idempotency store may hold in all
     (`max_keys` per partition times the partitions of the idempotency topics); when given it is
     exposed as `callgate_idempotency_keys_limit`, which the alert on a store near its bound needs.
+    `shadow_series` are the (tool label, version) pairs of the shadow series to expose at zero
+    from the start (every contract of both sets, when shadow mode is on).
     """
 
     def __init__(
@@ -178,11 +198,12 @@ class Metrics:
         engine: str = _DEFAULT_ENGINE,
         version: str = __version__,
         max_idempotency_keys: int | None = None,
+        shadow_series: Iterable[tuple[str, str]] = (),
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.tool_labels: Mapping[str, str] = dict(tool_labels)
         self.known_tools = frozenset(self.tool_labels.values())
-        self._hot = _HotPathCollector(self.known_tools)
+        self._hot = _HotPathCollector(self.known_tools, shadow_series)
         self.registry.register(self._hot)
         registry = self.registry
         self._open_calls = Gauge(
@@ -331,6 +352,14 @@ class Metrics:
             counts = buckets[phase_name]
             counts[find(bounds, micros)] += 1
             counts[-1] += micros
+
+    def shadow(self, compared: Comparison) -> None:
+        """Count one call judged again under the candidate contracts, by what changed."""
+        tool = compared.call.tool
+        label = NO_TOOL if tool is None else self.tool_labels.get(tool, UNKNOWN_TOOL)
+        key = (label, compared.version or NO_LABEL, compared.kind)
+        shadow = self._hot.shadow
+        shadow[key] = shadow.get(key, 0) + 1
 
     def add_records(self, count: int) -> None:
         self._hot.records += count

@@ -365,6 +365,31 @@ class RetrySettings(BaseModel):
     budget: int = Field(3, ge=1, description="attempts after which a rejection is not retryable")
 
 
+class ShadowSettings(BaseModel):
+    """Shadow mode: every call also judged under candidate contracts, its verdict unchanged."""
+
+    model_config = _FROZEN
+
+    schemas: Path | None = Field(
+        None,
+        description="candidate contracts directory: every call is also judged under it (its "
+        "own plugins.py too) and what would change is counted in callgate_shadow_calls_total; "
+        "the verdicts stay the current contracts'",
+    )
+    topic: str | None = Field(
+        None,
+        description="with schemas: each call whose verdict would change (a flip) is also "
+        "written here, keyed by call_id (its ids and each side's outcome, code and sanitized "
+        "violations; never an argument)",
+    )
+
+    @model_validator(mode="after")
+    def _topic_needs_schemas(self) -> ShadowSettings:
+        if self.topic is not None and self.schemas is None:
+            raise ValueError("a shadow topic needs the candidate contracts (shadow.schemas)")
+        return self
+
+
 class Settings(BaseSettings):
     """All of callgate's configuration. `callgate run --help` lists every field."""
 
@@ -384,6 +409,7 @@ class Settings(BaseSettings):
     idempotency: IdempotencySettings = IdempotencySettings()
     retry: RetrySettings = RetrySettings()
     delivery: DeliverySettings = DeliverySettings()
+    shadow: ShadowSettings = ShadowSettings()
     plugins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="more plugin modules by import path (the contracts directory's own "
@@ -401,16 +427,22 @@ class Settings(BaseSettings):
     def _level_in_any_case(cls, value: Any) -> Any:
         return value.strip().upper() if isinstance(value, str) else value
 
+    @property
+    def written_topics(self) -> tuple[str, ...]:
+        """The topics the worker writes its outputs to: the outcome topics, and the shadow
+        topic when there is one (never input)."""
+        topics = self.topics
+        shadow = (self.shadow.topic,) if self.shadow.topic is not None else ()
+        return (topics.accepted, topics.rejected, topics.incomplete, *shadow)
+
     @model_validator(mode="after")
     def _outputs_are_never_input(self) -> Settings:
-        topics = self.topics
-        outcomes = (topics.accepted, topics.rejected, topics.incomplete)
-        never = re.compile(never_input(self.kafka.group_id, outcomes))
-        looped = [topic for topic in topics.input_topics if never.fullmatch(topic)]
+        never = re.compile(never_input(self.kafka.group_id, self.written_topics))
+        looped = [topic for topic in self.topics.input_topics if never.fullmatch(topic)]
         if looped:
             raise ValueError(
-                f"input topics {looped} are outcome topics or the group's own: each event "
-                "would be judged again, for ever"
+                f"input topics {looped} are outcome topics, the shadow topic or the group's "
+                "own: each event would be judged again, for ever"
             )
         return self
 

@@ -4,7 +4,8 @@ Standard library only, so it runs anywhere: `python deploy/grafana/generate.py` 
 `--check` exits 1 when the checked-in JSON differs from what this script makes. The tests run the
 check and verify that every metric a query names is declared in worker/metrics.py, so the
 dashboard cannot drift from the code. Every query filters on the `instance` variable; those on
-`callgate_calls_total` (the only series with a `tool` label) also filter on `tool`.
+the series with a `tool` label (`callgate_calls_total`, `callgate_shadow_calls_total`) also
+filter on `tool`.
 """
 
 from __future__ import annotations
@@ -314,6 +315,50 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 (Query(_rate("callgate_poison_records_total", BY_WORKER, "code"), "{{code}}"),),
                 unit="ops",
                 width=8,
+            ),
+        ),
+    ),
+    (
+        "Candidate contracts (shadow mode)",
+        (
+            Panel(
+                "Shadow flips/s by tool, version and kind",
+                "With CALLGATE_SHADOW__SCHEMAS set, every call is judged again under the "
+                "candidate contracts; its verdict stays the current contracts'. A flip is a call "
+                "whose verdict would change: accepted_to_rejected (the candidate would refuse "
+                "what runs now), rejected_to_accepted, accepted_changed (accepted under both, "
+                "another schema version, normalized arguments, key or approval). Empty when "
+                "shadow mode is off.",
+                (
+                    Query(
+                        _rate(
+                            "callgate_shadow_calls_total",
+                            f'kind!~".*_unchanged", {BY_TOOL}',
+                            "tool, version, kind",
+                        ),
+                        "{{tool}} v{{version}} {{kind}}",
+                    ),
+                ),
+                unit="ops",
+                stack=True,
+                width=16,
+            ),
+            Panel(
+                "Shadow flip ratio",
+                "Calls that would flip over all calls judged under the candidate contracts. "
+                "Read the flips' examples on the shadow topic (CALLGATE_SHADOW__TOPIC) or replay "
+                "history with `callgate replay` before making the candidate current.",
+                (
+                    Query(
+                        "sum(rate(callgate_shadow_calls_total"
+                        f'{{kind!~".*_unchanged", {BY_TOOL}}}[{RI}])) '
+                        f"/ sum(rate(callgate_shadow_calls_total{{{BY_TOOL}}}[{RI}]))",
+                        "flipped / judged",
+                    ),
+                ),
+                unit="percentunit",
+                width=8,
+                extra={"min": 0},
             ),
         ),
     ),

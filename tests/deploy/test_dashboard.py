@@ -62,6 +62,8 @@ def test_the_panels_answer_the_operators_questions_top_to_bottom() -> None:
         ("Idempotency keys", "callgate_idempotency_keys"),
         ("Events substituted and dropped/s", "callgate_events_dropped_total"),
         ("Dropped chunks/s", "callgate_late_chunks_total"),
+        ("Shadow flips/s by tool, version and kind", "callgate_shadow_calls_total"),
+        ("Shadow flip ratio", "callgate_shadow_calls_total"),
         ("Consumer lag by partition", "callgate_consumer_lag"),
         ("Rebalances", "callgate_rebalances_total"),
         ("Broker errors/s", "callgate_produce_errors_total"),
@@ -93,8 +95,9 @@ def test_templated_by_worker_and_tool() -> None:
     assert {"datasource", "instance", "tool"} <= set(variables)
     for named in panel_queries():
         assert 'instance=~"$instance"' in named.expr, named.source
-        if "callgate_calls_total" in named.expr:
-            assert named.expr.count('tool=~"$tool"') == named.expr.count("callgate_calls_total")
+        for metric in ("callgate_calls_total", "callgate_shadow_calls_total"):
+            if metric in named.expr:
+                assert named.expr.count('tool=~"$tool"') == named.expr.count(metric)
 
 
 def test_panels_are_well_formed() -> None:
@@ -130,3 +133,14 @@ def test_provisioning_points_at_the_dashboard_and_datasource() -> None:
     assert variable["current"]["value"] == prometheus["uid"]
     assert prometheus["url"] == "http://prometheus:9090"
     assert "prometheus" in compose["services"]
+
+
+def test_the_shadow_panels_count_flips_only_against_every_call_judged() -> None:
+    panels = {p["title"]: p for p in data_panels()}
+    (flips,) = panels["Shadow flips/s by tool, version and kind"]["targets"]
+    assert 'kind!~".*_unchanged"' in flips["expr"]
+    assert "tool, version, kind" in flips["expr"]
+    (ratio,) = panels["Shadow flip ratio"]["targets"]
+    numerator, denominator = ratio["expr"].split(" / ")
+    assert 'kind!~".*_unchanged"' in numerator
+    assert "kind" not in denominator

@@ -42,11 +42,10 @@ from tests.deploy.prometheus_helpers import (
     scrape_config,
 )
 from worker.check import FileRecord
-from worker.compose import build_key_store, build_processor, build_registry, tool_labels
+from worker.compose import build_key_store, build_metrics, build_processor
 from worker.core.idempotency import resolve
 from worker.core.processor import Route
 from worker.health import HealthServer
-from worker.metrics import Metrics
 from worker.model import Phase
 from worker.runtime.kafka import Kafka
 from worker.runtime.topics import TopicSpec
@@ -66,12 +65,25 @@ INPUT = "model-output"
 IDEMPOTENCY_PARTITIONS = 1
 
 
+#: the candidate contracts of shadow mode: a city's name of three letters at most (the
+#: traffic's Oslo, Rome and Lima would be refused: flips for the shadow panels)
+CANDIDATE = {**SCHEMA, "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 3}}}
+
+
+def contracts(directory: Path, schema: dict[str, object]) -> Path:
+    (directory / "weather").mkdir(parents=True)
+    (directory / "weather" / "get_weather.v1.schema.json").write_bytes(orjson.dumps(schema))
+    return directory
+
+
 @pytest.fixture
 def schemas_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "schemas"
-    (directory / "weather").mkdir(parents=True)
-    (directory / "weather" / "get_weather.v1.schema.json").write_bytes(orjson.dumps(SCHEMA))
-    return directory
+    return contracts(tmp_path / "schemas", SCHEMA)
+
+
+@pytest.fixture
+def candidate_dir(tmp_path: Path) -> Path:
+    return contracts(tmp_path / "candidate", CANDIDATE)
 
 
 def traffic(run: str) -> list[tuple[bytes, bytes]]:
@@ -144,15 +156,9 @@ class ChainFeeder:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        registry = build_registry(settings)
-        self.processor = build_processor(settings, registry)
+        self.processor = build_processor(settings, candidate=settings.shadow.schemas)
         self.keys = build_key_store(settings)
-        keys = settings.idempotency
-        self.metrics = Metrics(
-            tool_labels(registry),
-            engine=settings.schemas.engine,
-            max_idempotency_keys=keys.max_keys * keys.partitions,
-        )
+        self.metrics = build_metrics(settings, self.processor)
         self.stop = threading.Event()
         self.rounds = 0
         self.error: BaseException | None = None
@@ -178,6 +184,8 @@ class ChainFeeder:
             metrics.add_records(len(records))
             for emission in processor.feed(INPUT, 0, records):
                 metrics.observe(emission.verdict, emission.call.tool)
+                if emission.shadow is not None:
+                    metrics.shadow(emission.shadow)
                 if emission.route is Route.IDEMPOTENCY:
                     resolution = resolve(self.keys, emission.value, offset, max_feedback)
                     metrics.idempotency_decision(resolution.decision)
@@ -197,9 +205,13 @@ class ChainFeeder:
             self.stop.wait(0.05)  # pacing, not synchronisation
 
 
-def test_every_query_on_metrics_fed_by_the_chain(schemas_dir: Path, tmp_path: Path) -> None:
+def test_every_query_on_metrics_fed_by_the_chain(
+    schemas_dir: Path, candidate_dir: Path, tmp_path: Path
+) -> None:
     prometheus_binary()
-    feeder = ChainFeeder(load_settings(schemas={"dir": schemas_dir}, plugins=[]))
+    feeder = ChainFeeder(
+        load_settings(schemas={"dir": schemas_dir}, plugins=[], shadow={"schemas": candidate_dir})
+    )
     health = HealthServer(feeder.metrics.registry, lambda: (True, "test"))
     port = health.start("127.0.0.1", 0)
     feeder.thread.start()
@@ -220,6 +232,7 @@ def test_every_query_on_metrics_fed_by_the_chain(schemas_dir: Path, tmp_path: Pa
             assert decisions == {"first", "duplicate"}
             assert api.query('callgate_poison_records_total{code="malformed_record"} > 0')
             assert api.query("callgate_duplicate_chunks_total > 0")
+            assert api.query('callgate_shadow_calls_total{kind="accepted_to_rejected"} > 0')
             assert api.query('callgate_checkpoints_total{kind="full"} > 0')
             assert api.query('callgate_checkpoints_total{kind="delta"} > 0')
             # the chain itself fires nothing: no internal error, no stalled checkpoint...; the
@@ -297,7 +310,7 @@ async def create_topics(bootstrap: str, topics: dict[str, str]) -> None:
 
 @pytest.fixture
 def worker_process(
-    bootstrap: str, schemas_dir: Path, tmp_path: Path
+    bootstrap: str, schemas_dir: Path, candidate_dir: Path, tmp_path: Path
 ) -> Iterator[tuple[int, Producer]]:
     run = uuid.uuid4().hex[:8]
     topics = {name: f"e2e-{run}-{name}" for name in ("in", "accepted", "rejected", "incomplete")}
@@ -316,6 +329,7 @@ def worker_process(
             "CALLGATE_TOPICS__INCOMPLETE": topics["incomplete"],
             "CALLGATE_IDEMPOTENCY__PARTITIONS": str(IDEMPOTENCY_PARTITIONS),
             "CALLGATE_SCHEMAS__DIR": str(schemas_dir),
+            "CALLGATE_SHADOW__SCHEMAS": str(candidate_dir),
             "CALLGATE_PLUGINS": "",
             "CALLGATE_METRICS__HOST": "127.0.0.1",
             "CALLGATE_METRICS__PORT": str(port),
@@ -364,6 +378,7 @@ def test_every_query_on_a_running_worker(
         assert api.query('sum(callgate_calls_total{outcome="accepted"}) > 0')
         assert api.query('sum(callgate_idempotency_decisions_total{decision="first"}) > 0')
         assert api.query("sum(callgate_checkpoints_total) > 0")
+        assert api.query('sum(callgate_shadow_calls_total{kind="accepted_to_rejected"}) > 0')
         # the input's two partitions and the idempotency requests' one
         assert api.query(f"sum(callgate_assigned_partitions) == {2 + IDEMPOTENCY_PARTITIONS}")
     assert producer.rounds > 0

@@ -183,3 +183,17 @@ def test_acl_commands_are_one_kafka_acls_call_per_grant() -> None:
             "kafka-acls.sh --bootstrap-server k1:9093,k2:9093 --command-config admin.properties "
             "--add --allow-principal User:gate --operation "
         )
+
+
+def test_the_shadow_topic_is_planned_and_granted_as_an_outcome_topic() -> None:
+    conf = settings_with(topics={"input": "in"}, shadow={"schemas": "candidate", "topic": "flips"})
+    (planned,) = [p for p in plan(conf, {}) if p.name == "flips"]
+    (event,) = [p for p in plan(conf, {}) if p.name == conf.topics.accepted]
+    assert (planned.role, planned.compacted, planned.max_message_bytes) == (
+        Role.OUTCOME,
+        False,
+        event.max_message_bytes,
+    )
+    (grant,) = [g for g in grants(conf) if g.name == "flips"]
+    assert grant.operations == ("Write",)
+    assert all(p.name != "flips" for p in plan(settings_with(topics={"input": "in"}), {}))

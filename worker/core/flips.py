@@ -178,6 +178,16 @@ class Comparison:
     def encode(self) -> bytes:
         return orjson.dumps(self.record())
 
+    def headers(self) -> list[tuple[str, bytes]]:
+        """The shadow topic record's headers: its kind, the call's tool, the schema version
+        (so a reader filters without parsing)."""
+        version = self.version
+        return [
+            ("kind", self.kind.value.encode()),
+            ("tool", (self.call.tool or "").encode()),
+            ("schema-version", version.encode() if version is not None else b""),
+        ]
+
 
 def _side(verdict: Verdict) -> dict[str, Any]:
     schema = verdict.schema

@@ -175,7 +175,7 @@ class AtLeastOnce(Outcomes):
     def acknowledged(self, record: Record) -> None:
         super().acknowledged(record)
         origin: Origin = record.origin
-        if origin.kind in (Kind.OUTPUT, Kind.KEY_CHANGE):
+        if origin.kind in (Kind.OUTPUT, Kind.KEY_CHANGE, Kind.SHADOW):
             self.ledger.acknowledged(record.round_id, origin.partition, self._clock())
         elif origin.kind is Kind.CHECKPOINT:
             self.ledger.checkpoint_acknowledged(record.round_id, origin.partition)
@@ -195,7 +195,7 @@ class AtLeastOnce(Outcomes):
 
     def refused(self, record: Record, error: KafkaError) -> Record | None:
         substitute = super().refused(record, error)
-        if substitute is None and record.origin.kind is Kind.OUTPUT:
+        if substitute is None and record.origin.kind in (Kind.OUTPUT, Kind.SHADOW):
             # dropped: as good as acknowledged, or its round would wait for it for ever
             self.ledger.acknowledged(record.round_id, record.origin.partition, self._clock())
         return substitute

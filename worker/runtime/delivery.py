@@ -38,6 +38,7 @@ Why no crash point loses a call or yields a second, different verdict:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -58,6 +59,8 @@ if TYPE_CHECKING:  # they use this module's types
     from worker.runtime.fetcher import Fetcher, Membership
     from worker.runtime.kafka import Kafka
     from worker.runtime.partitions import State
+
+log = logging.getLogger("callgate.worker")
 
 __all__ = [
     "NOTHING_LOST",
@@ -84,6 +87,8 @@ class Kind(Enum):
     CHECKPOINT = "checkpoint"
     #: the deletion of a frame a newer generation replaced
     TOMBSTONE = "tombstone"
+    #: a flip written to the shadow topic (shadow mode): never substituted, dropped if refused
+    SHADOW = "shadow"
 
 
 @dataclass(slots=True)
@@ -288,9 +293,9 @@ class Outcomes:
 
     def acknowledged(self, record: Record) -> None:
         origin: Origin = record.origin
-        if origin.kind in (Kind.OUTPUT, Kind.KEY_CHANGE):
+        if origin.kind in (Kind.OUTPUT, Kind.KEY_CHANGE, Kind.SHADOW):
             self._stats.acknowledged += 1
-            if record.topic in self._context.outcome_topics:
+            if origin.kind is Kind.OUTPUT and record.topic in self._context.outcome_topics:
                 self._stats.events += 1
         elif origin.kind is Kind.CHECKPOINT and origin.frame_bytes:
             self._stats.checkpoints += 1
@@ -308,6 +313,9 @@ class Outcomes:
             )
             return None
         if kind is Kind.TOMBSTONE:
+            return None
+        if kind is Kind.SHADOW:  # a diagnostic: the call's own event is written apart
+            log.warning("%s refused a shadow record for good: %r", record.topic, error)
             return None
         return self._context.substitute(record, error)
 

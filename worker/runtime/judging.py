@@ -62,6 +62,7 @@ class Judge:
             Route.IDEMPOTENCY: requests_topic,
         }
         self._dropped = (0, 0)  # the reassembler's dropped-chunk counts already reported
+        self._shadow_topic = settings.shadow.topic
 
     def round(
         self,
@@ -110,6 +111,23 @@ class Judge:
             # decides
             self._metrics.observe(emission.verdict, emission.call.tool)
             made += 1
+            compared = emission.shadow
+            if compared is not None:  # shadow mode: judged under the candidate contracts too
+                self._metrics.shadow(compared)
+                if self._shadow_topic is not None and compared.kind.is_flip:
+                    key = emission.call.call_id.encode()
+                    origin = Origin(Kind.SHADOW, where)
+                    add(
+                        Record(
+                            round_id,
+                            self._shadow_topic,
+                            key,
+                            compared.encode(),
+                            compared.headers(),
+                            origin=origin,
+                        )
+                    )
+                    made += 1
         self._stats.emitted += made
         return made
 

@@ -67,7 +67,8 @@ def record_overhead(limits: LimitSettings) -> int:
 
 def plan(settings: Settings, input_partitions: dict[str, int]) -> list[TopicPlan]:
     """The topics of the group: the inputs named (with the partitions given for each), the
-    outcome topics, each input's changelog (as many partitions), the idempotency topics."""
+    outcome topics (and the shadow topic), each input's changelog (as many partitions), the
+    idempotency topics."""
     group = settings.kafka.group_id
     batch = settings.kafka.max_batch_bytes
     overhead = record_overhead(settings.limits)
@@ -78,7 +79,7 @@ def plan(settings: Settings, input_partitions: dict[str, int]) -> list[TopicPlan
         TopicPlan(name, Role.INPUT, input_partitions.get(name), False, None)
         for name in topics.input_topics
     ]
-    for name in dict.fromkeys((topics.accepted, topics.rejected, topics.incomplete)):
+    for name in dict.fromkeys(settings.written_topics):  # the shadow topic's flips are smaller
         plans.append(TopicPlan(name, Role.OUTCOME, None, False, event))
     for name in topics.input_topics:
         changelog = changelog_topic(group, name)
@@ -148,6 +149,9 @@ def grants(settings: Settings) -> list[Grant]:
             )
     for name in dict.fromkeys((topics.accepted, topics.rejected, topics.incomplete)):
         found.append(Grant("topic", name, False, ("Write",), "write outcome events"))
+    if settings.shadow.topic is not None:
+        why = "write the calls whose verdict the candidate contracts would change (shadow mode)"
+        found.append(Grant("topic", settings.shadow.topic, False, ("Write",), why))
     found.append(
         Grant("group", group, False, ("Read",), "join the consumer group, commit its offsets")
     )

@@ -9,10 +9,9 @@ import signal
 
 from prometheus_client import CollectorRegistry
 
-from worker.compose import build_key_store, build_processor, build_registry, tool_labels
+from worker.compose import build_key_store, build_metrics, build_processor
 from worker.errors import InfrastructureError
 from worker.health import HealthServer
-from worker.metrics import Metrics
 from worker.runtime.worker import Worker
 from worker.settings import Settings
 
@@ -66,14 +65,8 @@ def serve(settings: Settings) -> int:
     Raises `ConfigError` or `SchemaLoadError` before anything connects when a setting or a
     contract is wrong (the command line turns them into one message and status 2).
     """
-    registry = build_registry(settings)
-    processor = build_processor(settings, registry)
-    keys = settings.idempotency
-    metrics = Metrics(
-        tool_labels(registry),
-        engine=settings.schemas.engine,
-        max_idempotency_keys=keys.max_keys * keys.partitions,
-    )
+    processor = build_processor(settings, candidate=settings.shadow.schemas)
+    metrics = build_metrics(settings, processor)
     worker = Worker(settings, processor, lambda: build_key_store(settings), metrics)
     # always served: the probes need /healthz and /readyz even with metrics off (empty /metrics)
     exposed = metrics.registry if settings.metrics.enabled else CollectorRegistry()

@@ -77,10 +77,10 @@ class Worker:
         self.stats = Stats()
         self._kafka = kafka or Kafka(settings)
         self._clock = clock
-        topics = settings.topics
         self._group = settings.kafka.group_id
         self._requests = requests_topic(self._group)
-        self._outcome_topics = frozenset((topics.accepted, topics.rejected, topics.incomplete))
+        # the topics it writes outputs to (the shadow topic too): they must exist, never input
+        self._outcome_topics = frozenset(settings.written_topics)
         self._topics = TopicWatch(
             self._kafka.missing_topics,
             clock,
