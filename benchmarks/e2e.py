@@ -11,7 +11,11 @@ drain it from offset 0, with the worker's own client options:
   produce, acks=all, offsets committed past acknowledged records, the next fetch overlapping the
   acknowledgements: the ceiling of a correct worker on this stack;
 - `python -m worker run`, settings by environment (`CALLGATE_*`): one outcome event per call,
-  its checkpoints, its commits.
+  its checkpoints, its commits;
+- the same in shadow mode (`CALLGATE_SHADOW__SCHEMAS`): every call judged again under candidate
+  contracts, the shipped ones with get_weather's units narrowed to celsius, so the workload's
+  fahrenheit calls flip (counted in the metrics; its events must still be the current
+  contracts'). Its rate over callgate's, round by round, is shadow mode's cost.
 
 Rates are input records per second. For the two that write, the window runs from the first
 output record's broker timestamp to the last one's, which keeps process start and the group join
@@ -37,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,6 +105,23 @@ def broker(kind: str, logs: Path) -> Iterator[str]:
         yield kafka.bootstrap_servers
     finally:
         kafka.stop()
+
+
+#: the contender that runs callgate in shadow mode (its candidate contracts in the logs directory)
+SHADOW = "callgate_shadow"
+
+
+def candidate_contracts(logs: Path) -> Path:
+    """The shadow contender's candidate: the shipped contracts with get_weather's units narrowed
+    to celsius (made once per run, in the logs directory)."""
+    target = logs / "candidate"
+    if not target.exists():
+        shutil.copytree(SEED_SCHEMAS, target)
+        for path in (target / "weather").glob("get_weather.v*.schema.json"):
+            schema = orjson.loads(path.read_bytes())
+            schema["properties"]["units"]["enum"] = ["celsius"]
+            path.write_bytes(orjson.dumps(schema))
+    return target
 
 
 def _worker_env(bootstrap: str, group: str, source: str, target: str) -> dict[str, str]:
@@ -303,6 +325,8 @@ async def _drain(
     else:
         command = [PYTHON, "-m", "worker", "run"]
         env = _worker_env(bootstrap, group, source, target)
+        if kind == SHADOW:
+            env["CALLGATE_SHADOW__SCHEMAS"] = str(candidate_contracts(logs))
     process = _start(command, env, log)
     if watch is not None:
         watch(process.pid)
@@ -536,11 +560,18 @@ async def _on_broker(bootstrap: str, plan: Plan, logs: Path) -> dict[str, Any]:
         callgate, events = await _drain(bootstrap, "callgate", source, len(records), logs)
         callgate["check"] = _check_callgate(events, expected)
         del events
+        shadow, events = await _drain(bootstrap, SHADOW, source, len(records), logs)
+        shadow["check"] = _check_callgate(events, expected)
+        del events
         rounds.append(
             {
                 "consume_only": consume,
                 "passthrough": passthrough,
                 "callgate": callgate,
+                "callgate_shadow": shadow,
+                "shadow_share_of_callgate": round(
+                    shadow["records_per_s"] / callgate["records_per_s"], 3
+                ),
                 "share_of_passthrough": round(
                     callgate["records_per_s"] / passthrough["records_per_s"], 3
                 ),
@@ -576,6 +607,12 @@ async def _on_broker(bootstrap: str, plan: Plan, logs: Path) -> dict[str, Any]:
         "callgate_records_per_s": round(callgate_rate),
         "share_of_passthrough": round(share, 3),
         "share_of_consume_only": round(median([r["share_of_consume_only"] for r in rounds]), 3),
+        "callgate_shadow_records_per_s": round(
+            median([r["callgate_shadow"]["records_per_s"] for r in rounds])
+        ),
+        "shadow_share_of_callgate": round(
+            median([r["shadow_share_of_callgate"] for r in rounds]), 3
+        ),
         "target_share": TARGET_SHARE,
         "meets_share_target": share >= TARGET_SHARE,
         "latency_at_half_rate": latency,

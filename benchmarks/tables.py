@@ -113,14 +113,18 @@ def e2e(doc: dict[str, Any]) -> Table:
     out = _head(
         "broker", "consume-only rec/s", "pass-through rec/s", "callgate rec/s",
         "callgate / pass-through", "target", "per round", "callgate / consume-only",
+        "shadow mode rec/s", "shadow / callgate (per round)",
     )  # fmt: skip
     for name, b in doc["brokers"].items():
         rounds = ", ".join(f"{r['share_of_passthrough']:.2f}" for r in b["rounds"])
+        shadow = ", ".join(f"{r['shadow_share_of_callgate']:.2f}" for r in b["rounds"])
         out.append(
             _row(
                 name, f"{b['consume_only_records_per_s']:,}", f"{b['passthrough_records_per_s']:,}",
                 f"{b['callgate_records_per_s']:,}", f"**{b['share_of_passthrough']:.0%}**",
                 f"≥ {b['target_share']:.0%}", rounds, f"{b['share_of_consume_only']:.0%}",
+                f"{b['callgate_shadow_records_per_s']:,}",
+                f"**{b['shadow_share_of_callgate']:.0%}** ({shadow})",
             )
         )  # fmt: skip
     return out

@@ -275,10 +275,12 @@ def test_e2e_drains_through_every_contender_on_both_brokers(tmp_path: Path) -> N
         assert round_["consume_only"]["records_read"] == document["records"]
         assert round_["passthrough"]["records_out"] == document["records"]
         assert round_["passthrough"]["copied_every_record"]
-        check = round_["callgate"]["check"]
-        assert check["calls"] == document["calls"]
-        assert check["same_as_in_process"], check
+        for contender in ("callgate", "callgate_shadow"):  # shadow mode changes no verdict
+            check = round_[contender]["check"]
+            assert check["calls"] == document["calls"]
+            assert check["same_as_in_process"], check
         assert _positive(result["share_of_passthrough"])
+        assert _positive(result["shadow_share_of_callgate"])
         for latency in (
             result["latency_at_half_rate"],
             result["passthrough_latency_at_the_same_rate"],
