@@ -38,6 +38,9 @@ def partition_for_key(key: bytes, partitions: int) -> int:
 
 # -- the reassembler (native/python/src/assembler.rs, call.rs) -------------------------------------
 
+#: the call kinds' wire names (native/core/src/origin.rs), held by `worker.model.CallKind`
+CALL_KINDS: Final[tuple[str, ...]]
+
 class _Record(Protocol):
     """What `Assembler.feed_records` reads of each record (an aiokafka ConsumerRecord fits)."""
 
@@ -73,6 +76,9 @@ class Chunk:
     attempt: Final[int | None]
     expected: Final[str | None]
     error: Final[str | None]
+    call_kind: Final[str | None]
+    caller: Final[str | None]
+    double_encoded: Final[bool]
     def __init__(
         self,
         stream_id: str,
@@ -93,6 +99,9 @@ class Chunk:
         attempt: int | None = None,
         expected: str | None = None,
         error: str | None = None,
+        call_kind: str | None = None,
+        caller: str | None = None,
+        double_encoded: bool = False,
     ) -> None: ...
 
 @final
@@ -123,6 +132,9 @@ class AssembledCall:
     assembly_detail: Final[str | None]
     assembly_us: Final[int]
     event_id: Final[str]
+    call_kind: Final[str]
+    caller: Final[str | None]
+    double_encoded: Final[bool]
     def __init__(
         self,
         stream_id: str,
@@ -149,6 +161,9 @@ class AssembledCall:
         assembly_error: str | None = None,
         assembly_detail: str | None = None,
         assembly_us: int = 0,
+        call_kind: str = "function_call",
+        caller: str | None = None,
+        double_encoded: bool = False,
     ) -> None: ...
 
 @final

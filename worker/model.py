@@ -17,6 +17,7 @@ from worker._native import AssembledCall, Chunk, Verdict
 __all__ = [
     "MAX_DEPTH",
     "AssembledCall",
+    "CallKind",
     "Chunk",
     "ChunkKind",
     "Code",
@@ -122,6 +123,19 @@ class IncompleteReason(StrEnum):
 
 class RepairKind(StrEnum):
     MARKDOWN_FENCE = "markdown_fence"
+
+
+class CallKind(StrEnum):
+    """The kind of call a vendor made (`AssembledCall.call_kind`), as OpenAI Responses names its
+    output items: what kind of contract judges it. Every format's tool call, and an envelope's,
+    is a plain `function_call`; the names are the native core's (`worker._native.CALL_KINDS`)."""
+
+    FUNCTION_CALL = "function_call"
+    CUSTOM_TOOL_CALL = "custom_tool_call"
+    APPLY_PATCH_CALL = "apply_patch_call"
+    SHELL_CALL = "shell_call"
+    LOCAL_SHELL_CALL = "local_shell_call"
+    MCP_APPROVAL_REQUEST = "mcp_approval_request"
 
 
 class ChunkKind(StrEnum):

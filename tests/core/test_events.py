@@ -23,8 +23,18 @@ from worker.core.events import (
     worst_case_event_bytes,
 )
 from worker.core.feedback import build_feedback
-from worker.model import Code, IncompleteReason, Outcome, Phase, RepairKind, SchemaRef, Verdict
+from worker.model import (
+    CallKind,
+    Code,
+    IncompleteReason,
+    Outcome,
+    Phase,
+    RepairKind,
+    SchemaRef,
+    Verdict,
+)
 from worker.model import Violation as V
+from worker.published.model import parse_event
 from worker.settings import LimitSettings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
@@ -34,6 +44,9 @@ REF = SchemaRef("payments.create_payment", "1")
 
 ids = st.text(min_size=1, max_size=40)
 maybe = st.none() | st.text(max_size=40)
+callers = st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3).map(
+    lambda caller: orjson.dumps(caller).decode()
+)
 
 
 @st.composite
@@ -57,6 +70,8 @@ def calls(draw: st.DrawFn) -> AssembledCall:
         chunks=draw(st.integers(1, 5000)),
         duplicate_chunks=draw(st.integers(0, 50)),
         assembly_us=draw(st.integers(0, 10**6)),
+        call_kind=draw(st.sampled_from(CallKind)),
+        caller=draw(st.none() | callers),
     )
 
 
@@ -508,3 +523,16 @@ def test_the_issues_settings_are_refused_and_an_unbounded_call_still_gets_an_eve
     assert (written.outcome, written.code) == (Outcome.REJECTED, Code.EVENT_TOO_LARGE)
     assert orjson.loads(event)["call_id"] == ids
     assert "over the bound of 66560" in caplog.text
+
+
+def test_a_calls_kind_and_caller_are_read_back_by_the_published_model() -> None:
+    caller = '{"type":"program","caller_id":"call_p"}'
+    custom = AssembledCall("s", "c", "write_sql", call_kind="custom_tool_call", caller=caller)
+    verdict = Verdict(Outcome.ACCEPTED, schema=REF, arguments_json=b'{"input":"SELECT 1"}')
+    event = parse_event(encode(custom, verdict, UNBOUNDED, MAX_FEEDBACK))
+    assert (event.call_kind, event.caller) == (
+        "custom_tool_call",
+        {"type": "program", "caller_id": "call_p"},
+    )
+    plain = parse_event(encode(AssembledCall("s", "c", "t"), verdict, UNBOUNDED, MAX_FEEDBACK))
+    assert (plain.call_kind, plain.caller) == ("function_call", None)

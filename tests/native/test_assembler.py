@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker._native import AssembledCall, Assembler, Chunk
+from worker._native import CALL_KINDS, AssembledCall, Assembler, Chunk
+from worker.model import CallKind
 
 
 class Record(NamedTuple):
@@ -416,6 +417,75 @@ def test_an_adapter_abort_and_a_final_text_that_differs_are_stream_corrupt() -> 
         ("x", "stream_corrupt"),
         ("y", "stream_corrupt"),
     ]
+
+
+def test_a_calls_origin_reaches_its_assembled_call_and_survives_a_restore() -> None:
+    caller = '{"type":"program","caller_id":"call_p"}'
+    first = Chunk(
+        "v",
+        "tool_call",
+        "x",
+        tool="t",
+        delta="SELECT",
+        call_kind="custom_tool_call",
+        caller=caller,
+        double_encoded=True,
+    )
+    live = assembler()
+    assert list(live.feed_chunks("t", 0, 0, 0, [first])) == []
+    restored = assembler()
+    restored.restore("t", 0, [live.snapshot("t", 0)])
+    (call,) = restored.feed_chunks("t", 0, 1, 0, [Chunk("v", "tool_call", "x", final=True)])
+    assert (call.arguments, call.call_kind, call.caller, call.double_encoded) == (
+        b"SELECT",
+        CallKind.CUSTOM_TOOL_CALL,
+        caller,
+        True,
+    )
+    plain = Chunk("v", "tool_call", "y", tool="t", delta="{}", final=True)
+    (call,) = restored.feed_chunks("t", 0, 2, 0, [plain])
+    assert (call.call_kind, call.caller, call.double_encoded) == ("function_call", None, False)
+
+
+def test_a_later_piece_that_states_another_origin_corrupts_the_call() -> None:
+    a = assembler()
+    pieces = [
+        Chunk("v", "tool_call", "x", tool="t", delta="{", call_kind="shell_call"),
+        Chunk("v", "tool_call", "x", delta="}", final=True, call_kind="local_shell_call"),
+    ]
+    (call,) = a.feed_chunks("t", 0, 0, 0, pieces)
+    assert (call.call_kind, outcome(call)) == ("shell_call", "stream_corrupt")
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"call_kind": "computer_call"}, "unknown call kind 'computer_call'"),
+        ({"caller": "[1]"}, "a caller must be a JSON object"),
+        ({"caller": '{"a":1,"a":2}'}, "a caller must be a JSON object"),
+    ],
+)
+def test_a_chunk_or_call_states_only_a_known_kind_and_an_object_caller(
+    fields: dict[str, str], error: str
+) -> None:
+    with pytest.raises(ValueError, match=error.replace("'", '"')):
+        Chunk("v", "tool_call", "x", **fields)
+    with pytest.raises(ValueError, match=error.replace("'", '"')):
+        AssembledCall("v", "x", **fields)
+    with pytest.raises(ValueError, match="a text chunk states no call kind"):
+        Chunk("v", "text", "x", **fields)
+
+
+def test_the_call_kinds_are_the_cores() -> None:
+    assert tuple(CallKind) == CALL_KINDS
+
+
+def test_a_caller_is_bounded_like_an_identifier() -> None:
+    caller = orjson.dumps({"caller_id": "c" * 40}).decode()
+    chunk = Chunk("v", "tool_call", "x", tool="t", delta="{}", final=True, caller=caller)
+    (call,) = assembler().feed_chunks("t", 0, 0, 0, [chunk])
+    assert call.assembly_error == "malformed_record"
+    assert call.assembly_detail == "caller is longer than 40 bytes"
 
 
 def test_a_malformed_chunk_from_an_adapter_is_its_own_call() -> None:

@@ -113,6 +113,10 @@ class _Event(_Record):
     step_id: str | None = None
     traceparent: str | None = None
     attempt: int | None = None
+    #: the kind of call the vendor made (`worker.model.CallKind`; an open set)
+    call_kind: str = "function_call"
+    #: who made the call when the model did not (OpenAI programmatic tool calling)
+    caller: dict[str, Any] | None = None
 
     @property
     def trace(self) -> TraceContext:

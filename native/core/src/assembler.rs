@@ -45,6 +45,8 @@ use serde::{Deserialize, Serialize};
 use thin_vec::ThinVec;
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::origin::Origin;
+
 /// The assembler's hash map of partitions: hashbrown's default hasher (foldhash, seeded per
 /// map, as hashlink's maps use) instead of std's SipHash, which was a tenth of the per-record
 /// cost.
@@ -217,6 +219,8 @@ pub struct CallPiece<'a> {
     pub expected: Option<Cow<'a, str>>,
     /// Whether this piece may open a call (an envelope; an adapter's first piece of a call).
     pub opens: bool,
+    /// What the adapter says of the call besides its text (on the piece that opens it).
+    pub origin: Option<Box<Origin>>,
 }
 
 /// What a record brings to the reassembler.
@@ -291,6 +295,7 @@ pub struct Closed {
     pub tool_version: Option<Box<str>>,
     pub idempotency_key: Option<Box<str>>,
     pub trace: Option<Box<Trace>>,
+    pub origin: Option<Box<Origin>>,
     pub text: Vec<u8>,
     pub first_offset: i64,
     pub last_offset: i64,
@@ -357,6 +362,7 @@ impl Tools {
 pub(crate) struct Labels {
     pub idempotency_key: Option<Box<str>>,
     pub trace: Option<Box<Trace>>,
+    pub origin: Option<Box<Origin>>,
 }
 
 /// A call's text, until a bound drops it.
@@ -455,6 +461,10 @@ impl OpenCall {
 
     pub fn trace(&self) -> Option<&Trace> {
         self.labels.as_ref().and_then(|l| l.trace.as_deref())
+    }
+
+    pub fn origin(&self) -> Option<&Origin> {
+        self.labels.as_ref().and_then(|l| l.origin.as_deref())
     }
 
     /// How many pieces the text holds: every piece taken, until a bound drops the text.
@@ -1094,6 +1104,7 @@ impl<'a> PartitionFeed<'a> {
         let Labels {
             idempotency_key,
             trace,
+            origin,
         } = call.labels.map(|labels| *labels).unwrap_or_default();
         let received = call.body.received();
         out.push(Closed {
@@ -1104,6 +1115,7 @@ impl<'a> PartitionFeed<'a> {
             tool_version,
             idempotency_key,
             trace,
+            origin,
             text: match call.body {
                 Body::Text { text, .. } if matches!(ending, Ending::Complete) => text,
                 _ => Vec::new(),
@@ -1155,13 +1167,16 @@ impl Shared<'_> {
             let name = call.tool_name().map(Box::from);
             call.tool = tools.intern(name, piece.tool_version.as_deref().map(Box::from));
         }
-        if piece.idempotency_key.is_some() || piece.trace.is_some() {
+        if piece.idempotency_key.is_some() || piece.trace.is_some() || piece.origin.is_some() {
             let labels = call.labels.get_or_insert_with(Box::default);
             if labels.idempotency_key.is_none() {
                 labels.idempotency_key = piece.idempotency_key.as_deref().map(Box::from);
             }
             if labels.trace.is_none() {
                 labels.trace = piece.trace.take();
+            }
+            if labels.origin.is_none() {
+                labels.origin = piece.origin.take();
             }
         }
         let taken = piece.delta.len();
@@ -1252,7 +1267,7 @@ fn piece_hashes(call: &OpenCall) -> Vec<u64> {
         .collect()
 }
 
-/// A piece that names another channel, tool, version or key than its call already has.
+/// A piece that names another channel, tool, version, key or origin than its call already has.
 fn contradicts(call: &OpenCall, piece: &CallPiece<'_>) -> bool {
     fn differs(known: Option<&str>, given: &Option<Cow<'_, str>>) -> bool {
         matches!((known, given.as_deref()), (Some(a), Some(b)) if a != b)
@@ -1261,6 +1276,7 @@ fn contradicts(call: &OpenCall, piece: &CallPiece<'_>) -> bool {
         || differs(call.tool_name(), &piece.tool)
         || differs(call.tool_version(), &piece.tool_version)
         || differs(call.idempotency_key(), &piece.idempotency_key)
+        || matches!((call.origin(), piece.origin.as_deref()), (Some(a), Some(b)) if a != b)
 }
 
 #[cfg(test)]
@@ -1477,6 +1493,7 @@ mod tests {
                         trace: None,
                         expected: None,
                         opens: true,
+                        origin: None,
                     })
                 } else if choice < 9 || open.is_empty() {
                     model.end(&stream, "Incomplete(StreamEnded)");
@@ -1531,6 +1548,87 @@ mod tests {
         for how in ["Incomplete(StreamEnded)", "Incomplete(StreamCorrupt)"] {
             assert!(seen.contains(&Some(how.to_owned())), "no call ended {how}");
         }
+    }
+
+    /// An origin stated by the piece that opens a call reaches the closed call; a later piece
+    /// that states none continues it, one that states another contradicts it.
+    #[test]
+    fn a_calls_origin_is_its_first_pieces_and_another_one_corrupts_it() {
+        use crate::origin::{CallKind, Origin};
+        let custom = || {
+            Some(Box::new(Origin {
+                kind: CallKind::Custom,
+                caller: Some(r#"{"type":"program"}"#.into()),
+                double_encoded: false,
+            }))
+        };
+        let piece = |call: &'static str, delta: &'static str, last: bool, origin| {
+            Piece::Call(CallPiece {
+                stream_id: "s".into(),
+                call_id: call.into(),
+                channel: Channel::ToolCall,
+                seq: None,
+                tool: Some("t".into()),
+                tool_version: None,
+                delta: delta.into(),
+                is_final: last,
+                idempotency_key: None,
+                trace: None,
+                expected: None,
+                opens: true,
+                origin,
+            })
+        };
+        let limits = Limits {
+            max_call_bytes: 100,
+            max_call_chunks: 10,
+            max_open_calls: 10,
+            idle_timeout_ms: 1_000,
+            max_call_lifetime_ms: 10_000,
+            recently_closed: 10,
+        };
+        let mut assembler = Assembler::new(limits);
+        let scope: Scope = (Arc::from("t"), 0);
+        let records = [
+            piece("a", "x", false, custom()),
+            piece("a", "y", true, None),
+            piece("b", "x", false, custom()),
+            piece("b", "y", false, None),
+            piece("b", "z", true, Some(Box::default())),
+            piece("c", "plain", true, None),
+        ];
+        let mut out = Vec::new();
+        for (offset, record) in records.into_iter().enumerate() {
+            let offset = offset as i64;
+            assert!(assembler.begin_record(&scope, offset, Some(0), &mut out));
+            assembler.feed(&scope, offset, record, &mut out);
+        }
+        let seen: Vec<_> = out
+            .iter()
+            .map(|c| {
+                (
+                    &*c.call_id,
+                    c.ending.clone(),
+                    c.origin.as_deref().map(|o| o.kind),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("a", Ending::Complete, Some(CallKind::Custom)),
+                (
+                    "b",
+                    Ending::Incomplete(Incomplete::StreamCorrupt),
+                    Some(CallKind::Custom)
+                ),
+                ("c", Ending::Complete, None),
+            ]
+        );
+        assert_eq!(
+            out[0].origin.as_deref().and_then(|o| o.caller.as_deref()),
+            Some(r#"{"type":"program"}"#)
+        );
     }
 
     /// What an open call costs beyond its text and ids (issue 13: 300 bytes in all).

@@ -5,11 +5,13 @@
 //! stream ended; `finish_reason` says how), `abort` (the adapter met an event it could not place:
 //! the call `call_id` cannot be trusted) or `malformed` (the record is not what its format says:
 //! `delta` says why, `error` names the code, `malformed_record` unless said otherwise).
-//! `expected` on a final piece is the vendor's own final text of the whole call.
+//! `expected` on a final piece is the vendor's own final text of the whole call. A tool call's
+//! first piece may state its origin (`call_kind`, `caller`, `double_encoded`: [`crate::origin`]).
 
 use std::borrow::Cow;
 
 use crate::assembler::{CallPiece, Channel, Finish, Piece, Trace};
+use crate::origin::{self, CallKind, Origin};
 use crate::record::MALFORMED_RECORD;
 
 /// A chunk's fields, borrowed from whoever holds them.
@@ -32,6 +34,9 @@ pub struct Chunk<'a> {
     pub attempt: Option<u32>,
     pub expected: Option<&'a str>,
     pub error: Option<&'a str>,
+    pub call_kind: Option<&'a str>,
+    pub caller: Option<&'a str>,
+    pub double_encoded: bool,
 }
 
 /// What a chunk is to the reassembler, once its identifiers passed their bound.
@@ -41,23 +46,46 @@ pub enum Fed<'a> {
     Malformed { code: String, detail: String },
 }
 
-/// Why a chunk of this `kind` and `finish_reason` cannot be made, if it cannot.
-pub fn check(kind: &str, finish_reason: Option<&str>) -> Result<(), String> {
-    let known = matches!(kind, "end" | "abort" | "malformed") || Channel::parse(kind).is_some();
-    if !known {
-        return Err(format!("unknown chunk kind {kind:?}"));
-    }
-    if let Some(reason) = finish_reason {
-        if Finish::parse(reason).is_none() {
-            return Err(format!("unknown finish reason {reason:?}"));
-        }
-    }
-    Ok(())
-}
-
 impl<'a> Chunk<'a> {
-    /// The piece this chunk is, or why it is malformed (an identifier longer than
-    /// `max_id_bytes`, or a `malformed` chunk). The chunk passed [`check`].
+    /// Why this chunk cannot be made, if it cannot: an unknown kind, finish reason or call
+    /// kind, a caller that is not a JSON object, or an origin on a chunk that is no tool call.
+    pub fn check(&self) -> Result<(), String> {
+        let kind = self.kind;
+        let known = matches!(kind, "end" | "abort" | "malformed") || Channel::parse(kind).is_some();
+        if !known {
+            return Err(format!("unknown chunk kind {kind:?}"));
+        }
+        if let Some(reason) = self.finish_reason {
+            if Finish::parse(reason).is_none() {
+                return Err(format!("unknown finish reason {reason:?}"));
+            }
+        }
+        if self.call_kind.is_some() || self.caller.is_some() || self.double_encoded {
+            if kind != Channel::ToolCall.as_str() {
+                return Err(format!(
+                    "a {kind} chunk states no call kind, caller or habit"
+                ));
+            }
+            if let Some(name) = self.call_kind {
+                origin::call_kind(name)?;
+            }
+            if let Some(caller) = self.caller {
+                origin::check_caller(caller)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The origin the chunk states (None when it states nothing). The chunk passed `check`.
+    fn origin(&self) -> Option<Box<Origin>> {
+        let kind = self.call_kind.map_or(CallKind::Function, |name| {
+            CallKind::parse(name).expect("checked at construction")
+        });
+        Origin::stated(kind, self.caller, self.double_encoded).map(Box::new)
+    }
+
+    /// The piece this chunk is, or why it is malformed (an identifier or its caller longer than
+    /// `max_id_bytes`, or a `malformed` chunk). The chunk passed [`Chunk::check`].
     pub fn to_fed(&self, max_id_bytes: usize) -> Fed<'a> {
         let ids = [
             ("stream_id", Some(self.stream_id)),
@@ -69,6 +97,7 @@ impl<'a> Chunk<'a> {
             ("run_id", self.run_id),
             ("step_id", self.step_id),
             ("traceparent", self.traceparent),
+            ("caller", self.caller),
         ];
         for (name, value) in ids {
             if value.is_some_and(|v| v.len() > max_id_bytes) {
@@ -121,6 +150,7 @@ impl<'a> Chunk<'a> {
                     // an adapter names the tool on a tool call's first piece only: what
                     // follows continues a call and never opens one
                     opens: self.tool.is_some() || kind != "tool_call",
+                    origin: self.origin(),
                 })
             }
         };
@@ -151,21 +181,82 @@ mod tests {
             attempt: None,
             expected: None,
             error: None,
+            call_kind: None,
+            caller: None,
+            double_encoded: false,
         }
     }
 
     #[test]
     fn only_known_kinds_and_finish_reasons_make_a_chunk() {
-        assert!(check("tool_call", None).is_ok());
-        assert!(check("end", Some("length")).is_ok());
+        assert!(chunk("tool_call", "s").check().is_ok());
+        let end = Chunk {
+            finish_reason: Some("length"),
+            ..chunk("end", "s")
+        };
+        assert!(end.check().is_ok());
         assert_eq!(
-            check("toolcall", None),
+            chunk("toolcall", "s").check(),
             Err("unknown chunk kind \"toolcall\"".to_owned())
         );
+        let done = Chunk {
+            finish_reason: Some("done"),
+            ..chunk("end", "s")
+        };
         assert_eq!(
-            check("end", Some("done")),
+            done.check(),
             Err("unknown finish reason \"done\"".to_owned())
         );
+    }
+
+    #[test]
+    fn only_a_tool_call_states_an_origin_and_only_a_known_one() {
+        let custom = Chunk {
+            call_kind: Some("custom_tool_call"),
+            caller: Some(r#"{"type":"program"}"#),
+            ..chunk("tool_call", "s")
+        };
+        assert!(custom.check().is_ok());
+        let Fed::Piece(Piece::Call(piece)) = custom.to_fed(64) else {
+            panic!("a call piece");
+        };
+        let origin = piece.origin.expect("stated");
+        assert_eq!(origin.kind, CallKind::Custom);
+        assert_eq!(origin.caller.as_deref(), Some(r#"{"type":"program"}"#));
+        let unknown = Chunk {
+            call_kind: Some("computer_call"),
+            ..chunk("tool_call", "s")
+        };
+        assert!(unknown.check().unwrap_err().contains("unknown call kind"));
+        let text = Chunk {
+            double_encoded: true,
+            ..chunk("text", "s")
+        };
+        assert_eq!(
+            text.check(),
+            Err("a text chunk states no call kind, caller or habit".to_owned())
+        );
+        let list = Chunk {
+            caller: Some("[]"),
+            ..chunk("tool_call", "s")
+        };
+        assert!(list.check().is_err());
+        let Fed::Piece(Piece::Call(plain)) = chunk("tool_call", "s").to_fed(64) else {
+            panic!("a call piece");
+        };
+        assert!(plain.origin.is_none());
+    }
+
+    #[test]
+    fn a_caller_past_the_identifier_bound_makes_the_chunk_malformed() {
+        let long = Chunk {
+            caller: Some(r#"{"type":"program"}"#),
+            ..chunk("tool_call", "s")
+        };
+        let Fed::Malformed { detail, .. } = long.to_fed(8) else {
+            panic!("malformed");
+        };
+        assert_eq!(detail, "caller is longer than 8 bytes");
     }
 
     #[test]

@@ -414,6 +414,7 @@ impl<'a> Fields<'_, 'a> {
             trace,
             expected: None,
             opens: true,
+            origin: None,
         }))
     }
 

@@ -9,18 +9,23 @@
 //!  "idempotency_key": null, "duplicate_of": null,
 //!  "source": {"topic": "model-output", "partition": 2, "first_offset": 40, "last_offset": 43},
 //!  "metrics": {"chunks": 4, "bytes": 17, "duplicate_chunks": 0, "phases_us": {"assembly": 3}},
-//!  "arguments": {…}, "requires_approval": false, "trace_id": "…", …}
+//!  "arguments": {…}, "requires_approval": false, "call_kind": "custom_tool_call",
+//!  "caller": {"type": "program", …}, "trace_id": "…", …}
 //! ```
 //!
 //! `arguments` and `requires_approval` only on accepted events; `arguments` is embedded as the
 //! JSON text it was validated as (or re-encoded by a version adapter), never re-serialized here.
-//! The trace fields only when set. [`encode`] returns None when the event would exceed the byte
+//! `call_kind` only for a call that is not a plain function call, `caller` (embedded as the
+//! adapter gave it, a JSON object) only for a call the model did not make itself, the trace
+//! fields only when set. [`encode`] returns None when the event would exceed the byte
 //! bound it is given: the caller decides what to send instead.
 //!
 //! [`encode`] writes it from plain borrowed fields ([`Call`], [`Verdict`]); the Python face reads
 //! them out of its objects. The event id of a call is made here too ([`call_event_id`]).
 
 use blake2::{Blake2b128, Digest};
+
+use crate::origin::CallKind;
 
 /// Appends JSON to a byte buffer.
 struct Writer {
@@ -163,6 +168,9 @@ pub struct Call<'a> {
     pub step_id: Option<&'a str>,
     pub traceparent: Option<&'a str>,
     pub attempt: Option<u32>,
+    pub call_kind: CallKind,
+    /// JSON text of an object.
+    pub caller: Option<&'a str>,
 }
 
 /// The schema a call was judged against.
@@ -310,6 +318,14 @@ pub fn encode(call: &Call<'_>, verdict: &Verdict<'_>, max_bytes: usize) -> Optio
         w.key("requires_approval", false);
         w.boolean(verdict.requires_approval);
     }
+    if call.call_kind != CallKind::Function {
+        w.key("call_kind", false);
+        w.string(call.call_kind.as_str());
+    }
+    if let Some(caller) = call.caller {
+        w.key("caller", false);
+        w.raw(caller.as_bytes());
+    }
     let trace = [
         ("trace_id", call.trace_id),
         ("run_id", call.run_id),
@@ -394,6 +410,8 @@ mod tests {
             step_id: None,
             traceparent: None,
             attempt: Some(3),
+            call_kind: CallKind::Function,
+            caller: None,
         }
     }
 
@@ -436,6 +454,28 @@ mod tests {
                 r#""requires_approval":true,"run_id":"r","attempt":3}"#,
             )
         );
+    }
+
+    #[test]
+    fn a_call_that_is_no_plain_function_call_names_its_kind_and_caller_on_every_outcome() {
+        let custom = Call {
+            call_kind: CallKind::Custom,
+            caller: Some(r#"{"type":"program","caller_id":"p1"}"#),
+            ..call()
+        };
+        for outcome in ["accepted", "rejected", "incomplete"] {
+            let event = encode(&custom, &verdict(outcome), 4096).expect("fits");
+            let event = String::from_utf8(event).expect("UTF-8");
+            assert!(
+                event.contains(
+                    r#","call_kind":"custom_tool_call","caller":{"type":"program","caller_id":"p1"},"run_id":"r","#
+                ),
+                "{event}"
+            );
+        }
+        let plain = encode(&call(), &verdict("accepted"), 4096).expect("fits");
+        let plain = String::from_utf8(plain).expect("UTF-8");
+        assert!(!plain.contains("call_kind") && !plain.contains("caller"));
     }
 
     #[test]

@@ -26,6 +26,7 @@ use jiter::Jiter;
 
 use crate::envelope;
 use crate::json::{check_value, depth_over, nesting_depth, utf8_first, Code, Failure, DEPTH_CAP};
+use crate::origin::{CallKind, Origin};
 use crate::snapshot;
 use crate::value::{parse_value, Value};
 
@@ -109,7 +110,7 @@ fn limits() -> Limits {
 /// One step of a script: a record (its timestamp and piece), or a write of the state.
 #[derive(Clone, Debug)]
 enum Step {
-    Record(i64, Piece<'static>),
+    Record(i64, Box<Piece<'static>>),
     Write { full: bool },
 }
 
@@ -141,6 +142,14 @@ fn script(data: &[u8]) -> Vec<Step> {
                 trace: None,
                 expected: (op & 0x80 != 0).then_some(Cow::Borrowed("ab")),
                 opens: op & 0x08 == 0 || op & 0x20 != 0,
+                // a stated origin, now and then another on the same call (a contradiction)
+                origin: (op & 0x20 != 0 && more % 8 >= 4).then(|| {
+                    Box::new(Origin {
+                        kind: CallKind::Custom,
+                        caller: Some("{}".into()),
+                        double_encoded: more % 2 == 0,
+                    })
+                }),
             }),
             4 | 5 => Piece::End {
                 stream_id: stream,
@@ -157,21 +166,22 @@ fn script(data: &[u8]) -> Vec<Step> {
                 continue;
             }
         };
-        steps.push(Step::Record(clock, piece));
+        steps.push(Step::Record(clock, Box::new(piece)));
     }
     steps
 }
 
 fn line(closed: &Closed) -> String {
     format!(
-        "{}/{} {:?} {:?} {} {} {}",
+        "{}/{} {:?} {:?} {} {} {} {:?}",
         closed.stream_id,
         closed.call_id,
         closed.ending,
         closed.text,
         closed.first_offset,
         closed.last_offset,
-        closed.chunks
+        closed.chunks,
+        closed.origin,
     )
 }
 
@@ -195,7 +205,7 @@ fn run(
                 let mut out = Vec::new();
                 let offset = index as i64;
                 if assembler.begin_record(&scope, offset, Some(*clock), &mut out) {
-                    assembler.feed(&scope, offset, piece.clone(), &mut out);
+                    assembler.feed(&scope, offset, (**piece).clone(), &mut out);
                 }
                 for closed in &out {
                     check_complete(closed, steps);
@@ -218,7 +228,10 @@ fn check_complete(closed: &Closed, steps: &[Step]) {
     }
     let mut taken: Vec<&str> = Vec::new();
     for offset in closed.first_offset..=closed.last_offset {
-        let Step::Record(_, Piece::Call(piece)) = &steps[offset as usize] else {
+        let Step::Record(_, record) = &steps[offset as usize] else {
+            continue;
+        };
+        let Piece::Call(piece) = &**record else {
             continue;
         };
         if *piece.stream_id != *closed.stream_id || *piece.call_id != *closed.call_id {

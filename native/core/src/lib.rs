@@ -6,6 +6,7 @@
 //!   ([`value`] is the pure-Rust one);
 //! - [`envelope`]: the canonical envelope, decoded in one pass;
 //! - [`chunk`]: an adapter's chunk, checked and turned into a reassembler piece;
+//! - [`origin`]: what an adapter says of a call besides its text (its kind, its caller);
 //! - [`assembler`]: pieces of interleaved streams in, closed calls out;
 //! - [`record`]: a record that cannot be read, as a call of its own;
 //! - [`snapshot`]: a partition's reassembly state written out and restored;
@@ -20,6 +21,7 @@ pub mod event;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod json;
+pub mod origin;
 pub mod partition;
 pub mod record;
 pub mod snapshot;

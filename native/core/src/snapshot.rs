@@ -9,8 +9,9 @@
 //! then its deltas in order rebuilds the state exactly, activity order included, so a restored
 //! partition decides what the original would have decided.
 //!
-//! Format: the 4 bytes `CGA1` (callgate assembler, version 1), then one postcard-encoded
-//! [`Frame`]. A new version gets a new tag; an unknown tag is refused, never guessed at.
+//! Format: the 4 bytes `CGA2` (callgate assembler, version 2: a call's origin joined its fields),
+//! then one postcard-encoded [`Frame`]. A new version gets a new tag; an unknown tag is refused,
+//! never guessed at (a frame of another version of callgate is named as such).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,8 +23,11 @@ use crate::assembler::{
     Assembler, Body, CallKey, Calls, Channel, ClosedCall, Labels, OpenCall, Overflow, Partition,
     Scope, Stream, Tools, Trace,
 };
+use crate::origin::Origin;
 
-const TAG: &[u8; 4] = b"CGA1";
+const TAG: &[u8; 4] = b"CGA2";
+/// The tags of the versions before this one.
+const OLDER: [&[u8; 4]; 1] = [b"CGA1"];
 
 #[derive(Serialize, Deserialize)]
 enum Frame {
@@ -72,6 +76,7 @@ struct CallState {
     tool_version: Option<Box<str>>,
     idempotency_key: Option<Box<str>>,
     trace: Option<Box<Trace>>,
+    origin: Option<Box<Origin>>,
     first_offset: i64,
     last_offset: i64,
     first_seen: i64,
@@ -96,6 +101,7 @@ impl CallState {
             tool_version: call.tool_version().map(Box::from),
             idempotency_key: call.idempotency_key().map(Box::from),
             trace: call.trace().cloned().map(Box::new),
+            origin: call.origin().cloned().map(Box::new),
             first_offset: call.first_offset,
             last_offset: call.last_offset,
             first_seen: call.first_seen,
@@ -145,10 +151,14 @@ impl CallState {
             }
             None => return Err("a call's text, its pieces and its size disagree".to_owned()),
         };
-        let labels = (self.idempotency_key.is_some() || self.trace.is_some()).then(|| {
+        let labels = (self.idempotency_key.is_some()
+            || self.trace.is_some()
+            || self.origin.is_some())
+        .then(|| {
             Box::new(Labels {
                 idempotency_key: self.idempotency_key,
                 trace: self.trace,
+                origin: self.origin,
             })
         });
         let mut call = OpenCall {
@@ -181,9 +191,18 @@ fn encode(frame: &Frame) -> Vec<u8> {
 }
 
 fn decode(bytes: &[u8]) -> Result<Frame, String> {
-    let body = bytes
-        .strip_prefix(TAG)
-        .ok_or_else(|| "not a callgate assembler snapshot (or an unknown version)".to_owned())?;
+    let body = bytes.strip_prefix(TAG).ok_or_else(|| {
+        let tag = bytes.get(..4).unwrap_or(bytes);
+        if OLDER.iter().any(|older| tag == &older[..]) {
+            format!(
+                "a snapshot written by an older callgate ({}); this one reads {}",
+                String::from_utf8_lossy(tag),
+                String::from_utf8_lossy(TAG)
+            )
+        } else {
+            "not a callgate assembler snapshot (or an unknown version)".to_owned()
+        }
+    })?;
     postcard::from_bytes(body).map_err(|e| format!("a snapshot frame cannot be read: {e}"))
 }
 
@@ -400,6 +419,7 @@ fn remember(part: &mut Partition, key: CallKey, entry: ClosedCall, bound: usize)
 mod tests {
     use super::*;
     use crate::assembler::{CallPiece, Closed, Limits, Piece};
+    use crate::origin::CallKind;
 
     fn limits() -> Limits {
         Limits {
@@ -432,6 +452,14 @@ mod tests {
             is_final: last,
             expected: None,
             opens: true,
+            // stream c's calls state an origin, which a restore must keep
+            origin: (seq == Some(0) && stream == "c").then(|| {
+                Box::new(Origin {
+                    kind: CallKind::Custom,
+                    caller: Some(format!(r#"{{"caller_id":"{call}"}}"#).into()),
+                    double_encoded: call == "y",
+                })
+            }),
         })
     }
 
@@ -444,12 +472,13 @@ mod tests {
             assembler.feed(scope, *offset, piece.clone(), &mut out);
             lines.extend(out.into_iter().map(|c| {
                 format!(
-                    "{}/{} {:?} {} {}",
+                    "{}/{} {:?} {} {} {:?}",
                     c.stream_id,
                     c.call_id,
                     c.ending,
                     String::from_utf8_lossy(&c.text),
-                    c.first_offset
+                    c.first_offset,
+                    c.origin,
                 )
             }));
         }
@@ -534,6 +563,11 @@ mod tests {
         let scope: Scope = (Arc::from("t"), 0);
         let mut assembler = Assembler::new(limits());
         assert!(restore(&mut assembler, &scope, &[b"CGA9".to_vec()]).is_err());
+        let older = restore(&mut assembler, &scope, &[b"CGA1\x00".to_vec()]);
+        assert_eq!(
+            older.unwrap_err(),
+            "a snapshot written by an older callgate (CGA1); this one reads CGA2"
+        );
         let delta = write_delta(&mut assembler, &scope);
         assert!(restore(&mut assembler, &scope, &[delta]).is_err());
     }

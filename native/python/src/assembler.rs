@@ -30,7 +30,10 @@ const TRACEPARENT: &str = "traceparent";
 /// stream ended; `finish_reason` says how), `abort` (the adapter met an event it could not place:
 /// the call `call_id` cannot be trusted) or `malformed` (the record is not what its format says:
 /// `delta` says why, `error` names the code, `malformed_record` unless said otherwise).
-/// `expected` on a final piece is the vendor's own final text of the whole call.
+/// `expected` on a final piece is the vendor's own final text of the whole call. A tool call's
+/// first piece may state its origin: `call_kind` (a `worker.model.CallKind` value; a plain
+/// function call when not given), `caller` (the vendor's JSON object naming who made the call)
+/// and `double_encoded` (its server is known to double-encode arguments).
 #[pyclass(module = "worker._native", frozen, get_all)]
 #[derive(Clone)]
 pub struct Chunk {
@@ -52,6 +55,9 @@ pub struct Chunk {
     attempt: Option<u32>,
     expected: Option<String>,
     error: Option<String>,
+    call_kind: Option<String>,
+    caller: Option<String>,
+    double_encoded: bool,
 }
 
 #[pymethods]
@@ -61,7 +67,7 @@ impl Chunk {
         stream_id, kind, call_id=None, *, seq=None, tool=None, tool_version=None,
         delta=String::new(), r#final=false, finish_reason=None, idempotency_key=None,
         trace_id=None, run_id=None, step_id=None, traceparent=None, attempt=None,
-        expected=None, error=None,
+        expected=None, error=None, call_kind=None, caller=None, double_encoded=false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -82,9 +88,11 @@ impl Chunk {
         attempt: Option<u32>,
         expected: Option<String>,
         error: Option<String>,
+        call_kind: Option<String>,
+        caller: Option<String>,
+        double_encoded: bool,
     ) -> PyResult<Self> {
-        chunk::check(&kind, finish_reason.as_deref()).map_err(PyValueError::new_err)?;
-        Ok(Chunk {
+        let chunk = Chunk {
             stream_id,
             kind,
             call_id,
@@ -102,7 +110,12 @@ impl Chunk {
             attempt,
             expected,
             error,
-        })
+            call_kind,
+            caller,
+            double_encoded,
+        };
+        chunk.fields().check().map_err(PyValueError::new_err)?;
+        Ok(chunk)
     }
 
     fn __repr__(&self) -> String {
@@ -134,6 +147,9 @@ impl Chunk {
             attempt: self.attempt,
             expected: self.expected.as_deref(),
             error: self.error.as_deref(),
+            call_kind: self.call_kind.as_deref(),
+            caller: self.caller.as_deref(),
+            double_encoded: self.double_encoded,
         }
     }
 

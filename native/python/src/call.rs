@@ -3,9 +3,11 @@
 
 use callgate_core::assembler::{Channel, Closed, Limits, Scope};
 use callgate_core::event::{self, call_event_id};
+use callgate_core::origin::{self, CallKind};
 use callgate_core::record::RecordCall;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyString, PyTuple};
 
 /// Everything the chain needs to judge one call, as the reassembler closed it.
 ///
@@ -13,7 +15,8 @@ use pyo3::types::{PyBytes, PyString};
 /// `call_id_reused`, `malformed_record`, ...) set means the verdict's first failing phase is
 /// already known. `arguments` holds the text only for a call that ended complete; `nbytes`
 /// counts what was received either way. `event_id` names the call: its partition, where it
-/// began, its stream and call id.
+/// began, its stream and call id. `call_kind`, `caller` and `double_encoded` are the origin its
+/// adapter stated (`Chunk`): a plain function call the model made by default.
 #[pyclass(module = "worker._native", frozen, get_all)]
 pub struct AssembledCall {
     stream_id: Py<PyString>,
@@ -40,6 +43,9 @@ pub struct AssembledCall {
     assembly_detail: Option<Py<PyString>>,
     assembly_us: u64,
     event_id: Py<PyString>,
+    call_kind: Py<PyString>,
+    caller: Option<Py<PyString>>,
+    double_encoded: bool,
 }
 
 #[pymethods]
@@ -51,7 +57,8 @@ impl AssembledCall {
         idempotency_key=None, trace_id=None, run_id=None, step_id=None, traceparent=None,
         attempt=None, topic="", partition=0, first_offset=0, last_offset=None, chunks=1,
         duplicate_chunks=0, nbytes=None, incomplete=None, assembly_error=None,
-        assembly_detail=None, assembly_us=0,
+        assembly_detail=None, assembly_us=0, call_kind="function_call", caller=None,
+        double_encoded=false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -79,10 +86,17 @@ impl AssembledCall {
         assembly_error: Option<&str>,
         assembly_detail: Option<&str>,
         assembly_us: u64,
-    ) -> Self {
+        call_kind: &str,
+        caller: Option<&str>,
+        double_encoded: bool,
+    ) -> PyResult<Self> {
+        let kind = origin::call_kind(call_kind).map_err(PyValueError::new_err)?;
+        if let Some(caller) = caller {
+            origin::check_caller(caller).map_err(PyValueError::new_err)?;
+        }
         let arguments = arguments.unwrap_or_default();
         let text = |s: Option<&str>| s.map(|s| PyString::new(py, s).unbind());
-        AssembledCall {
+        Ok(AssembledCall {
             stream_id: PyString::new(py, stream_id).unbind(),
             call_id: PyString::new(py, call_id).unbind(),
             tool: text(tool),
@@ -111,7 +125,10 @@ impl AssembledCall {
                 &call_event_id(topic, partition, first_offset, stream_id, call_id),
             )
             .unbind(),
-        }
+            call_kind: PyString::intern(py, kind.as_str()).unbind(),
+            caller: text(caller),
+            double_encoded,
+        })
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
@@ -132,6 +149,7 @@ impl AssembledCall {
     pub fn closed(py: Python<'_>, limits: &Limits, scope: &Scope, closed: Closed) -> Self {
         let text = |s: &Option<Box<str>>| s.as_deref().map(|s| PyString::new(py, s).unbind());
         let trace = closed.trace.as_deref().cloned().unwrap_or_default();
+        let origin = closed.origin.map(|origin| *origin).unwrap_or_default();
         let error = closed.ending.assembly_error(limits);
         let id = call_event_id(
             &scope.0,
@@ -170,6 +188,9 @@ impl AssembledCall {
             assembly_detail: error.map(|e| PyString::new(py, &e.detail).unbind()),
             assembly_us: closed.busy_ns / 1000,
             event_id: PyString::new(py, &id).unbind(),
+            call_kind: PyString::intern(py, origin.kind.as_str()).unbind(),
+            caller: text(&origin.caller),
+            double_encoded: origin.double_encoded,
         }
     }
 
@@ -206,6 +227,9 @@ impl AssembledCall {
             assembly_detail: Some(PyString::new(py, &call.detail).unbind()),
             assembly_us: 0,
             event_id: PyString::new(py, &call.event_id).unbind(),
+            call_kind: PyString::intern(py, CallKind::Function.as_str()).unbind(),
+            caller: None,
+            double_encoded: false,
         }
     }
 
@@ -232,11 +256,17 @@ impl AssembledCall {
             step_id: text(&self.step_id)?,
             traceparent: text(&self.traceparent)?,
             attempt: self.attempt,
+            call_kind: origin::call_kind(self.call_kind.bind(py).to_str()?)
+                .map_err(PyValueError::new_err)?,
+            caller: text(&self.caller)?,
         })
     }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<AssembledCall>()?;
+    // the call kinds' names, in the core's order (`worker.model.CallKind` is held to them)
+    let names = PyTuple::new(m.py(), CallKind::ALL.map(CallKind::as_str))?;
+    m.add("CALL_KINDS", names)?;
     Ok(())
 }
