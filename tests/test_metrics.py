@@ -107,6 +107,13 @@ def test_the_series_operators_query_exist() -> None:
         "callgate_input_records_deleted_total",
         "callgate_shadow_calls_total",
         "callgate_build_info",
+        # the process collector's (prometheus-client's, on the worker's own registry)
+        "process_cpu_seconds_total",
+        "process_virtual_memory_bytes",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+        "process_open_fds",
+        "process_max_fds",
     }
     # the limit is exposed only when known: a made-up one would make its alert lie
     assert "callgate_idempotency_keys_limit" not in new_metrics().series_names()
@@ -557,3 +564,10 @@ def test_without_shadow_mode_the_family_is_declared_and_empty() -> None:
     metrics = new_metrics()
     assert "callgate_shadow_calls_total" in metrics.series_names()
     assert series(scrape(metrics), "callgate_shadow_calls_total") == {}
+
+
+def test_the_process_series_describe_this_process() -> None:
+    scraped = scrape(new_metrics())
+    assert scraped[("process_open_fds", frozenset())] >= 3  # stdin, stdout, stderr at least
+    assert scraped[("process_resident_memory_bytes", frozenset())] > 0
+    assert scraped[("process_cpu_seconds_total", frozenset())] > 0

@@ -34,7 +34,7 @@ import contextlib
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -206,6 +206,9 @@ class Metrics:
         self._hot = _HotPathCollector(self.known_tools, shadow_series)
         self.registry.register(self._hot)
         registry = self.registry
+        # process_*: CPU seconds, resident and virtual memory, open and maximum file
+        # descriptors, start time (read from /proc at scrape time; nothing where there is none)
+        ProcessCollector(registry=registry)
         self._open_calls = Gauge(
             PREFIX + "open_calls", "Calls being assembled (not yet judged).", registry=registry
         )
@@ -214,7 +217,8 @@ class Metrics:
         )
         self._consumer_lag = Gauge(
             PREFIX + "consumer_lag",
-            "Records between the consumed position and the high-water mark, per partition.",
+            "Records between the next one to judge and the end of the log (read_committed: the "
+            "last stable offset), per assigned partition, idle ones at 0.",
             ("topic", "partition"),
             registry=registry,
         )

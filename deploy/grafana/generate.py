@@ -428,6 +428,58 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             ),
         ),
     ),
+    (
+        "Process",
+        (
+            Panel(
+                "CPU per worker",
+                "CPU seconds per second each worker process uses (1 = one core). Near 1 with "
+                "lag growing: the worker is CPU-bound, add workers (up to the partition count).",
+                (
+                    Query(
+                        _rate("process_cpu_seconds_total", BY_WORKER, "instance"),
+                        "{{instance}}",
+                    ),
+                ),
+                unit="percentunit",
+                width=8,
+            ),
+            Panel(
+                "Memory per worker",
+                "Resident memory of each worker process (virtual, dashed, for reference). "
+                "Growing with open calls: see Buffered bytes; growing alone: report it.",
+                (
+                    Query(_sum("process_resident_memory_bytes"), "resident {{instance}}"),
+                    Query(_sum("process_virtual_memory_bytes"), "virtual {{instance}}"),
+                ),
+                unit="bytes",
+                width=8,
+            ),
+            Panel(
+                "Open file descriptors",
+                "Open descriptors of each worker process against its limit (sockets to the "
+                "brokers, one per producer under exactly_once, and the health port's clients).",
+                (
+                    Query(_sum("process_open_fds"), "open {{instance}}"),
+                    Query(_sum("process_max_fds"), "limit {{instance}}"),
+                ),
+                width=4,
+            ),
+            Panel(
+                "Uptime",
+                "Time since each worker process started; a reset is a restart.",
+                (
+                    Query(
+                        f"time() - max by (instance) (process_start_time_seconds{{{BY_WORKER}}})",
+                        "{{instance}}",
+                    ),
+                ),
+                unit="s",
+                kind="stat",
+                width=4,
+            ),
+        ),
+    ),
 )
 
 

@@ -37,7 +37,7 @@ DEPLOY = ROOT / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "callgate.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yaml"
 
-_METRIC = re.compile(r"\b(callgate_[A-Za-z0-9_]+)\b")
+_METRIC = re.compile(r"\b((?:callgate|process)_[A-Za-z0-9_]+)\b")
 _LABEL_VALUES = re.compile(r"^label_values\((?P<metric>[^,]+),\s*(?P<label>\w+)\)$")
 
 

@@ -67,6 +67,10 @@ def test_the_panels_answer_the_operators_questions_top_to_bottom() -> None:
         ("Consumer lag by partition", "callgate_consumer_lag"),
         ("Rebalances", "callgate_rebalances_total"),
         ("Broker errors/s", "callgate_produce_errors_total"),
+        ("CPU per worker", "process_cpu_seconds_total"),
+        ("Memory per worker", "process_resident_memory_bytes"),
+        ("Open file descriptors", "process_open_fds"),
+        ("Uptime", "process_start_time_seconds"),
     ]
     panels = data_panels()
     position = {panel["title"]: (panel["gridPos"]["y"], panel["gridPos"]["x"]) for panel in panels}

@@ -63,6 +63,8 @@ SCHEMA = {
 INPUT = "model-output"
 #: the partitions of the idempotency topics the real worker is given (it owns them all)
 IDEMPOTENCY_PARTITIONS = 1
+#: the real worker's input partitions: more than the traffic's streams reach, so some are idle
+INPUT_PARTITIONS = 9
 
 
 #: the candidate contracts of shadow mode: a city's name of three letters at most (the
@@ -302,7 +304,7 @@ async def create_topics(bootstrap: str, topics: dict[str, str]) -> None:
     settings = load_settings(kafka={"bootstrap_servers": [bootstrap]})
     await Kafka(settings).ensure_topics(
         [
-            TopicSpec(name, 2 if role == "in" else 1, compacted=False)
+            TopicSpec(name, INPUT_PARTITIONS if role == "in" else 1, compacted=False)
             for role, name in topics.items()
         ]
     )
@@ -311,7 +313,7 @@ async def create_topics(bootstrap: str, topics: dict[str, str]) -> None:
 @pytest.fixture
 def worker_process(
     bootstrap: str, schemas_dir: Path, candidate_dir: Path, tmp_path: Path
-) -> Iterator[tuple[int, Producer]]:
+) -> Iterator[tuple[int, Producer, str]]:
     run = uuid.uuid4().hex[:8]
     topics = {name: f"e2e-{run}-{name}" for name in ("in", "accepted", "rejected", "incomplete")}
     asyncio.run(create_topics(bootstrap, topics))
@@ -350,7 +352,7 @@ def worker_process(
     try:
         producer.thread.start()
         wait_ready(port, worker, log, timeout_s=45)
-        yield port, producer
+        yield port, producer, topics["in"]
     finally:
         producer.stop.set()
         producer.thread.join(10)
@@ -366,10 +368,10 @@ def worker_process(
 
 
 def test_every_query_on_a_running_worker(
-    worker_process: tuple[int, Producer], tmp_path: Path
+    worker_process: tuple[int, Producer, str], tmp_path: Path
 ) -> None:
     prometheus_binary()
-    port, producer = worker_process
+    port, producer, input_topic = worker_process
     config = scrape_config([f"127.0.0.1:{port}"], rule_files=[ALERTS])
     with PrometheusProcess(config, tmp_path / "prometheus") as prometheus:
         run_every_query(prometheus)
@@ -379,6 +381,15 @@ def test_every_query_on_a_running_worker(
         assert api.query('sum(callgate_idempotency_decisions_total{decision="first"}) > 0')
         assert api.query("sum(callgate_checkpoints_total) > 0")
         assert api.query('sum(callgate_shadow_calls_total{kind="accepted_to_rejected"}) > 0')
-        # the input's two partitions and the idempotency requests' one
-        assert api.query(f"sum(callgate_assigned_partitions) == {2 + IDEMPOTENCY_PARTITIONS}")
+        # the input's partitions and the idempotency requests' one
+        owned = INPUT_PARTITIONS + IDEMPOTENCY_PARTITIONS
+        assert api.query(f"sum(callgate_assigned_partitions) == {owned}")
+        # a lag series for every input partition, the idle ones (at 0) too
+        lag = api.query(f'callgate_consumer_lag{{topic="{input_topic}"}}')
+        assert sorted(int(r["metric"]["partition"]) for r in lag) == list(range(INPUT_PARTITIONS))
+        assert any(float(r["value"][1]) == 0 for r in lag)
+        # the worker process itself: CPU, memory, descriptors
+        assert api.query("rate(process_cpu_seconds_total[30s]) > 0")
+        assert api.query("process_resident_memory_bytes > 10e6")
+        assert api.query("process_open_fds > 0 and process_open_fds < process_max_fds")
     assert producer.rounds > 0

@@ -422,6 +422,9 @@ class FakeConsumer:
     def highwater(self, tp: TopicPartition) -> int:
         return len(self._broker.logs[tp.topic][tp.partition])
 
+    def last_stable_offset(self, tp: TopicPartition) -> int:
+        return -1  # as aiokafka's under read_uncommitted
+
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._positions[tp] = offset
 

@@ -24,6 +24,7 @@ from tests.datafiles import SCHEMAS
 from tests.runtime.fakes import FakeBroker, FakeConsumer, FakeKafka, Hold
 from tests.support.outcomes import as_seen, check, reference
 from tests.support.traffic import IDLE_TIMEOUT_S, mixed
+from tests.test_metrics import scrape, series
 from worker._native import partition_for_key
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
 from worker.errors import BrokerError, StateError
@@ -1304,4 +1305,39 @@ async def test_a_stop_does_not_wait_for_a_rebalance_in_progress() -> None:
     await asyncio.sleep(0)
     worker.request_stop()
     await asyncio.wait_for(running, timeout=ROUND_S)
+    await worker.close()
+
+
+async def test_every_assigned_partition_has_its_lag_idle_ones_at_zero() -> None:
+    """One partition gets traffic, the others none: each assigned partition (the idle ones and
+    the idempotency requests' too) has its lag series, read between rounds once a second, and
+    a partition behind has the records not judged yet as its lag."""
+    broker = new_broker()
+    now = [0.0]
+    worker = new_worker(broker, clock=lambda: now[0])
+    busy = 1
+    for i in range(5):
+        broker.append(INPUT, busy, key=b"s", value=b"x", timestamp=1000 + i)
+    await worker.start()
+    await run_until_idle(worker, broker)
+    now[0] += 2.0
+    await worker.step()
+    lag = {
+        (dict(labels)["topic"], int(dict(labels)["partition"])): value
+        for labels, value in series(scrape(worker.metrics), "callgate_consumer_lag").items()
+    }
+    assert lag == dict.fromkeys(sorted(worker.assignment), 0.0)
+    assert {(INPUT, p) for p in range(PARTITIONS)} <= set(lag)
+    # records arrive while fetching is paused: the lag counts them
+    worker._assignment.throttle(True)  # type: ignore[union-attr]
+    for i in range(7):
+        broker.append(INPUT, busy, key=b"s", value=b"x", timestamp=2000 + i)
+    now[0] += 2.0
+    await worker.step()
+    assert (
+        series(scrape(worker.metrics), "callgate_consumer_lag")[
+            frozenset({("topic", INPUT), ("partition", str(busy))})
+        ]
+        == 7
+    )
     await worker.close()

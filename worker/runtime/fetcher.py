@@ -32,6 +32,9 @@ from worker.runtime.delivery import Partition
 
 log = logging.getLogger("callgate.worker")
 
+#: How long the lag report waits for a partition's position (one being placed has none yet).
+POSITION_WAIT_S = 0.05
+
 #: A fetched batch: each partition's records, in order.
 Batch = Mapping[TopicPartition, list[Any]]
 
@@ -39,8 +42,17 @@ Batch = Mapping[TopicPartition, list[Any]]
 class Fetcher:
     """The worker's consumer (an `AIOKafkaConsumer`, or a fake of its parts used here)."""
 
-    def __init__(self, consumer: Any, metrics: Metrics, *, fetch_timeout_ms: int, max_records: int):
+    def __init__(
+        self,
+        consumer: Any,
+        metrics: Metrics,
+        *,
+        fetch_timeout_ms: int,
+        max_records: int,
+        read_committed: bool = False,
+    ):
         self.consumer = consumer
+        self._read_committed = read_committed
         self._metrics = metrics
         self._timeout_ms = fetch_timeout_ms
         self._max_records = max_records
@@ -169,14 +181,33 @@ class Fetcher:
             return {}
         return batch
 
-    def observe_lag(self, batch: Batch) -> None:
-        """Each fetched partition's lag behind its log's end, for the metrics."""
-        for tp, records in batch.items():
-            if records:
-                highwater = self.consumer.highwater(tp)
-                if highwater is not None:
-                    lag = max(0, highwater - records[-1].offset - 1)
-                    self._metrics.set_lag(tp.topic, tp.partition, lag)
+    async def report_lag(self, owned: Iterable[Partition]) -> None:
+        """Each owned partition's lag, idle ones (0) included: the records between the next one
+        to judge (the first read ahead, else the consumer's position) and the log's end as the
+        last fetch answer gave it (under read_committed, the last stable offset: what may be
+        read). A partition no fetch has answered for yet has no lag yet."""
+        consumer = self.consumer
+        held = consumer.assignment()
+        for topic, partition in owned:
+            tp = TopicPartition(topic, partition)
+            if tp not in held:  # revoked meanwhile: its series goes with its state
+                continue
+            end = consumer.highwater(tp)
+            if end is None:
+                continue
+            if self._read_committed:
+                stable = consumer.last_stable_offset(tp)
+                if stable is not None and stable >= 0:
+                    end = stable
+            ahead = self._ahead.get(tp)
+            if ahead:
+                at = ahead[0][self._taken.get(tp, 0)].offset
+            else:
+                try:  # immediate once the partition is placed; bounded while it is not
+                    at = await asyncio.wait_for(consumer.position(tp), POSITION_WAIT_S)
+                except (TimeoutError, KafkaError):
+                    continue
+            self._metrics.set_lag(topic, partition, max(0, end - at))
 
     async def skip_deleted(
         self, out_of_range: Mapping[TopicPartition, int], assigned: Iterable[Partition]

@@ -57,6 +57,9 @@ log = logging.getLogger("callgate.worker")
 
 __all__ = ["Stats", "Worker"]
 
+#: How often each owned partition's lag is read (between rounds).
+LAG_INTERVAL_S = 1.0
+
 
 class Worker:
     """The worker. `await start()`, `await run()` until `request_stop()`, then `await close()`."""
@@ -123,6 +126,7 @@ class Worker:
         #: held by a round from its fetched batch to its end, and by a rebalance
         self._round = asyncio.Lock()
         self._fatal: InfrastructureError | None = None
+        self._lag_reported = float("-inf")
 
     @property
     def delivery(self) -> Delivery:
@@ -154,6 +158,7 @@ class Worker:
                 self.metrics,
                 fetch_timeout_ms=kafka.fetch_timeout_ms,
                 max_records=kafka.fetch_max_records,
+                read_committed=settings.delivery.guarantee == "exactly_once",
             )
             await self._fetcher.consumer.start()
             context = Context(
@@ -307,10 +312,12 @@ class Worker:
             if self._topics.missing:  # nothing is judged until the topic is back
                 fetcher.put_back(batch)
             elif batch:
-                fetcher.observe_lag(batch)
                 delivery.submit(self._judge.round(next(self._rounds), batch, delivery.add))
             await assignment.recover(await delivery.advance())
             self._apply_flow()
+            if self._clock() - self._lag_reported >= LAG_INTERVAL_S:
+                self._lag_reported = self._clock()
+                await fetcher.report_lag(assignment.owned)
 
     async def _apply_check(self) -> None:
         """Act on a finished check (`worker.runtime.topic_watch`). A broker may acknowledge
