@@ -11,12 +11,14 @@ import uuid
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import InvalidTopicError
 
 from tests.datafiles import SCHEMAS
 from tests.support.apache_kafka import ApacheKafka
+from tests.support.outcomes import read_records
 from worker.errors import ConfigError, StateError
 from worker.runtime.kafka import Kafka
 from worker.runtime.topics import TopicSpec
@@ -182,3 +184,44 @@ async def test_what_exists_is_asked_by_name_and_asking_creates_nothing(
             await kafka.missing_topics(["not a topic name!"])
     finally:
         await kafka.close()
+
+
+#: records of the last batch: more than the state reader takes per fetch (`max_poll_records`)
+LAST_BATCH = 12_000
+
+
+async def one_batch(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    """`values` written to partition 0 as one record batch."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=1024 * 1024)
+    await producer.start()
+    try:
+        batch = producer.create_batch()
+        for value in values:
+            assert batch.append(key=None, value=value, timestamp=None) is not None
+        await (await producer.send_batch(batch, topic, partition=0))
+    finally:
+        await producer.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_every_record_is_read_to_the_end_on_tansu(bootstrap: str) -> None:
+    """tansu (0.6) answers a partition's end (ListOffsets) one past the first record of its
+    last batch: a reader that stops there, once a fetch took part of that batch, loses the
+    rest. Both readers (the state restore, the tests' `read_records`) read every record."""
+    topic = unique("batches")
+    await create(bootstrap, topic, 1, {})
+    await one_batch(bootstrap, topic, [b"a%d" % i for i in range(10)])
+    await one_batch(bootstrap, topic, [b"b%d" % i for i in range(LAST_BATCH)])
+    tp = TopicPartition(topic, 0)
+    probe = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await probe.start()
+    try:
+        answered = (await probe.end_offsets([tp]))[tp]
+    finally:
+        await probe.stop()
+    total = 10 + LAST_BATCH
+    assert answered <= total  # tansu 0.6: 11, what the readers must not stop at
+    read = await kafka_for(bootstrap).read_to_end([(topic, 0)])
+    assert [r.offset for r in read[(topic, 0)]] == list(range(total))
+    records = await read_records(bootstrap, {topic: 1})
+    assert [r.offset for r in records] == list(range(total))

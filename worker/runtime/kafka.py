@@ -270,7 +270,8 @@ class Kafka:
         self, partitions: Sequence[tuple[str, int]]
     ) -> dict[tuple[str, int], list[Any]]:
         """Every record of each partition of the group's state topics, from its start to its
-        end as of now, in order (one reader for them all). Raises `StateError` when a topic
+        end as of now (the later of the cluster's answer and the first fetch's: see
+        `_fetched_end`), in order (one reader for them all). Raises `StateError` when a topic
         is gone (the state it held with it), `BrokerError` when the broker fails."""
         if not partitions:
             return {}
@@ -295,10 +296,17 @@ class Kafka:
             todo = [tp for tp in tps if ends[tp] > 0]
             if todo:
                 await reader.seek_to_beginning(*todo)
+            fetched: set[TopicPartition] = set()
             while todo:
                 batch = await reader.getmany(*todo, timeout_ms=1000)
                 for tp, records in batch.items():
                     read[(tp.topic, tp.partition)].extend(records)
+                for tp in todo:
+                    if tp not in fetched:
+                        end = _fetched_end(reader, tp, self._exactly_once)
+                        if end is not None:
+                            fetched.add(tp)
+                            ends[tp] = max(ends[tp], end)
                 todo = [tp for tp in todo if await reader.position(tp) < ends[tp]]
             return read
         except KafkaError as exc:
@@ -311,6 +319,16 @@ class Kafka:
         finally:
             if reader is not None:
                 await reader.stop()
+
+
+def _fetched_end(reader: AIOKafkaConsumer, tp: TopicPartition, committed: bool) -> int | None:
+    """The end of the partition's log as its first fetch answered it (None: not answered
+    yet): the high-water mark, or under read_committed the last stable offset. A broker's
+    ListOffsets answer may fall short of it (tansu 0.6 names the offset after the first record
+    of the last batch): a reader stopping there, once a fetch gave it part of that batch (its
+    `max_poll_records`), would lose the rest."""
+    end = reader.last_stable_offset(tp) if committed else reader.highwater(tp)
+    return end if isinstance(end, int) and end >= 0 else None
 
 
 class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
