@@ -105,6 +105,7 @@ def test_the_series_operators_query_exist() -> None:
         "callgate_events_substituted_total",
         "callgate_events_dropped_total",
         "callgate_input_records_deleted_total",
+        "callgate_kafka_client_log_records_total",
         "callgate_shadow_calls_total",
         "callgate_build_info",
         # the process collector's (prometheus-client's, on the worker's own registry)

@@ -311,6 +311,17 @@ class Metrics:
             "their calls have no verdict, or one from what is left (see the log).",
             registry=registry,
         )
+        client_log_records = Counter(
+            PREFIX + "kafka_client_log_records",
+            "Warnings and errors of the Kafka client (aiokafka), and the worker's own repeated "
+            "broker errors, by level: the log writes each kind once per reminder interval, and "
+            "none while Kafka is unreachable (it says that once).",
+            ("level",),
+            registry=registry,
+        )
+        self._client_log_records = {
+            level: client_log_records.labels(level) for level in ("warning", "error")
+        }
         Gauge(
             PREFIX + "build_info",
             "Always 1; the labels say which build and schema engine run.",
@@ -432,6 +443,11 @@ class Metrics:
 
     def event_dropped(self) -> None:
         self._events_dropped.inc()
+
+    def client_log_record(self, error: bool) -> None:
+        """One warning (or, `error`, an error or worse) of the Kafka client, or a repeat of the
+        worker's."""
+        self._client_log_records["error" if error else "warning"].inc()
 
     def input_records_deleted(self, count: int) -> None:
         if count > 0:

@@ -251,6 +251,12 @@ class MetricsSettings(BaseModel):
     enabled: bool = True
     host: str = "0.0.0.0"
     port: int = Field(9464, ge=0, le=65535, description="0 picks a free port")
+    ready_within_ms: int = Field(
+        10_000,
+        ge=1000,
+        description="/readyz answers 503 once an assigned partition has had no fetch answered "
+        "for this long, or writes have waited this long with none acknowledged",
+    )
 
 
 class LimitSettings(BaseModel):

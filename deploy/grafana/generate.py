@@ -392,8 +392,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             ),
             Panel(
                 "Broker errors/s",
-                "Failed offset commits, and writes a topic failed to acknowledge (retried; "
-                "fetching pauses while a topic fails and /readyz says which).",
+                "Failed offset commits, writes a topic failed to acknowledge (retried; "
+                "fetching pauses while a topic fails and /readyz says which), and the Kafka "
+                "client's warnings and errors (the log writes each kind once, and none while "
+                "Kafka is unreachable).",
                 (
                     Query(
                         _rate("callgate_commit_errors_total", BY_WORKER, "instance"),
@@ -402,6 +404,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                     Query(
                         _rate("callgate_produce_errors_total", BY_WORKER, "instance"),
                         "produce {{instance}}",
+                    ),
+                    Query(
+                        _rate("callgate_kafka_client_log_records_total", BY_WORKER, "instance"),
+                        "client log {{instance}}",
                     ),
                 ),
                 unit="ops",

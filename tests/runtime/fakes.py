@@ -13,7 +13,8 @@ rebalance, a timeout) is the test's to arrange.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -333,6 +334,11 @@ class FakeConsumer:
         self.commits_asked: list[dict[TopicPartition, int]] = []
         #: when set, a fetch waits for this event (as aiokafka's does during a rebalance)
         self.held_up: asyncio.Event | None = None
+        #: the broker does not answer fetches (it is down): nothing fetched, nothing stamped
+        self.unanswered = False
+        #: the wall clock the fetch answers are stamped with (as aiokafka's `time.time()`)
+        self.wall: Callable[[], float] = time.time
+        self._answered: dict[TopicPartition, int] = {}
 
     async def start(self) -> None:
         pass
@@ -376,6 +382,12 @@ class FakeConsumer:
             await self.held_up.wait()
         if not self.assigned:
             await self.join()
+        if self.unanswered:
+            await asyncio.sleep(0)
+            return {}
+        stamp = int(self.wall() * 1000)
+        for tp in self.assigned - self._paused:
+            self._answered[tp] = stamp
         batch: dict[TopicPartition, list[FakeRecord]] = {}
         budget = min(max_records, self._max)
         out_of_range = {
@@ -421,6 +433,9 @@ class FakeConsumer:
 
     def highwater(self, tp: TopicPartition) -> int:
         return len(self._broker.logs[tp.topic][tp.partition])
+
+    def last_poll_timestamp(self, tp: TopicPartition) -> int | None:
+        return self._answered.get(tp)
 
     def last_stable_offset(self, tp: TopicPartition) -> int:
         return -1  # as aiokafka's under read_uncommitted

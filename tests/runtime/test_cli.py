@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from tests.datafiles import REPO
 from worker.settings import setting_fields
@@ -117,3 +120,49 @@ def test_unreachable_broker_is_an_infrastructure_failure_status_1() -> None:
     assert result.returncode == 1, result.stderr
     assert "cannot work with Kafka at 127.0.0.1:1" in result.stderr
     assert "Unclosed" not in result.stderr
+
+
+@pytest.mark.integration
+def test_a_missing_input_topic_is_named_with_how_to_create_it(broker: str) -> None:
+    """On tansu and Apache Kafka: the outcome topics exist, the input does not. The worker
+    stops at start with status 1 and one line naming the input and `callgate topics create`
+    (which then makes it: the same settings run)."""
+    run = uuid.uuid4().hex[:8]
+    env = {
+        "CALLGATE_KAFKA__BOOTSTRAP_SERVERS": broker,
+        "CALLGATE_KAFKA__GROUP_ID": f"missing-{run}",
+        "CALLGATE_TOPICS__INPUT": f"in-{run}",
+        "CALLGATE_TOPICS__ACCEPTED": f"ok-{run}",
+        "CALLGATE_TOPICS__REJECTED": f"no-{run}",
+        "CALLGATE_TOPICS__INCOMPLETE": f"partial-{run}",
+        "CALLGATE_IDEMPOTENCY__PARTITIONS": "1",
+        "CALLGATE_METRICS__ENABLED": "false",
+    }
+    made = _callgate("topics", "create", "--input-partitions", "1", **env)
+    assert made.returncode == 0, made.stdout + made.stderr
+    deleted = _delete_topic(broker, f"in-{run}")
+    assert deleted
+    result = _callgate("run", **env)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert f"topics do not exist: in-{run} (input)" in line
+    assert "callgate topics create" in line
+    assert "UnknownTopicOrPartition" not in result.stderr
+
+
+def _delete_topic(bootstrap: str, topic: str) -> bool:
+    async def delete() -> bool:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+            for _ in range(200):  # a bounded poll until the cluster no longer lists it
+                if topic not in await admin.list_topics():
+                    return True
+                await asyncio.sleep(0.05)
+            return False
+        finally:
+            await admin.close()
+
+    return asyncio.run(delete())

@@ -622,11 +622,13 @@ async def test_a_topic_missing_for_many_checks_is_rewound_to_once() -> None:
     await worker.step()
     broker.delete_topic_but_acknowledge_writes(ACCEPTED)
     broker.deliver()
-    reads = None
-    for _ in range(20):
+    reads = found = None
+    for step in range(20):
         await worker.step()
         broker.deliver()
-        if reads is None and "does not exist" in worker.readiness()[1]:
+        if found is None and "does not exist" in worker.readiness()[1]:
+            found = step  # the check is done: the round after acts on it (rewinds)
+        elif found is not None and reads is None:
             reads = kafka.reads
     assert reads is not None, "the topic was not seen gone"
     assert kafka.reads == reads, "rewound when found gone, not at every check after"
@@ -724,6 +726,16 @@ async def test_the_output_topics_must_exist_before_anything_is_produced() -> Non
     worker = new_worker(broker)
     with pytest.raises(BrokerError, match=INCOMPLETE):
         await worker.start()
+
+
+async def test_a_missing_input_topic_is_named_with_how_to_make_it() -> None:
+    broker = new_broker()
+    del broker.logs[INPUT]
+    worker = new_worker(broker)
+    with pytest.raises(BrokerError) as raised:
+        await worker.start()
+    assert f"topics do not exist: {INPUT} (input)." in str(raised.value)
+    assert "callgate topics create" in str(raised.value)
 
 
 async def test_an_offset_past_the_logs_end_is_never_committed() -> None:
@@ -1340,4 +1352,57 @@ async def test_every_assigned_partition_has_its_lag_idle_ones_at_zero() -> None:
         ]
         == 7
     )
+    await worker.close()
+
+
+async def test_ready_while_fetches_are_answered_and_writes_acknowledged_within_the_bound() -> None:
+    """/readyz's rule: every assigned partition fetched has had a fetch answered within
+    `metrics.ready_within_ms`, and writes waiting have had an acknowledgement within it."""
+    broker = new_broker()
+    now = [1000.0]
+    settings = make_settings(metrics={"ready_within_ms": 5000})
+    registry = build_registry(settings)
+    worker = Worker(
+        settings,
+        build_processor(settings, registry),
+        lambda: build_key_store(settings),
+        Metrics(tool_labels(registry)),
+        kafka=FakeKafka(broker, GROUP),  # type: ignore[arg-type]
+        clock=lambda: now[0],
+        wall=lambda: now[0],
+    )
+    await worker.start()
+    fake = consumer(worker)
+    fake.wall = lambda: now[0]
+    await run_until_idle(worker, broker)
+    assert worker.readiness() == (True, f"consuming {PARTITIONS + 2} partitions")
+    # the broker stops answering fetches: ready until the bound is passed
+    fake.unanswered = True
+    now[0] += 3
+    await worker.step()
+    assert worker.readiness()[0]
+    now[0] += 3
+    await worker.step()
+    ready, reason = worker.readiness()
+    assert not ready
+    assert reason.startswith(f"no fetch answered within 5 s for {PARTITIONS + 2} of")
+    assert f"{INPUT}[0]" in reason
+    fake.unanswered = False
+    await worker.step()
+    assert worker.readiness()[0]
+    # writes wait and none is acknowledged: ready until the bound is passed
+    broker.auto_deliver = False
+    streams, _ = traffic(6)
+    produce(broker, streams)
+    await worker.step()
+    assert worker.delivery.pending_records
+    now[0] += 6
+    await worker.step()
+    ready, reason = worker.readiness()
+    assert not ready
+    assert "written and none acknowledged for 6 s" in reason
+    broker.auto_deliver = True
+    broker.deliver()
+    await run_until_idle(worker, broker)
+    assert worker.readiness()[0]
     await worker.close()

@@ -166,6 +166,11 @@ class ApacheKafka:
         return self.work_dir / "broker.log"
 
     @property
+    def formatted(self) -> bool:
+        """Whether its storage was formatted (by a first `start`)."""
+        return (self.work_dir / "data" / "meta.properties").is_file()
+
+    @property
     def config_file(self) -> Path:
         return self.work_dir / "server.properties"
 
@@ -330,7 +335,9 @@ class ApacheKafka:
         }
 
     def start(self, timeout_s: float) -> None:
-        """Format the storage, start the broker, return once it answers as a registered broker."""
+        """Format the storage (the first time), start the broker, return once it answers as a
+        registered broker. A broker stopped (`stop`) starts again on the same ports with the
+        same data: a broker restart, as a test of its clients needs."""
         if self._process is not None:
             raise ApacheKafkaError("this Apache Kafka broker is already started")
         deadline = time.monotonic() + timeout_s
@@ -340,7 +347,8 @@ class ApacheKafka:
             self.certificates = Certificates.make(self.work_dir / "tls", self.host)
         _write_properties(self.config_file, self.server_properties())
         _write_properties(self.log4j2_file, self.log4j2_properties())
-        self._format(java, deadline)
+        if not self.formatted:  # started again after `stop`: its data, topics and groups kept
+            self._format(java, deadline)
         command = [
             java,
             BROKER_HEAP,

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
+from worker.runtime.broker_log import REPEATS
 from worker.runtime.delivery import (
     NOTHING_LOST,
     Context,
@@ -163,7 +164,9 @@ class AtLeastOnce(Outcomes):
         except (KafkaError, TimeoutError) as exc:
             self._stats.commit_errors += 1
             self._metrics.commit_error()
-            log.warning("commit failed (the next one carries these offsets): %r", exc)
+            log.warning(
+                "commit failed (the next one carries these offsets): %r", exc, extra=REPEATS
+            )
             self.ledger.recommit(offsets)
             return
         if committed:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from aiokafka.errors import KafkaError
 
 from worker.errors import BrokerError
+from worker.runtime.broker_log import REPEATS
 from worker.runtime.delivery import (
     NOTHING_LOST,
     Context,
@@ -172,7 +173,7 @@ class ExactlyOnce(Outcomes):
                     error,
                 )
             else:
-                log.warning("%s[%d]: commit failed; rewinding it: %r", *where, error)
+                log.warning("%s[%d]: commit failed; rewinding it: %r", *where, error, extra=REPEATS)
                 self._stats.rewinds += 1
                 rewind.append(where)
                 continue

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -28,6 +29,7 @@ from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRa
 
 from worker.errors import BrokerError
 from worker.metrics import Metrics
+from worker.runtime.broker_log import REPEATS
 from worker.runtime.delivery import Partition
 
 log = logging.getLogger("callgate.worker")
@@ -50,9 +52,14 @@ class Fetcher:
         fetch_timeout_ms: int,
         max_records: int,
         read_committed: bool = False,
+        wall: Callable[[], float] = time.time,
     ):
         self.consumer = consumer
         self._read_committed = read_committed
+        #: the consumer's fetch answers are stamped with the wall clock
+        self._wall = wall
+        #: when each partition was last placed or resumed (its fetches start then)
+        self._fetching_since: dict[TopicPartition, float] = {}
         self._metrics = metrics
         self._timeout_ms = fetch_timeout_ms
         self._max_records = max_records
@@ -177,7 +184,7 @@ class Fetcher:
         except OffsetOutOfRangeError:
             raise
         except KafkaError as exc:
-            log.warning("fetch failed: %r", exc)
+            log.warning("fetch failed: %r", exc, extra=REPEATS)
             return {}
         return batch
 
@@ -282,6 +289,28 @@ class Fetcher:
         tps = [TopicPartition(*where) for where in partitions]
         if tps:
             self.consumer.resume(*tps)
+            now = self._wall()
+            for tp in tps:
+                self._fetching_since[tp] = now
+
+    def unanswered(self, owned: Iterable[Partition], within_s: float) -> list[Partition]:
+        """The owned partitions being fetched (held, not paused, nothing read ahead) whose last
+        fetch answer, or their resumption if later, is older than `within_s`: the broker (their
+        leader) does not answer. An answer with no records counts: an idle partition's fetches
+        are answered every `fetch_max_wait_ms`."""
+        consumer = self.consumer
+        held, paused = consumer.assignment(), consumer.paused()
+        now = self._wall()
+        late = []
+        for topic, partition in owned:
+            tp = TopicPartition(topic, partition)
+            if tp not in held or tp in paused or tp in self._ahead:
+                continue
+            answered_ms = consumer.last_poll_timestamp(tp)
+            last = max(self._fetching_since.get(tp, now), (answered_ms or 0) / 1000)
+            if now - last > within_s:
+                late.append((topic, partition))
+        return sorted(late)
 
     def holds(self) -> set[Partition]:
         """The partitions the consumer holds now (the group's assignment as it knows it)."""

@@ -6,12 +6,14 @@ import asyncio
 import gc
 import logging
 import signal
+import time
 
 from prometheus_client import CollectorRegistry
 
 from worker.compose import build_key_store, build_metrics, build_processor
 from worker.errors import InfrastructureError
 from worker.health import HealthServer
+from worker.runtime import broker_log
 from worker.runtime.worker import Worker
 from worker.settings import Settings
 
@@ -72,6 +74,7 @@ def serve(settings: Settings) -> int:
     exposed = metrics.registry if settings.metrics.enabled else CollectorRegistry()
     health = HealthServer(exposed, worker.readiness)
     port = health.start(settings.metrics.host, settings.metrics.port)
+    repeats = broker_log.install(worker.broker, metrics, time.monotonic)
     log.info("health and metrics on http://%s:%d/", settings.metrics.host, port)
     settle_heap(settings.kafka.fetch_max_records)
     try:
@@ -81,4 +84,5 @@ def serve(settings: Settings) -> int:
         return 1
     finally:
         health.stop()
+        broker_log.uninstall(repeats)
     return 0

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from aiokafka.errors import KafkaError
 
+from worker.runtime.broker_log import REPEATS
+
 log = logging.getLogger("callgate.worker")
 
 #: why a topic fails when the check found it gone
@@ -127,7 +129,7 @@ class TopicWatch:
         try:
             missing = check.result()
         except KafkaError as exc:
-            log.warning("cannot check that the output topics exist: %r", exc)
+            log.warning("cannot check that the output topics exist: %r", exc, extra=REPEATS)
             return
         found = self._found_in(missing)
         earlier = self._found

@@ -36,6 +36,7 @@ from worker.core.processor import Processor
 from worker.errors import BrokerError, CallgateError, InfrastructureError
 from worker.metrics import Metrics
 from worker.runtime.at_least_once import AtLeastOnce
+from worker.runtime.broker_log import BrokerState
 from worker.runtime.delivery import Context, Delivery, Partition, Stats
 from worker.runtime.exactly_once import ExactlyOnce
 from worker.runtime.fetcher import Fetcher, Membership
@@ -61,6 +62,16 @@ __all__ = ["Stats", "Worker"]
 LAG_INTERVAL_S = 1.0
 
 
+def missing_topics_message(missing: list[str], inputs: list[str]) -> str:
+    """What a worker that finds its topics missing says: which, and how to make them."""
+    roles = ", ".join(f"{t} (input)" if t in inputs else f"{t} (output)" for t in missing)
+    return (
+        f"topics do not exist: {roles}. Create them with `callgate topics create` (the same "
+        "settings; --input-partitions N and --output-partitions N size them; `callgate topics "
+        "check` verifies them), or with your cluster's tools as `callgate topics check` lists"
+    )
+
+
 class Worker:
     """The worker. `await start()`, `await run()` until `request_stop()`, then `await close()`."""
 
@@ -73,6 +84,7 @@ class Worker:
         *,
         kafka: Kafka | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.processor = processor
@@ -80,6 +92,7 @@ class Worker:
         self.stats = Stats()
         self._kafka = kafka or Kafka(settings)
         self._clock = clock
+        self._wall = wall  # what the consumer stamps its fetch answers with
         self._group = settings.kafka.group_id
         self._requests = requests_topic(self._group)
         # the topics it writes outputs to (the shadow topic too): they must exist, never input
@@ -127,6 +140,16 @@ class Worker:
         self._round = asyncio.Lock()
         self._fatal: InfrastructureError | None = None
         self._lag_reported = float("-inf")
+        #: readiness (`readiness`), observed between rounds: the bound, when the last round
+        #: ended, when writes were last acknowledged (or none waited), the partitions whose
+        #: fetches the broker has not answered within the bound
+        self._ready_within_s = settings.metrics.ready_within_ms / 1000
+        self._stepped_at = clock()
+        self._acked_at = clock()
+        self._acks = 0
+        self._unanswered: list[Partition] = []
+        #: reachable or not, said once per change (`worker.runtime.broker_log`)
+        self.broker = BrokerState(clock)
 
     @property
     def delivery(self) -> Delivery:
@@ -150,7 +173,7 @@ class Worker:
         settings = self.settings
         try:
             await self._kafka.start()
-            await self._check_outcome_topics()
+            await self._check_topics()
             await self.state.prepare(settings.topics.input_topics)
             kafka = settings.kafka
             self._fetcher = Fetcher(
@@ -159,6 +182,7 @@ class Worker:
                 fetch_timeout_ms=kafka.fetch_timeout_ms,
                 max_records=kafka.fetch_max_records,
                 read_committed=settings.delivery.guarantee == "exactly_once",
+                wall=self._wall,
             )
             await self._fetcher.consumer.start()
             context = Context(
@@ -197,12 +221,15 @@ class Worker:
             settings.delivery.guarantee,
         )
 
-    async def _check_outcome_topics(self) -> None:
-        """The outcome topics must exist: a broker may acknowledge writes to a missing topic
-        and lose them."""
-        missing = await self._kafka.missing_topics(sorted(self._outcome_topics))
+    async def _check_topics(self) -> None:
+        """The outcome topics and the inputs named must exist: a broker may acknowledge writes
+        to a missing topic and lose them, and a consumer of a missing topic waits without a
+        word. Each missing one is named, with how to make it."""
+        named_inputs = self.settings.topics.input_topics  # a pattern names none
+        wanted = sorted({*self._outcome_topics, *named_inputs})
+        missing = await self._kafka.missing_topics(wanted)
         if missing:
-            raise BrokerError(f"output topics do not exist: {', '.join(missing)}")
+            raise BrokerError(missing_topics_message(missing, named_inputs))
 
     def _subscribe(self) -> None:
         listener = Listener(self._on_revoked, self._on_assigned)
@@ -294,6 +321,7 @@ class Worker:
             return
         finally:
             self._membership.ran(began)
+            self.broker.membership_lost = self._membership.lost
         if self._stop.is_set():
             return  # what was fetched is fetched again by whoever judges it next
         async with self._round:
@@ -315,9 +343,48 @@ class Worker:
                 delivery.submit(self._judge.round(next(self._rounds), batch, delivery.add))
             await assignment.recover(await delivery.advance())
             self._apply_flow()
+            self._observe_progress()
             if self._clock() - self._lag_reported >= LAG_INTERVAL_S:
                 self._lag_reported = self._clock()
                 await fetcher.report_lag(assignment.owned)
+
+    def _observe_progress(self) -> None:
+        """What readiness is decided from (between rounds, on the loop's thread)."""
+        delivery, assignment = self.delivery, self._assignment
+        assert assignment is not None
+        now = self._clock()
+        self._stepped_at = now
+        acks = self.stats.acknowledged + self.stats.checkpoints
+        if acks != self._acks or not delivery.pending_records:
+            self._acks, self._acked_at = acks, now
+        self._unanswered = (
+            []
+            if assignment.throttled
+            else self.fetcher.unanswered(assignment.owned, self._ready_within_s)
+        )
+        self.broker.membership_lost = self._membership.lost
+        self.broker.observe(self._progress_problem(now))
+
+    def _progress_problem(self, now: float) -> str | None:
+        """Why the worker is not making progress with Kafka (None: it is): fetches of an
+        assigned partition not answered, or writes waiting with none acknowledged, within
+        `metrics.ready_within_ms`."""
+        assert self._assignment is not None
+        assert self._delivery is not None
+        bound = self._ready_within_s
+        unanswered = self._unanswered
+        if unanswered:
+            shown = ", ".join(f"{t}[{p}]" for t, p in unanswered[:5])
+            more = f" and {len(unanswered) - 5} more" if len(unanswered) > 5 else ""
+            return (
+                f"no fetch answered within {bound:g} s for {len(unanswered)} of "
+                f"{len(self._assignment.owned)} partitions: {shown}{more}"
+            )
+        pending = self._delivery.pending_records
+        if pending and now - self._acked_at > bound:
+            waited = now - self._acked_at
+            return f"{pending} records written and none acknowledged for {waited:.0f} s"
+        return None
 
     async def _apply_check(self) -> None:
         """Act on a finished check (`worker.runtime.topic_watch`). A broker may acknowledge
@@ -374,13 +441,22 @@ class Worker:
     # -- readiness -----------------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
-        """For /readyz: joined the group, no topic failing, not stopping."""
+        """For /readyz (asked on the health server's thread). Ready: joined the group, not
+        stopping, rounds running, every assigned partition being fetched has had a fetch
+        answered within `metrics.ready_within_ms`, writes waiting have had an acknowledgement
+        within it, and no topic's writes are failing. The reason says which does not hold."""
         if self._stop.is_set():
             return False, "stopping"
         if self._delivery is None:
             return False, "starting"
         if self._assignment is None or not self._assignment.joined:
             return False, "joining the consumer group"
+        now = self._clock()
+        if now - self._stepped_at > self._ready_within_s:
+            return False, f"no round ended for {now - self._stepped_at:.0f} s"
+        problem = self._progress_problem(now)
+        if problem is not None:
+            return False, problem
         if self._topics.failing:
             failing = "; ".join(f"{t}: {e}" for t, e in sorted(self._topics.failing.items()))
             return False, f"writes failing ({failing}); {self._delivery.waiting()}"
