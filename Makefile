@@ -13,7 +13,7 @@ NATIVE := Cargo.toml $(wildcard Cargo.lock) native/core/Cargo.toml native/python
 CARGO_ENV := PYO3_PYTHON=$(abspath $(BIN)/python) \
 	LD_LIBRARY_PATH=$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: demo test system kafka tools lint typecheck rust unit integration bench fuzz clean
+.PHONY: demo test system kafka tools lint typecheck rust unit integration bench fuzz fuzz-judge clean
 
 $(STAMP): pyproject.toml $(NATIVE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,13 +62,19 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 # the pure core's fuzz targets (native/fuzz), each for FUZZ_SECONDS (cargo-fuzz and a nightly
-# toolchain); new inputs land in native/fuzz/corpus/<target>/, which cargo test replays
+# toolchain); new inputs land in native/fuzz/corpus/<target>/, which cargo test replays; then
+# the reference judge's properties (tests/reference), each for FUZZ_SECONDS of fresh examples
 FUZZ_SECONDS ?= 60
-fuzz:
+fuzz: $(STAMP)
 	cargo +nightly fuzz --version >/dev/null 2>&1 || cargo install --locked cargo-fuzz
 	for target in parse envelope assembler; do \
 		cargo +nightly fuzz run --fuzz-dir native/fuzz $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
+	JUDGE_SECONDS=$(FUZZ_SECONDS) $(BIN)/pytest tests/reference -q
+
+# the reference judge alone, for FUZZ_SECONDS per property
+fuzz-judge: $(STAMP)
+	JUDGE_SECONDS=$(FUZZ_SECONDS) $(BIN)/pytest tests/reference -q
 
 clean:
 	rm -rf $(VENV) target .mypy_cache .ruff_cache .pytest_cache
