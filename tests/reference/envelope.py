@@ -31,6 +31,9 @@ from typing import Any
 
 from tests.reference import exact
 
+#: a malformed record's call id as compared: the gate names it (`record:...`, or the call when
+#: it can be read: issue 24 section 3), the README does not say how
+MALFORMED = "<record>"
 KINDS = ("tool_call", "text", "refusal", "error", "end")
 FINISH_REASONS = {"length": "max_tokens", "content_filter": "content_filter"}
 _CHANNEL_CODES = {"text": "unexpected_channel", "refusal": "refusal", "error": "model_error"}
@@ -81,7 +84,7 @@ class Contracts:
 
 
 @dataclass
-class _Call:
+class Call:
     stream_id: str
     call_id: str
     kind: str
@@ -164,7 +167,7 @@ def malformed(value: bytes, limits: Limits) -> dict[str, Any] | None:
     return env
 
 
-def _names_another(call: _Call, env: dict[str, Any]) -> bool:
+def _names_another(call: Call, env: dict[str, Any]) -> bool:
     """A piece naming another tool or version than its call already has."""
     tool, version = env.get("tool"), env.get("tool_version")
     return (tool is not None and call.tool is not None and tool != call.tool) or (
@@ -175,11 +178,11 @@ def _names_another(call: _Call, env: dict[str, Any]) -> bool:
 def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Expected]:
     """The events of one partition's envelope records, in any order (sorted)."""
     events: list[Expected] = []
-    open_calls: dict[tuple[str, str], _Call] = {}
+    open_calls: dict[tuple[str, str], Call] = {}
     closed: dict[tuple[str, str], _Closed] = {}
     ended: set[str] = set()
 
-    def close(call: _Call, outcome: str, code: str | None) -> None:
+    def close(call: Call, outcome: str, code: str | None) -> None:
         del open_calls[(call.stream_id, call.call_id)]
         closed[(call.stream_id, call.call_id)] = _Closed(call.pieces, call.reused)
         if call.reused:  # however it ends, a reused id is its own rejected call
@@ -212,7 +215,7 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
         if call is None:
             if stream in ended:
                 raise Unmodeled("a new call after its stream's end (issue 24 section 2)")
-            call = _Call(
+            call = Call(
                 stream, env["call_id"], env["kind"], env.get("tool"), env.get("tool_version")
             )
             call.reused = reused
@@ -249,13 +252,13 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
                 continue
             del open_calls[ident]
             closed[ident] = _Closed(call.pieces, True)
-            events.append(_verdict(call, contracts, limits))
+            events.append(verdict(call, contracts, limits))
     for call in list(open_calls.values()):
         close(call, "incomplete", "stream_ended")
     return sorted(events, key=Expected.sort_key)
 
 
-def _verdict(call: _Call, contracts: Contracts, limits: Limits) -> Expected:
+def verdict(call: Call, contracts: Contracts, limits: Limits) -> Expected:
     def rejected(phase: str, code: str) -> Expected:
         return Expected(call.stream_id, call.call_id, "rejected", phase, code)
 

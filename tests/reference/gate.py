@@ -9,12 +9,15 @@ chunk, key `stream_id`" has it), both built by the composition root from the set
 from __future__ import annotations
 
 import io
+import itertools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tests.reference import exact
-from tests.reference.envelope import Contracts, Expected, Limits
+from tests.reference.envelope import MALFORMED, Contracts, Expected, Limits
+from worker.adapters.decoder import ENVELOPE
 from worker.check import FileRecord, run_check
 from worker.compose import build_key_store, build_processor, build_registry
 from worker.core.processor import Route
@@ -46,31 +49,47 @@ class RealGate:
             }
         )
 
-    def check(self, values: list[bytes]) -> list[bytes]:
-        """`callgate check` on a file of these lines: each event as written."""
+    def check(self, values: list[bytes], fmt: str = ENVELOPE) -> list[bytes]:
+        """`callgate check` on a file of these records (JSON lines; server-sent events for a
+        vendor format, as `stream.sse`, so its stream id is `stream`): each event as written."""
+        if fmt == ENVELOPE:
+            text, name = b"\n".join(values), "traffic.jsonl"
+        else:
+            text, name = b"".join(b"data: " + v + b"\n\n" for v in values), "stream.sse"
         out = io.BytesIO()
         run_check(
             build_processor(self.settings, self.registry),
             build_key_store(self.settings),
-            io.BytesIO(b"\n".join(values)),
+            io.BytesIO(text),
             out,
-            name="traffic.jsonl",
+            name=name,
+            fmt=fmt,
             max_feedback_bytes=self.settings.limits.max_feedback_bytes,
         )
         return out.getvalue().splitlines()
 
-    def keyed(self, values: list[bytes]) -> list[bytes]:
-        """The worker's processor on these records keyed by their stream id, then the end of
-        input: each event as written."""
+    def keyed(
+        self, values: list[bytes], fmt: str = ENVELOPE, cuts: Sequence[int] = ()
+    ) -> list[bytes]:
+        """The worker's processor on these records keyed by their stream id (a vendor
+        format's: `stream`), fed as fetched batches cut at `cuts`, then the end of input: each
+        event as written."""
         processor = build_processor(self.settings, self.registry)
+        headers = () if fmt == ENVELOPE else (("content-format", fmt.encode()),)
         records = []
         for offset, value in enumerate(values):
-            try:
-                key = json.loads(value)["stream_id"].encode()
-            except (ValueError, KeyError, TypeError, AttributeError):
-                key = None
-            records.append(FileRecord("traffic", 0, offset, None, key, value, ()))
-        emissions = processor.feed("traffic", 0, records) + processor.flush()
+            key: bytes | None = b"stream"
+            if fmt == ENVELOPE:
+                try:
+                    key = json.loads(value)["stream_id"].encode()
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    key = None
+            records.append(FileRecord("traffic", 0, offset, None, key, value, headers))
+        emissions = []
+        bounds = [0, *sorted({c for c in cuts if 0 < c < len(records)}), len(records)]
+        for start, stop in itertools.pairwise(bounds):
+            emissions += processor.feed("traffic", 0, records[start:stop])
+        emissions += processor.flush()
         assert all(e.route is not Route.IDEMPOTENCY for e in emissions), "no keyed calls here"
         return [e.value for e in emissions]
 
@@ -82,11 +101,12 @@ def observed(events: list[bytes]) -> list[Expected]:
         event = exact.read(raw, bounded=False)
         outcome = event["outcome"]
         code = event["error_code"] if outcome == "rejected" else event["reason"]
+        call_id = event["call_id"] if code != "malformed_record" else MALFORMED
         accepted = outcome == "accepted"
         out.append(
             Expected(
                 event["stream_id"],
-                event["call_id"],
+                call_id,
                 outcome,
                 event["phase"],
                 code,
@@ -95,6 +115,10 @@ def observed(events: list[bytes]) -> list[Expected]:
             )
         )
     return sorted(out, key=Expected.sort_key)
+
+
+def event_ids(events: list[bytes]) -> list[str]:
+    return [exact.read(e, bounded=False)["event_id"] for e in events]
 
 
 def same(a: list[Expected], b: list[Expected]) -> bool:

@@ -60,10 +60,12 @@ def test_every_accepted_call_is_valid_and_what_the_model_streamed(gate: RealGate
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(drawn=traffic.numbered_traffic(NUMBERS))
+@given(drawn=traffic.numbered_traffic(NUMBERS), cuts=st.lists(st.integers(0, 40), max_size=3))
 def _accepted_exactly(
-    gate: RealGate, drawn: tuple[list[bytes], dict[tuple[str, str], traffic.Call]]
+    gate: RealGate,
+    drawn: tuple[list[bytes], dict[tuple[str, str], traffic.Call]],
+    cuts: list[int],
 ) -> None:
     records, calls = drawn
-    for path in (gate.check, gate.keyed):
-        assert accepted_but_wrong(gate, path(records), calls) == [], path.__name__
+    for path, events in (("check", gate.check(records)), ("keyed", gate.keyed(records, cuts=cuts))):
+        assert accepted_but_wrong(gate, events, calls) == [], path

@@ -1,25 +1,22 @@
 """The gate's events on hostile envelope traffic equal the reference judge's.
 
 Generated traffic (`tests/reference/traffic.py`) goes through `callgate check` (unkeyed) and
-the worker's processor (keyed by stream id); both must give exactly the events the reference
-judge (`tests/reference/envelope.py`, written from the README) derives, in the fields
-`Expected` names, and no two events may share an `event_id`.
+the worker's processor (keyed by stream id, fed in fetched batches cut at drawn places); both
+must give exactly the events the reference judge (`tests/reference/envelope.py`, written from
+the README) derives, in the fields `Expected` names, and no two events may share an `event_id`.
 """
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
-from tests.reference import envelope, exact, traffic
+from tests.reference import envelope, traffic
 from tests.reference.conftest import TIMEOUT, repeat
-from tests.reference.gate import RealGate, observed, same
+from tests.reference.gate import RealGate, event_ids, observed, same
 
 pytestmark = pytest.mark.timeout(TIMEOUT)
-
-
-def _event_ids(events: list[bytes]) -> list[str]:
-    return [exact.read(e, bounded=False)["event_id"] for e in events]
 
 
 def test_the_gate_decides_every_call_as_the_reference(gate: RealGate) -> None:
@@ -27,15 +24,15 @@ def test_the_gate_decides_every_call_as_the_reference(gate: RealGate) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(records=traffic.traffic())
-def _decided_alike(gate: RealGate, records: list[bytes]) -> None:
+@given(records=traffic.traffic(), cuts=st.lists(st.integers(0, 40), max_size=3))
+def _decided_alike(gate: RealGate, records: list[bytes], cuts: list[int]) -> None:
     try:
         expected = envelope.judge(records, gate.contracts, gate.limits)
     except envelope.Unmodeled:
         assume(False)
         return
-    for path, events in (("check", gate.check(records)), ("keyed", gate.keyed(records))):
+    for path, events in (("check", gate.check(records)), ("keyed", gate.keyed(records, cuts=cuts))):
         got = observed(events)
         assert same(got, expected), (path, got, expected)
-        ids = _event_ids(events)
+        ids = event_ids(events)
         assert len(set(ids)) == len(ids), (path, ids)

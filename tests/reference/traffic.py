@@ -395,3 +395,72 @@ def numbered_traffic(
             )
     records = draw(mutated(draw(interleaved(groups)), in_place=False))
     return records, calls
+
+
+def _chunk(delta: dict[str, Any] | None = None, finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-test",
+        "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}],
+    }
+
+
+_USAGE = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion.chunk",
+    "created": 1,
+    "model": "gpt-test",
+    "choices": [],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 9, "total_tokens": 18},
+}
+
+
+@st.composite
+def chat_stream(draw: st.DrawFn) -> list[bytes]:
+    """One Chat Completions stream (one choice): text perhaps, one to three tool calls whose
+    arguments come in pieces, a finish reason (or none), the usage chunk and `[DONE]` (or
+    not); then up to four transport faults: a chunk deleted, repeated later, swapped with the
+    next, its arguments changed, or a chunk that opens a call sent after the end."""
+    chunks: list[Any] = [_chunk({"role": "assistant", "content": None})]
+    if draw(st.booleans()):
+        chunks.append(_chunk({"content": draw(_TEXT)}))
+    for index in range(draw(st.integers(1, 3))):
+        tool, _, text = draw(arguments_text())
+        pieces = _cut(draw, text)
+        first = pieces.pop(0) if draw(st.booleans()) else ""
+        function = {"name": tool, "arguments": first}
+        opening = {"index": index, "id": f"call_{index}", "type": "function", "function": function}
+        chunks.append(_chunk({"tool_calls": [opening]}))
+        for piece in pieces:
+            call = {"index": index, "function": {"arguments": piece}}
+            chunks.append(_chunk({"tool_calls": [call]}))
+    reason = draw(st.sampled_from(["tool_calls", "stop", "length", "content_filter", None]))
+    if reason is not None:
+        chunks.append(_chunk(finish=reason))
+    if draw(st.booleans()):
+        chunks.append(_USAGE)
+    done = draw(st.booleans())
+    for _ in range(draw(st.integers(0, 4))):
+        i = draw(st.integers(0, len(chunks) - 1))
+        fault = draw(st.sampled_from(["delete", "duplicate", "swap", "text", "late"]))
+        if fault == "delete":
+            del chunks[i]
+        elif fault == "duplicate":
+            chunks.insert(draw(st.integers(i + 1, len(chunks))), chunks[i])
+        elif fault == "swap" and i + 1 < len(chunks):
+            chunks[i], chunks[i + 1] = chunks[i + 1], chunks[i]
+        elif fault == "text":
+            calls = (chunks[i].get("choices") or [{}])[0].get("delta", {}).get("tool_calls")
+            if calls:
+                changed = json.loads(json.dumps(chunks[i]))
+                function = changed["choices"][0]["delta"]["tool_calls"][0]["function"]
+                function["arguments"] = draw(st.sampled_from(['"', "}", "1", ",", "", "{}"]))
+                chunks[i] = changed
+        elif fault == "late":
+            late = {"index": 9, "id": "call_late", "type": "function"}
+            late["function"] = {"name": "note", "arguments": "{}"}
+            chunks.append(_chunk({"tool_calls": [late]}))
+    records = [json.dumps(c, ensure_ascii=False).encode() for c in chunks]
+    return [*records, b"[DONE]"] if done else records
