@@ -69,6 +69,7 @@ class Chunk:
     final: Final[bool]
     finish_reason: Final[str | None]
     idempotency_key: Final[str | None]
+    principal: Final[str | None]
     trace_id: Final[str | None]
     run_id: Final[str | None]
     step_id: Final[str | None]
@@ -92,6 +93,7 @@ class Chunk:
         final: bool = False,
         finish_reason: str | None = None,
         idempotency_key: str | None = None,
+        principal: str | None = None,
         trace_id: str | None = None,
         run_id: str | None = None,
         step_id: str | None = None,
@@ -115,6 +117,7 @@ class AssembledCall:
     channel: Final[str]
     tool_version: Final[str | None]
     idempotency_key: Final[str | None]
+    principal: Final[str | None]
     trace_id: Final[str | None]
     run_id: Final[str | None]
     step_id: Final[str | None]
@@ -164,6 +167,7 @@ class AssembledCall:
         call_kind: str = "function_call",
         caller: str | None = None,
         double_encoded: bool = False,
+        principal: str | None = None,
     ) -> None: ...
 
 @final

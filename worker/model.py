@@ -54,8 +54,11 @@ class Phase(StrEnum):
     JSON_PARSE = "json_parse"
     SCHEMA_VALIDATION = "schema_validation"
     BUSINESS_VALIDATION = "business_validation"
+    AUTHORIZATION = "authorization"
     IDEMPOTENCY = "idempotency"
     NORMALIZATION = "normalization"
+    #: a call whose contract requires approval waits here for a person's decision
+    APPROVAL = "approval"
     TOOL_OUTPUT_VALIDATION = "tool_output_validation"
     DELIVERY = "delivery"
 
@@ -90,6 +93,9 @@ class Code(StrEnum):
     # business_validation
     BUSINESS_RULE = "business_rule"
     RULE_ERROR = "rule_error"
+    # authorization
+    UNAUTHORIZED = "unauthorized"
+    AUTHORIZER_ERROR = "authorizer_error"
     # idempotency
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     DUPLICATE = "duplicate"
@@ -97,6 +103,9 @@ class Code(StrEnum):
     IDEMPOTENCY_KEY_MISMATCH = "idempotency_key_mismatch"
     # normalization
     ADAPTER_ERROR = "adapter_error"
+    # approval
+    APPROVAL_DENIED = "approval_denied"
+    APPROVAL_EXPIRED = "approval_expired"
     # tool_output_validation
     OUTPUT_SCHEMA_VIOLATION = "output_schema_violation"
     OUTPUT_TEXT_MISMATCH = "output_text_mismatch"

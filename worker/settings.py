@@ -278,8 +278,8 @@ class LimitSettings(BaseModel):
         256,
         ge=16,
         le=4096,
-        description="stream_id, call_id, tool, version, idempotency key, trace fields, a call's "
-        "caller: longer is a malformed record",
+        description="stream_id, call_id, tool, version, idempotency key, principal, trace "
+        "fields, a call's caller: longer is a malformed record",
     )
     max_message_bytes: int = Field(
         512, ge=64, description="a violation's path or message, a malformed record's detail"

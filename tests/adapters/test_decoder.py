@@ -222,3 +222,36 @@ def test_a_bad_mcp_result_breaks_only_itself() -> None:
     (chunk,) = dec.decode(good, MCP)
     assert (chunk.kind, chunk.call_id) == (ChunkKind.MCP_RESULT, "7")
     assert dec.dropped_records == 0
+
+
+def test_a_vendor_streams_principal_header_reaches_every_chunk_of_it() -> None:
+    dec = decoder(10)
+    values = _anthropic("a")
+    chunks: list[Chunk] = []
+    for record in records(ANTHROPIC, values, "a", headers={"principal": "team-a"}):
+        chunks += dec.decode(record, ANTHROPIC)
+    calls = [c for c in chunks if c.kind == ChunkKind.TOOL_CALL]
+    assert calls
+    assert {c.principal for c in calls} == {"team-a"}
+
+
+@pytest.mark.parametrize("later", [{"principal": "team-b"}, {}])
+def test_a_record_naming_another_principal_than_its_stream_breaks_it(
+    later: dict[str, str],
+) -> None:
+    dec = decoder(10)
+    first, *rest = records(ANTHROPIC, _anthropic("a"), "a", headers={"principal": "team-a"})
+    dec.decode(first, ANTHROPIC)
+    head = tuple(h for h in rest[0].headers if h[0] != "principal")
+    other = rest[0]._replace(headers=(*head, *((k, v.encode()) for k, v in later.items())))
+    out = dec.decode(other, ANTHROPIC)
+    assert [c.kind for c in out][-1] == ChunkKind.MALFORMED
+    assert "another principal than its stream's" in out[-1].delta
+
+
+def test_a_principal_header_that_is_not_utf8_is_refused_not_guessed() -> None:
+    (record,) = records(MCP, [RESULT], headers={"tool": "t"})
+    bad = record._replace(headers=(*record.headers, ("principal", b"\xff")))
+    (chunk,) = decoder(10).decode(bad, MCP)
+    assert chunk.kind == ChunkKind.MALFORMED
+    assert "principal header is not UTF-8" in chunk.delta

@@ -355,6 +355,7 @@ def test_envelopes_are_strict(value: bytes) -> None:
             "call_id",
             "tool",
             "idempotency_key",
+            "principal",
             "trace_id",
             "run_id",
             "step_id",
@@ -648,3 +649,78 @@ def test_a_record_fed_before_is_skipped() -> None:
     assert first == []
     assert [(c.arguments, c.chunks) for c in again] == [(b"{}", 2)]
     assert a.stale_records == 1
+
+
+# --- the principal: an envelope field or a record header, one per call --------------------------
+
+
+def test_a_calls_principal_comes_from_its_envelope_or_its_header() -> None:
+    header = (("principal", b"team-a"),)
+    out = feed(
+        assembler(),
+        [
+            Record(0, 0, b"s", envelope("s", "a", None, "{}", final=True, principal="team-a")),
+            Record(1, 0, b"s", envelope("s", "b", None, "{}", final=True), header),
+            Record(
+                2, 0, b"s", envelope("s", "c", None, "{}", final=True, principal="team-a"), header
+            ),
+            Record(3, 0, b"s", envelope("s", "d", None, "{}", final=True)),
+        ],
+    )
+    assert [(c.call_id, c.principal, outcome(c)) for c in out] == [
+        ("a", "team-a", "complete"),
+        ("b", "team-a", "complete"),
+        ("c", "team-a", "complete"),
+        ("d", None, "complete"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("headers", "fields", "detail"),
+    [
+        ((("principal", b"team-b"),), {"principal": "team-a"}, "differs from the record's"),
+        ((("principal", b"\xff"),), {}, "header 'principal' is not UTF-8"),
+        ((("principal", b"p" * 41),), {}, "header 'principal' is longer than 40 bytes"),
+    ],
+)
+def test_a_record_naming_two_principals_or_a_bad_one_is_malformed(
+    headers: tuple[tuple[str, bytes], ...], fields: dict[str, Any], detail: str
+) -> None:
+    value = envelope("s", "c", None, "{}", final=True, **fields)
+    (call,) = feed(assembler(), [Record(0, 0, b"s", value, headers)])
+    assert outcome(call) == "malformed_record"
+    assert detail in (call.assembly_detail or "")
+
+
+def test_a_later_piece_naming_another_principal_corrupts_the_call() -> None:
+    out = feed(
+        assembler(),
+        records(
+            [
+                envelope("s", "c", 0, "{", principal="alice"),
+                envelope("s", "c", 1, "}", final=True, principal="mallory"),
+            ]
+        ),
+    )
+    assert [(c.principal, outcome(c)) for c in out] == [("alice", "stream_corrupt")]
+
+
+def test_a_calls_principal_is_taken_from_the_first_piece_naming_it_and_survives_a_restore() -> None:
+    live = assembler()
+    assert feed(live, records([envelope("s", "c", 0, "{")])) == []
+    assert feed(live, records([envelope("s", "c", 1, '"a":1', principal="alice")], start=1)) == []
+    restored = assembler()
+    restored.restore("t", 0, [live.snapshot("t", 0)])
+    (call,) = feed(restored, records([envelope("s", "c", 2, "}", final=True)], start=2))
+    assert (call.principal, call.arguments) == ("alice", b'{"a":1}')
+
+
+def test_a_vendor_chunk_carries_its_principal_bounded_like_any_identifier() -> None:
+    a = assembler()
+    named = Chunk("v", "tool_call", "x", tool="t", delta="{}", final=True, principal="bob")
+    (call,) = a.feed_chunks("t", 0, 0, 0, [named])
+    assert call.principal == "bob"
+    long = Chunk("v", "tool_call", "y", tool="t", delta="{}", final=True, principal="p" * 41)
+    (call,) = a.feed_chunks("t", 0, 1, 0, [long])
+    assert outcome(call) == "malformed_record"
+    assert "principal is longer than 40 bytes" in (call.assembly_detail or "")

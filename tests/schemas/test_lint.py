@@ -133,3 +133,37 @@ def test_the_idempotency_key_argument_must_be_a_declared_string(
         assert found[0].pointer == "/x-callgate/idempotency_key_argument"
         assert "'request_id'" in found[0].why
         assert ("does not declare" in found[0].why) == (not declared)
+
+
+@pytest.mark.parametrize(
+    ("listed", "why"),
+    [
+        (["ops", "ops"], "names a principal twice: the contract would not load"),
+        ("ops", "must be a list of principal names (non-empty strings)"),
+        ([], "names no principal: every call of this tool is refused"),
+    ],
+)
+def test_the_allowed_principals_must_be_a_list_of_distinct_names(
+    tmp_path: Path, listed: Any, why: str
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+        "x-callgate": {"allowed_principals": listed},
+    }
+    found = [f for f in lint_path_of(tmp_path, schema) if f.rule == "allowed-principals"]
+    assert [f.pointer for f in found] == ["/x-callgate/allowed_principals"]
+    assert found[0].why.startswith(why)
+
+
+def test_a_list_of_distinct_principals_is_clean(tmp_path: Path) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+        "x-callgate": {"allowed_principals": ["ops", "svc:deployer"]},
+    }
+    assert lint_path_of(tmp_path, schema) == []

@@ -337,6 +337,10 @@ def test_remote_refs_are_refused_and_never_fetched(
         ({"x-callgate": {"requires_aproval": True}}, "unknown keys"),
         ({"x-callgate": {"side_effects": "yes"}}, "true or false"),
         ({"x-callgate": {"idempotency": "sometimes"}}, "idempotency"),
+        ({"x-callgate": {"allowed_principals": "ops"}}, "allowed_principals must be a list"),
+        ({"x-callgate": {"allowed_principals": ["ops", ""]}}, "non-empty strings"),
+        ({"x-callgate": {"allowed_principals": ["ops", 1]}}, "non-empty strings"),
+        ({"x-callgate": {"allowed_principals": ["ops", "ops"]}}, "names a principal twice"),
     ],
 )
 def test_bad_schemas_are_refused_with_the_reason(

@@ -1,7 +1,8 @@
 """The per-stream state and chunk building that every vendor adapter shares.
 
-A vendor adapter decodes one stream: it knows the stream id, the `traceparent` header its
-records carry, and whether the stream has ended. `VendorAdapter` holds those and builds the
+A vendor adapter decodes one stream: it knows the stream id, the `traceparent` and `principal`
+headers its records carry (the decoder holds every record of a stream to its first one's
+principal), and whether the stream has ended. `VendorAdapter` holds those and builds the
 chunks that carry them; each format's subclass adds its own event handling (`feed`), names the
 calls it holds (`open_calls`, what an abort ends; `held`, how many) and writes its state as a
 JSON value (`state`, read back by its constructor) for a partition's checkpoint.
@@ -43,6 +44,7 @@ class VendorAdapter:
     def __init__(self, stream_id: str, headers: Mapping[str, str], max_calls: int) -> None:
         self._stream = stream_id
         self._traceparent = headers.get("traceparent") or None
+        self._principal = headers.get("principal") or None
         self._max_calls = max_calls
         self._finished = False
 
@@ -83,6 +85,7 @@ class VendorAdapter:
             delta=delta,
             final=final,
             traceparent=self._traceparent,
+            principal=self._principal,
             expected=expected,
         )
 

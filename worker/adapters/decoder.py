@@ -24,6 +24,9 @@ The rules every format follows, kept here once:
   once with the record's position. A format whose every record is a whole call (`mcp.result`)
   has nothing else a bad record could belong to: the record alone is rejected, and the stream's
   next records are judged as usual.
+- A stream is made for one principal: its first record's `principal` header (none: none). A
+  later record naming another (or none, or one that is not UTF-8) is one the stream cannot
+  place, so a call is never judged for a principal that some of its records did not name.
 - Every vendor record is parsed strictly, nesting at most `MAX_DEPTH` levels (the one bound of
   every parser and encoder: `worker.model.MAX_DEPTH`).
 
@@ -127,11 +130,14 @@ STATE_VERSION = 2
 #: stream's `:event-type`): such a record is read as `{type: payload}`.
 TYPED_BY_HEADER = {bedrock.FORMAT: bedrock.EVENT_TYPE_HEADER}
 
+#: The record header naming who a call is made for (an envelope may name it in its `principal`).
+PRINCIPAL_HEADER = "principal"
+
 #: The record headers an adapter sees (and a checkpoint keeps).
-ADAPTER_HEADERS = ("traceparent", "tool", "tool-version", "call-id")
+ADAPTER_HEADERS = ("traceparent", "tool", "tool-version", "call-id", PRINCIPAL_HEADER)
 
 #: A chunk's identifiers, each at most `max_id_bytes` long.
-_CHUNK_IDS = ("stream_id", "call_id", "tool", "tool_version", "traceparent")
+_CHUNK_IDS = ("stream_id", "call_id", "tool", "tool_version", "traceparent", "principal")
 
 _Slot = tuple[str, str]  # (format, stream id)
 _ENDED, _CORRUPT = "ended", "corrupt"  # how a stream closed
@@ -261,15 +267,21 @@ class Decoder:
             if factory.after_end(event):
                 return []
             raise InputFormatError(f"{fmt}: an event after the end of its stream")
+        principal = _principal(record)
         stream = part.streams.pop(slot, None)
         if stream is None:
             headers = _adapter_headers(record)
+            if principal is not None:
+                headers[PRINCIPAL_HEADER] = principal
             if dialect is not None:
                 headers[dialects.HEADER] = dialect
             stream = _Stream(factory(stream_id, headers, None, max_calls=self._max), headers)
         elif stream.headers.get(dialects.HEADER) != dialect:
             part.streams[slot] = stream
             raise InputFormatError(f"{fmt}: a record of another dialect than its stream's")
+        elif stream.headers.get(PRINCIPAL_HEADER) != principal:
+            part.streams[slot] = stream
+            raise InputFormatError(f"{fmt}: a record naming another principal than its stream's")
         part.streams[slot] = stream  # the most recently active now
         part.touch(slot)
         chunks = stream.adapter.feed(event)
@@ -443,6 +455,18 @@ def _header(record: Any, name: str) -> str | None:
 def _adapter_headers(record: Any) -> dict[str, str]:
     headers: dict[str, str] = {}
     for name, value in record.headers or ():
-        if name in ADAPTER_HEADERS:
+        if name in ADAPTER_HEADERS and name != PRINCIPAL_HEADER:
             headers[name] = (value or b"").decode("utf-8", "replace")
     return headers
+
+
+def _principal(record: Any) -> str | None:
+    """The record's `principal` header, exactly (a principal is never guessed at: one that is
+    not UTF-8 is a record the stream cannot place); None when it has none, or an empty one."""
+    for name, value in record.headers or ():
+        if name == PRINCIPAL_HEADER:
+            try:
+                return value.decode("utf-8") or None if value else None
+            except UnicodeDecodeError:
+                raise InputFormatError("the record's principal header is not UTF-8") from None
+    return None

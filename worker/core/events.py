@@ -108,7 +108,8 @@ def _smallest(verdict: Verdict, detail: str, max_feedback_bytes: int) -> Verdict
 def worst_case_event_bytes(max_id_bytes: int, max_feedback_bytes: int) -> int:
     """How long the smallest event (see `encode_written`) can be: that of a call whose every
     identifier is `max_id_bytes` of a character JSON escapes to six bytes, with the longest call
-    kind and a caller of `max_id_bytes` (embedded as it is), on a topic with the longest name
+    kind and a caller of `max_id_bytes` (embedded as it is), a principal as wide as any
+    identifier, on a topic with the longest name
     Kafka allows, with every number at its widest."""
     ident = _WIDEST_CHAR * max_id_bytes
     widest = 2**63 - 1  # the numbers' longest decimals (the event writes them as i64)
@@ -118,6 +119,7 @@ def worst_case_event_bytes(max_id_bytes: int, max_feedback_bytes: int) -> int:
         ident,
         call_kind=max(CallKind, key=len),
         caller="{" + " " * (max_id_bytes - 2) + "}",
+        principal=ident,
         trace_id=ident,
         run_id=ident,
         step_id=ident,

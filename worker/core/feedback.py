@@ -7,8 +7,12 @@ why is the producer's text, kept in the operator's log), and a violation path na
 only when the schema declares that name (`Contract.declared_names`); any other key, which the model
 or whatever fed it chose (`/password=hunter2`), is replaced by `UNDECLARED`. Array indices stay,
 where the arguments show a position is one. The event's own violations keep the real path (for
-operators). It is bounded in size: violations are dropped from the end, and the count of dropped
-ones is said, until the encoded object fits; the encoding that fits is the one the event embeds.
+operators). A refusal by authorization (`unauthorized`, `authorizer_error`) shows no violation at
+all and is `unauthorized` either way: the model learns that the call is not permitted, never
+which rule or principal decided it, nor that a rule failed (the event's own code and violations
+say, for operators). It is bounded in size: violations are dropped from the end, and the count
+of dropped ones is said, until the encoded object fits; the encoding that fits is the one the
+event embeds.
 """
 
 from __future__ import annotations
@@ -60,8 +64,13 @@ _INSTRUCTIONS: Mapping[Code, str] = {
     "enabled.",
     Code.UNSUPPORTED_CALL_KIND: "This kind of tool call cannot pass the gate: no contract "
     "judges it. Use a function tool.",
+    Code.UNAUTHORIZED: "This call is not permitted. Do not retry it; tell the user it could not "
+    "be made.",
 }
 _DEFAULT_INSTRUCTION = "The call cannot be executed as sent."
+#: Codes whose feedback names no violation and reads as `unauthorized`: what decided them is the
+#: policy's, not the model's.
+_SILENT = frozenset({Code.UNAUTHORIZED, Code.AUTHORIZER_ERROR})
 
 
 def feedback_path(path: str, declared: frozenset[str], arguments: Any = NO_ARGUMENTS) -> str:
@@ -109,6 +118,8 @@ def build_feedback(
     declares (`Contract.declared_names`; none known: every object key is `UNDECLARED`);
     `arguments`: the parsed arguments, which tell array indices from object keys; `omitted`:
     violations the caller left out already (counted in `violations_omitted`)."""
+    if code in _SILENT:
+        code, violations, omitted = Code.UNAUTHORIZED, (), 0
     feedback: dict[str, Any] = {
         "error_type": code.value,
         "schema": {"id": schema.id, "version": schema.version} if schema else None,

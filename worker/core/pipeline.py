@@ -2,13 +2,22 @@
 
 Execute(x) holds only when every phase holds; the first phase that fails decides the outcome:
 `assembly` -> `response_classification` -> `limits` -> `repair` -> `json_parse` ->
-`schema_validation` -> `business_validation` -> `idempotency` -> `normalization`, and MCP
-results `tool_output_validation` after parsing. Each phase's duration is read from a monotonic
-counter (measurement, not logic) and reported in microseconds.
+`schema_validation` -> `business_validation` -> `authorization` -> `idempotency` ->
+`normalization`, and MCP results `tool_output_validation` after parsing.
+
+Authorization: the contract's `allowed_principals` (the call's principal must be on it; a call
+naming none is refused), then the tool's authorizers (`worker.plugins`); a contract with
+neither lets every principal through, and the phase does not run. A refusal is `unauthorized`
+(an authorizer that fails is `authorizer_error`), never retryable, and its feedback names no
+rule (`worker.core.feedback`): the model learns that the call is not permitted, not why.
+
+Each phase's duration is read from a monotonic counter (measurement, not logic) and reported in
+microseconds.
 
 Nothing here raises for bad input, and nothing a call holds can stop the worker: a plugin that
-raises is `rule_error` or `adapter_error`, and any other exception while judging one call is that
-call's `internal_error` rejection, in the phase that was running (`Gate.judge`).
+raises is `rule_error`, `authorizer_error` or `adapter_error`, and any other exception while
+judging one call is that call's `internal_error` rejection, in the phase that was running
+(`Gate.judge`).
 
 Idempotency is decided in two steps. Here: the effective key (from the envelope, or from the
 argument the contract names; both present and different is `idempotency_key_mismatch`, in its
@@ -44,7 +53,7 @@ from worker.model import (
     Verdict,
     Violation,
 )
-from worker.plugins import Plugins, RuleContext
+from worker.plugins import AuthorizationContext, Plugins, RuleContext
 from worker.schemas.contract import Contract, IdempotencyPolicy, LookupFailure
 from worker.schemas.registry import SchemaRegistry
 
@@ -109,6 +118,7 @@ _REPAIR = Phase.REPAIR
 _JSON_PARSE = Phase.JSON_PARSE
 _SCHEMA_VALIDATION = Phase.SCHEMA_VALIDATION
 _BUSINESS_VALIDATION = Phase.BUSINESS_VALIDATION
+_AUTHORIZATION = Phase.AUTHORIZATION
 _IDEMPOTENCY = Phase.IDEMPOTENCY
 _NORMALIZATION = Phase.NORMALIZATION
 _TOOL_OUTPUT_VALIDATION = Phase.TOOL_OUTPUT_VALIDATION
@@ -329,6 +339,25 @@ class Gate:
                     repairs=repairs,
                 )
 
+        self._phase = _AUTHORIZATION
+        authorizers = self._plugins.authorizers_for(schema.id)
+        if meta.allowed_principals is not None or authorizers:
+            refusal = self._authorize(call, contract, value, key, authorizers)
+            started, now = now, perf_counter_ns()
+            phases[_AUTHORIZATION] = (now - started) // 1000
+            if refusal is not None:
+                code, violation = refusal
+                return self._rejected(
+                    call,
+                    _AUTHORIZATION,
+                    code,
+                    (violation,),
+                    phases,
+                    contract=contract,
+                    arguments=value,
+                    repairs=repairs,
+                )
+
         self._phase = _IDEMPOTENCY
         if mismatch:
             started, now = now, perf_counter_ns()
@@ -399,6 +428,40 @@ class Gate:
             idempotency_digest=digest,
             phases_us=phases,
         )
+
+    @staticmethod
+    def _authorize(
+        call: AssembledCall,
+        contract: Contract,
+        arguments: dict[str, Any],
+        key: str | None,
+        authorizers: tuple[Any, ...],
+    ) -> tuple[Code, Violation] | None:
+        """Why the call's principal may not make this call (None: it may). The violation is
+        the operator's, on the event; the feedback shows none of it."""
+        principal = call.principal
+        allowed = contract.meta.allowed_principals
+        if allowed is not None and principal not in allowed:
+            message = (
+                "the call names no principal and the contract has an allow list"
+                if principal is None
+                else "the call's principal is not on the contract's allow list"
+            )
+            return Code.UNAUTHORIZED, Violation("", "allowed_principals", message)
+        context = AuthorizationContext(contract.ref, contract.tool, principal, key)
+        for authorizer in authorizers:
+            name = getattr(authorizer, "__name__", "authorizer")
+            try:
+                allows = authorizer(arguments, context)
+            except Exception as exc:  # a plugin's bug refuses this call, never the worker
+                message = f"authorizer {name} failed: {type(exc).__name__}"
+                return Code.AUTHORIZER_ERROR, Violation("", "authorizer_error", message)
+            if type(allows) is not bool:
+                message = f"authorizer {name} returned {type(allows).__name__}, not a bool"
+                return Code.AUTHORIZER_ERROR, Violation("", "authorizer_error", message)
+            if not allows:
+                return Code.UNAUTHORIZED, Violation("", "authorizer", f"{name} refused the call")
+        return None
 
     def _judge_tool_result(
         self,

@@ -1,4 +1,4 @@
-"""Plugins: business rules per tool and version adapters per (schema id, version).
+"""Plugins: business rules and authorizers per tool, version adapters per (schema id, version).
 
 Plugins belong to the contracts they extend: a contracts directory may hold a `plugins.py`
 beside its schemas, and only that directory's contracts get its rules and adapters (another
@@ -8,6 +8,13 @@ import path. A plugin module has `register(plugins: Plugins) -> None`.
 A rule returns the violations it finds (an empty iterable when the arguments pass); a rule that
 raises is the chain's `rule_error`, never a crash. An adapter returns the arguments in the current
 internal shape; one that raises is `adapter_error`.
+
+An authorizer decides whether the call's principal may make this call: `True` lets it through,
+`False` refuses it (`unauthorized`, phase `authorization`, not retryable; the model is told only
+that the call is not permitted). It runs after the business rules and the contract's
+`allowed_principals` (a call refused by the list reaches no authorizer); the principal is None
+when the call named none. One that raises, or returns anything but a bool, is
+`authorizer_error`: refused too, never a crash.
 """
 
 from __future__ import annotations
@@ -34,14 +41,27 @@ class RuleContext:
     idempotency_key: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class AuthorizationContext:
+    """What an authorizer knows of a call besides its arguments."""
+
+    schema: SchemaRef
+    tool: str
+    #: who the call is made for, as its records named it (None: they named nobody)
+    principal: str | None
+    idempotency_key: str | None
+
+
 Rule = Callable[[Mapping[str, Any], RuleContext], Iterable[Violation]]
 Adapter = Callable[[Mapping[str, Any]], dict[str, Any]]
+Authorizer = Callable[[Mapping[str, Any], AuthorizationContext], bool]
 
 
 class Plugins:
     def __init__(self) -> None:
         self._rules: dict[str, tuple[Rule, ...]] = {}
         self._adapters: dict[tuple[str, str], Adapter] = {}
+        self._authorizers: dict[str, tuple[Authorizer, ...]] = {}
 
     def rule(self, schema_id: str) -> Callable[[Rule], Rule]:
         """Decorator: run this rule on every schema-valid call of `schema_id`."""
@@ -62,6 +82,19 @@ class Plugins:
             return adapter
 
         return add
+
+    def authorizer(self, schema_id: str) -> Callable[[Authorizer], Authorizer]:
+        """Decorator: ask this authorizer whether the principal may make each call of
+        `schema_id` (every authorizer of a tool must allow it)."""
+
+        def add(authorizer: Authorizer) -> Authorizer:
+            self._authorizers[schema_id] = (*self._authorizers.get(schema_id, ()), authorizer)
+            return authorizer
+
+        return add
+
+    def authorizers_for(self, schema_id: str) -> tuple[Authorizer, ...]:
+        return self._authorizers.get(schema_id, ())
 
     def rules_for(self, schema_id: str) -> tuple[Rule, ...]:
         return self._rules.get(schema_id, ())

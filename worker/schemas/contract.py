@@ -53,6 +53,9 @@ class ContractMeta:
     idempotency: IdempotencyPolicy = IdempotencyPolicy.OPTIONAL
     #: the top-level argument that carries the call's idempotency key, if the contract has one
     idempotency_key_argument: str | None = None
+    #: the principals that may call this tool (None: the contract does not restrict who may;
+    #: empty: nobody may). A call naming no principal is refused when there is a list.
+    allowed_principals: frozenset[str] | None = None
     #: a call of this tool without an idempotency key is rejected (set once, read per call)
     needs_key: bool = field(init=False, repr=False, compare=False)
 

@@ -17,6 +17,8 @@ Rules (each finding names file, JSON Pointer into that file, rule and why):
 * `idempotency-key-argument`: `x-callgate.idempotency_key_argument` names an argument the
   schema does not declare at its top level, or one that may be something else than a string
   (only a string is taken as the call's key: any other value leaves the call without one).
+* `allowed-principals`: `x-callgate.allowed_principals` is not a list of distinct principal
+  names (the contract would not load), or names none (every call of the tool is refused).
 
 A schema may silence rules on purpose with a root annotation
 `"x-lint": {"ignore": ["<rule>", ...], "why": "<reason>"}`; `why` is required, and the
@@ -33,7 +35,13 @@ from typing import Any
 
 from worker.errors import SchemaLoadError
 from worker.schemas.drafts import Draft, draft_of, pointer, walk
-from worker.schemas.registry import OUTPUT_FILE, SCHEMA_FILE, TOOLS_FILE, read_json
+from worker.schemas.registry import (
+    OUTPUT_FILE,
+    SCHEMA_FILE,
+    TOOLS_FILE,
+    principals_problem,
+    read_json,
+)
 from worker.schemas.vetting import ENGINES, vet
 
 _MONEY = re.compile(r"(amount|price|cost|fee|total|balance|salary|payment)", re.IGNORECASE)
@@ -176,6 +184,25 @@ def _key_argument(schema: dict[str, Any], file: str, base: str) -> Iterator[Find
         )
 
 
+def _allowed_principals(schema: dict[str, Any], file: str, base: str) -> Iterator[Finding]:
+    meta = schema.get("x-callgate")
+    if not isinstance(meta, dict) or "allowed_principals" not in meta:
+        return
+    named = meta["allowed_principals"]
+    at = f"{base}/x-callgate/allowed_principals"
+    problem = principals_problem(named)
+    if problem is not None:
+        yield Finding(file, at, "allowed-principals", f"{problem}: the contract would not load")
+    elif not named:
+        yield Finding(
+            file,
+            at,
+            "allowed-principals",
+            "names no principal: every call of this tool is refused (remove the list to let "
+            "every principal call it)",
+        )
+
+
 def _string_only(node: dict[str, Any]) -> bool:
     """Whether a property admits only strings (or null: a strict-mode optional one)."""
     types = _types(node)
@@ -187,6 +214,7 @@ def _string_only(node: dict[str, Any]) -> bool:
 def _findings(schema: Any, file: str, base: str, *, model_input: bool) -> Iterator[Finding]:
     if model_input and isinstance(schema, dict):
         yield from _key_argument(schema, file, base)
+        yield from _allowed_principals(schema, file, base)
     for engine in ENGINES:
         try:
             vet(schema, file=file, engine=engine)

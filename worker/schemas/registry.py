@@ -43,7 +43,23 @@ SCHEMA_FILE = re.compile(rf"^(?P<tool>{_NAME})\.v(?P<version>[0-9]+)\.schema\.js
 OUTPUT_FILE = re.compile(rf"^(?P<tool>{_NAME})\.v(?P<version>[0-9]+)\.output\.schema\.json$")
 TOOLS_FILE = re.compile(rf"^(?P<server>{_NAME})(?:\.v(?P<version>[0-9]+))?\.tools\.json$")
 MCP_DOMAIN = "mcp"
-_META_KEYS = {"side_effects", "requires_approval", "idempotency", "idempotency_key_argument"}
+_META_KEYS = {
+    "side_effects",
+    "requires_approval",
+    "idempotency",
+    "idempotency_key_argument",
+    "allowed_principals",
+}
+
+
+def principals_problem(value: Any) -> str | None:
+    """What is wrong with an `x-callgate.allowed_principals` value (None: nothing). Both the
+    load (`contract_meta`) and `callgate schemas lint` ask here."""
+    if not isinstance(value, list) or not all(type(name) is str and name for name in value):
+        return "must be a list of principal names (non-empty strings)"
+    if len(set(value)) != len(value):
+        return "names a principal twice"
+    return None
 
 
 def file_version(digits: str | None, file: str) -> str:
@@ -100,11 +116,17 @@ def contract_meta(schema: Any, file: str) -> ContractMeta:
         raise SchemaLoadError(
             "x-callgate.idempotency_key_argument must name a top-level argument", file=file
         )
+    principals = raw.get("allowed_principals")
+    if principals is not None:
+        problem = principals_problem(principals)
+        if problem is not None:
+            raise SchemaLoadError(f"x-callgate.allowed_principals {problem}", file=file)
     return ContractMeta(
         side_effects=raw.get("side_effects", False),
         requires_approval=raw.get("requires_approval", False),
         idempotency=idempotency,
         idempotency_key_argument=argument,
+        allowed_principals=frozenset(principals) if principals is not None else None,
     )
 
 

@@ -214,6 +214,8 @@ pub struct CallPiece<'a> {
     pub delta: Cow<'a, str>,
     pub is_final: bool,
     pub idempotency_key: Option<Cow<'a, str>>,
+    /// Who the call is made for (an envelope's `principal`, or a record's `principal` header).
+    pub principal: Option<Cow<'a, str>>,
     pub trace: Option<Box<Trace>>,
     /// The vendor's own final form of the whole text, checked against the assembled text.
     pub expected: Option<Cow<'a, str>>,
@@ -294,6 +296,7 @@ pub struct Closed {
     pub tool: Option<Box<str>>,
     pub tool_version: Option<Box<str>>,
     pub idempotency_key: Option<Box<str>>,
+    pub principal: Option<Box<str>>,
     pub trace: Option<Box<Trace>>,
     pub origin: Option<Box<Origin>>,
     pub text: Vec<u8>,
@@ -361,6 +364,7 @@ impl Tools {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Labels {
     pub idempotency_key: Option<Box<str>>,
+    pub principal: Option<Box<str>>,
     pub trace: Option<Box<Trace>>,
     pub origin: Option<Box<Origin>>,
 }
@@ -457,6 +461,10 @@ impl OpenCall {
         self.labels
             .as_ref()
             .and_then(|l| l.idempotency_key.as_deref())
+    }
+
+    pub fn principal(&self) -> Option<&str> {
+        self.labels.as_ref().and_then(|l| l.principal.as_deref())
     }
 
     pub fn trace(&self) -> Option<&Trace> {
@@ -1103,6 +1111,7 @@ impl<'a> PartitionFeed<'a> {
         };
         let Labels {
             idempotency_key,
+            principal,
             trace,
             origin,
         } = call.labels.map(|labels| *labels).unwrap_or_default();
@@ -1114,6 +1123,7 @@ impl<'a> PartitionFeed<'a> {
             tool,
             tool_version,
             idempotency_key,
+            principal,
             trace,
             origin,
             text: match call.body {
@@ -1167,10 +1177,17 @@ impl Shared<'_> {
             let name = call.tool_name().map(Box::from);
             call.tool = tools.intern(name, piece.tool_version.as_deref().map(Box::from));
         }
-        if piece.idempotency_key.is_some() || piece.trace.is_some() || piece.origin.is_some() {
+        if piece.idempotency_key.is_some()
+            || piece.principal.is_some()
+            || piece.trace.is_some()
+            || piece.origin.is_some()
+        {
             let labels = call.labels.get_or_insert_with(Box::default);
             if labels.idempotency_key.is_none() {
                 labels.idempotency_key = piece.idempotency_key.as_deref().map(Box::from);
+            }
+            if labels.principal.is_none() {
+                labels.principal = piece.principal.as_deref().map(Box::from);
             }
             if labels.trace.is_none() {
                 labels.trace = piece.trace.take();
@@ -1267,7 +1284,8 @@ fn piece_hashes(call: &OpenCall) -> Vec<u64> {
         .collect()
 }
 
-/// A piece that names another channel, tool, version, key or origin than its call already has.
+/// A piece that names another channel, tool, version, key, principal or origin than its call
+/// already has.
 fn contradicts(call: &OpenCall, piece: &CallPiece<'_>) -> bool {
     fn differs(known: Option<&str>, given: &Option<Cow<'_, str>>) -> bool {
         matches!((known, given.as_deref()), (Some(a), Some(b)) if a != b)
@@ -1276,6 +1294,7 @@ fn contradicts(call: &OpenCall, piece: &CallPiece<'_>) -> bool {
         || differs(call.tool_name(), &piece.tool)
         || differs(call.tool_version(), &piece.tool_version)
         || differs(call.idempotency_key(), &piece.idempotency_key)
+        || differs(call.principal(), &piece.principal)
         || matches!((call.origin(), piece.origin.as_deref()), (Some(a), Some(b)) if a != b)
 }
 
@@ -1490,6 +1509,7 @@ mod tests {
                         delta: format!("{offset};").into(),
                         is_final: last,
                         idempotency_key: None,
+                        principal: None,
                         trace: None,
                         expected: None,
                         opens: true,
@@ -1573,6 +1593,7 @@ mod tests {
                 delta: delta.into(),
                 is_final: last,
                 idempotency_key: None,
+                principal: None,
                 trace: None,
                 expected: None,
                 opens: true,

@@ -3,8 +3,13 @@
 //! ```json
 //! {"stream_id": "resp_1", "call_id": "call_1", "seq": 0, "kind": "tool_call",
 //!  "tool": "get_weather", "tool_version": "1", "delta": "{\"city\":\"Hang", "final": false,
-//!  "idempotency_key": null, "trace_id": null, "run_id": null, "step_id": null, "attempt": null}
+//!  "idempotency_key": null, "principal": null, "trace_id": null, "run_id": null,
+//!  "step_id": null, "attempt": null}
 //! ```
+//!
+//! `principal` names who the call is made for (what the gate's authorization phase judges); a
+//! record may name it in its `principal` header instead. Both present and different is
+//! malformed: a record names one principal.
 //!
 //! `kind` is `tool_call | text | refusal | error | end`; an `end` names its stream and an
 //! optional `finish_reason`. Strict: the text must be one JSON object, no field twice, every
@@ -54,6 +59,7 @@ enum Field {
     Delta,
     Final,
     IdempotencyKey,
+    Principal,
     FinishReason,
     TraceId,
     RunId,
@@ -62,7 +68,7 @@ enum Field {
 }
 
 impl Field {
-    const COUNT: usize = 14;
+    const COUNT: usize = 15;
 
     fn named(name: &str) -> Option<Field> {
         Some(match name {
@@ -75,6 +81,7 @@ impl Field {
             "delta" => Field::Delta,
             "final" => Field::Final,
             "idempotency_key" => Field::IdempotencyKey,
+            "principal" => Field::Principal,
             "finish_reason" => Field::FinishReason,
             "trace_id" => Field::TraceId,
             "run_id" => Field::RunId,
@@ -95,6 +102,7 @@ impl Field {
             Field::Delta => "delta",
             Field::Final => "final",
             Field::IdempotencyKey => "idempotency_key",
+            Field::Principal => "principal",
             Field::FinishReason => "finish_reason",
             Field::TraceId => "trace_id",
             Field::RunId => "run_id",
@@ -106,21 +114,28 @@ impl Field {
 
 const KINDS: &str = "['end', 'error', 'refusal', 'text', 'tool_call']";
 
-/// Decode one envelope record. `traceparent` comes from the record's header. The piece borrows
-/// the record's text where it can.
+/// The headers of a record that an envelope's piece takes (each at most `max_id_bytes`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RecordHeaders<'h> {
+    pub traceparent: Option<&'h str>,
+    pub principal: Option<&'h str>,
+}
+
+/// Decode one envelope record with its headers. The piece borrows the record's text where it
+/// can.
 pub fn decode<'a>(
     text: &'a [u8],
-    traceparent: Option<&str>,
+    headers: RecordHeaders<'_>,
     max_id_bytes: usize,
 ) -> Result<Piece<'a>, Malformed> {
-    decode_with(text, traceparent, max_id_bytes, &mut Vec::new())
+    decode_with(text, headers, max_id_bytes, &mut Vec::new())
 }
 
 /// [`decode`] with a buffer for unescaping strings that the caller keeps from one record to the
 /// next (a batch decodes its records through one).
 pub fn decode_with<'a>(
     text: &'a [u8],
-    traceparent: Option<&str>,
+    headers: RecordHeaders<'_>,
     max_id_bytes: usize,
     tape: &mut Vec<u8>,
 ) -> Result<Piece<'a>, Malformed> {
@@ -134,7 +149,7 @@ pub fn decode_with<'a>(
         values: &mut values,
         max_id_bytes,
     }
-    .piece(traceparent)
+    .piece(headers)
 }
 
 type Values<'a> = [Option<Value<'a>>; Field::COUNT];
@@ -303,7 +318,7 @@ impl<'a> Fields<'_, 'a> {
         }
     }
 
-    fn piece(mut self, traceparent: Option<&str>) -> Result<Piece<'a>, Malformed> {
+    fn piece(mut self, headers: RecordHeaders<'_>) -> Result<Piece<'a>, Malformed> {
         let fail = |message: String, stream: Option<&str>, call: Option<&str>| Malformed {
             message,
             stream_id: stream.map(str::to_owned),
@@ -322,7 +337,9 @@ impl<'a> Fields<'_, 'a> {
             },
             _ => return Err(fail(bad_kind(), stream, None)),
         };
-        let trace = self.trace(traceparent).map_err(|m| fail(m, stream, None))?;
+        let trace = self
+            .trace(headers.traceparent)
+            .map_err(|m| fail(m, stream, None))?;
         let Some(channel) = kind else {
             let finish = match self.take(Field::FinishReason) {
                 Value::Null => None,
@@ -401,6 +418,9 @@ impl<'a> Fields<'_, 'a> {
         let idempotency_key = self
             .id(Field::IdempotencyKey)
             .map_err(|m| fail(m, stream, call))?;
+        let principal = self
+            .principal(headers.principal)
+            .map_err(|m| fail(m, stream, call))?;
         Ok(Piece::Call(CallPiece {
             stream_id,
             call_id,
@@ -411,11 +431,33 @@ impl<'a> Fields<'_, 'a> {
             delta,
             is_final,
             idempotency_key,
+            principal,
             trace,
             expected: None,
             opens: true,
             origin: None,
         }))
+    }
+
+    /// The envelope's `principal`, or its record's header; both, only when they are the same.
+    fn principal(&mut self, header: Option<&str>) -> Result<Option<Cow<'a, str>>, String> {
+        let field = self.id(Field::Principal)?;
+        let Some(header) = header else {
+            return Ok(field);
+        };
+        if header.len() > self.max_id_bytes {
+            return Err(format!(
+                "header 'principal' is longer than {} bytes",
+                self.max_id_bytes
+            ));
+        }
+        match field {
+            Some(field) if field != header => Err(
+                "the envelope's 'principal' differs from the record's 'principal' header"
+                    .to_owned(),
+            ),
+            _ => Ok(Some(Cow::Owned(header.to_owned()))),
+        }
     }
 
     fn trace(&mut self, traceparent: Option<&str>) -> Result<Option<Box<Trace>>, String> {
@@ -444,14 +486,14 @@ mod tests {
     use super::*;
 
     fn call(text: &str) -> CallPiece<'_> {
-        match decode(text.as_bytes(), None, 64) {
+        match decode(text.as_bytes(), RecordHeaders::default(), 64) {
             Ok(Piece::Call(piece)) => piece,
             other => panic!("not a call piece: {other:?}"),
         }
     }
 
     fn malformed(text: &str) -> Malformed {
-        decode(text.as_bytes(), None, 64).expect_err("must be malformed")
+        decode(text.as_bytes(), RecordHeaders::default(), 64).expect_err("must be malformed")
     }
 
     #[test]
@@ -508,10 +550,45 @@ mod tests {
     }
 
     #[test]
+    fn a_principal_from_the_envelope_or_the_header_never_two() {
+        let text = r#"{"stream_id":"s","call_id":"c","kind":"tool_call","principal":"alice"}"#;
+        assert_eq!(call(text).principal.as_deref(), Some("alice"));
+        let header = |value| RecordHeaders {
+            principal: Some(value),
+            ..RecordHeaders::default()
+        };
+        let bare = br#"{"stream_id":"s","call_id":"c","kind":"tool_call"}"#;
+        match decode(bare, header("bob"), 64) {
+            Ok(Piece::Call(piece)) => assert_eq!(piece.principal.as_deref(), Some("bob")),
+            other => panic!("not a call piece: {other:?}"),
+        }
+        match decode(text.as_bytes(), header("alice"), 64) {
+            Ok(Piece::Call(piece)) => assert_eq!(piece.principal.as_deref(), Some("alice")),
+            other => panic!("not a call piece: {other:?}"),
+        }
+        let two = decode(text.as_bytes(), header("bob"), 64).expect_err("two principals");
+        assert!(two.message.contains("differs"), "{}", two.message);
+        assert_eq!(two.call_id.as_deref(), Some("c"));
+        let long = "p".repeat(65);
+        let over = decode(bare, header(&long), 64).expect_err("too long");
+        assert_eq!(over.message, "header 'principal' is longer than 64 bytes");
+        let field =
+            format!(r#"{{"stream_id":"s","call_id":"c","kind":"tool_call","principal":"{long}"}}"#);
+        assert!(malformed(&field)
+            .message
+            .contains("\"principal\" is longer than 64"));
+        assert!(
+            malformed(r#"{"stream_id":"s","call_id":"c","kind":"tool_call","principal":1}"#)
+                .message
+                .contains("must be a string or null")
+        );
+    }
+
+    #[test]
     fn an_end_with_a_finish_reason() {
         let piece = decode(
             br#"{"stream_id":"s","kind":"end","finish_reason":"length"}"#,
-            None,
+            RecordHeaders::default(),
             64,
         );
         assert!(matches!(
@@ -568,7 +645,7 @@ mod tests {
         }
         let mut text = br#"{"stream_id":"s","call_id":"c","kind":"tool_call","x":"#.to_vec();
         text.extend_from_slice(b"[\"\xff\"]}");
-        let bad = decode(&text, None, 64).expect_err("not UTF-8");
+        let bad = decode(&text, RecordHeaders::default(), 64).expect_err("not UTF-8");
         assert!(bad.message.contains("not valid UTF-8"), "{}", bad.message);
         let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
         let bad = malformed(&format!(

@@ -10,14 +10,14 @@
 //!  "source": {"topic": "model-output", "partition": 2, "first_offset": 40, "last_offset": 43},
 //!  "metrics": {"chunks": 4, "bytes": 17, "duplicate_chunks": 0, "phases_us": {"assembly": 3}},
 //!  "arguments": {…}, "requires_approval": false, "call_kind": "custom_tool_call",
-//!  "caller": {"type": "program", …}, "trace_id": "…", …}
+//!  "caller": {"type": "program", …}, "principal": "…", "trace_id": "…", …}
 //! ```
 //!
 //! `arguments` and `requires_approval` only on accepted events; `arguments` is embedded as the
 //! JSON text it was validated as (or re-encoded by a version adapter), never re-serialized here.
 //! `call_kind` only for a call that is not a plain function call, `caller` (embedded as the
-//! adapter gave it, a JSON object) only for a call the model did not make itself, the trace
-//! fields only when set. [`encode`] returns None when the event would exceed the byte
+//! adapter gave it, a JSON object) only for a call the model did not make itself, `principal`
+//! and the trace fields only when set. [`encode`] returns None when the event would exceed the byte
 //! bound it is given: the caller decides what to send instead.
 //!
 //! [`encode`] writes it from plain borrowed fields ([`Call`], [`Verdict`]); the Python face reads
@@ -171,6 +171,8 @@ pub struct Call<'a> {
     pub call_kind: CallKind,
     /// JSON text of an object.
     pub caller: Option<&'a str>,
+    /// Who the call is made for, as its records named it.
+    pub principal: Option<&'a str>,
 }
 
 /// The schema a call was judged against.
@@ -327,6 +329,7 @@ pub fn encode(call: &Call<'_>, verdict: &Verdict<'_>, max_bytes: usize) -> Optio
         w.raw(caller.as_bytes());
     }
     let trace = [
+        ("principal", call.principal),
         ("trace_id", call.trace_id),
         ("run_id", call.run_id),
         ("step_id", call.step_id),
@@ -412,6 +415,7 @@ mod tests {
             attempt: Some(3),
             call_kind: CallKind::Function,
             caller: None,
+            principal: None,
         }
     }
 
@@ -476,6 +480,26 @@ mod tests {
         let plain = encode(&call(), &verdict("accepted"), 4096).expect("fits");
         let plain = String::from_utf8(plain).expect("UTF-8");
         assert!(!plain.contains("call_kind") && !plain.contains("caller"));
+    }
+
+    #[test]
+    fn a_call_made_for_a_principal_names_it_on_every_outcome() {
+        let named = Call {
+            principal: Some("team-a\"x"),
+            ..call()
+        };
+        for outcome in ["accepted", "rejected", "incomplete"] {
+            let event = encode(&named, &verdict(outcome), 4096).expect("fits");
+            let event = String::from_utf8(event).expect("UTF-8");
+            assert!(
+                event.contains(r#","principal":"team-a\"x","run_id":"r","#),
+                "{event}"
+            );
+        }
+        let plain = encode(&call(), &verdict("accepted"), 4096).expect("fits");
+        assert!(!String::from_utf8(plain)
+            .expect("UTF-8")
+            .contains("principal"));
     }
 
     #[test]

@@ -88,9 +88,16 @@ fn check_agrees(data: &[u8], parsed: &Result<Value, Failure>) {
 const MAX_ID_BYTES: usize = 16;
 
 pub fn envelope_check(data: &[u8]) {
-    if let Ok(Piece::Call(piece)) = envelope::decode(data, None, MAX_ID_BYTES) {
+    if let Ok(Piece::Call(piece)) =
+        envelope::decode(data, envelope::RecordHeaders::default(), MAX_ID_BYTES)
+    {
         assert!(piece.stream_id.len() <= MAX_ID_BYTES && piece.call_id.len() <= MAX_ID_BYTES);
-        for id in [&piece.tool, &piece.tool_version, &piece.idempotency_key] {
+        for id in [
+            &piece.tool,
+            &piece.tool_version,
+            &piece.idempotency_key,
+            &piece.principal,
+        ] {
             assert!(id.as_ref().is_none_or(|id| id.len() <= MAX_ID_BYTES));
         }
     }
@@ -139,6 +146,9 @@ fn script(data: &[u8]) -> Vec<Step> {
                 delta: "ab{}\"".chars().take(usize::from(more % 6)).collect(),
                 is_final: op & 0x40 != 0,
                 idempotency_key: None,
+                // now and then a principal, and another on the same call (a contradiction)
+                principal: (op & 0x20 != 0 && more % 4 >= 2)
+                    .then_some(Cow::Borrowed(if more % 16 >= 8 { "p" } else { "q" })),
                 trace: None,
                 expected: (op & 0x80 != 0).then_some(Cow::Borrowed("ab")),
                 opens: op & 0x08 == 0 || op & 0x20 != 0,

@@ -9,7 +9,8 @@
 //! then its deltas in order rebuilds the state exactly, activity order included, so a restored
 //! partition decides what the original would have decided.
 //!
-//! Format: the 4 bytes `CGA2` (callgate assembler, version 2: a call's origin joined its fields),
+//! Format: the 4 bytes `CGA3` (callgate assembler, version 3: a call's principal joined its
+//! fields; version 2 added its origin),
 //! then one postcard-encoded [`Frame`]. A new version gets a new tag; an unknown tag is refused,
 //! never guessed at (a frame of another version of callgate is named as such).
 
@@ -25,9 +26,9 @@ use crate::assembler::{
 };
 use crate::origin::Origin;
 
-const TAG: &[u8; 4] = b"CGA2";
+const TAG: &[u8; 4] = b"CGA3";
 /// The tags of the versions before this one.
-const OLDER: [&[u8; 4]; 1] = [b"CGA1"];
+const OLDER: [&[u8; 4]; 2] = [b"CGA1", b"CGA2"];
 
 #[derive(Serialize, Deserialize)]
 enum Frame {
@@ -75,6 +76,7 @@ struct CallState {
     tool: Option<Box<str>>,
     tool_version: Option<Box<str>>,
     idempotency_key: Option<Box<str>>,
+    principal: Option<Box<str>>,
     trace: Option<Box<Trace>>,
     origin: Option<Box<Origin>>,
     first_offset: i64,
@@ -100,6 +102,7 @@ impl CallState {
             tool: call.tool_name().map(Box::from),
             tool_version: call.tool_version().map(Box::from),
             idempotency_key: call.idempotency_key().map(Box::from),
+            principal: call.principal().map(Box::from),
             trace: call.trace().cloned().map(Box::new),
             origin: call.origin().cloned().map(Box::new),
             first_offset: call.first_offset,
@@ -152,11 +155,13 @@ impl CallState {
             None => return Err("a call's text, its pieces and its size disagree".to_owned()),
         };
         let labels = (self.idempotency_key.is_some()
+            || self.principal.is_some()
             || self.trace.is_some()
             || self.origin.is_some())
         .then(|| {
             Box::new(Labels {
                 idempotency_key: self.idempotency_key,
+                principal: self.principal,
                 trace: self.trace,
                 origin: self.origin,
             })
@@ -447,6 +452,8 @@ mod tests {
             tool: (seq == Some(0)).then(|| "t".into()),
             tool_version: None,
             idempotency_key: None,
+            // stream c's calls name a principal, which a restore must keep
+            principal: (seq == Some(0) && stream == "c").then(|| format!("p-{call}").into()),
             trace: None,
             delta: delta.to_owned().into(),
             is_final: last,
@@ -566,7 +573,7 @@ mod tests {
         let older = restore(&mut assembler, &scope, &[b"CGA1\x00".to_vec()]);
         assert_eq!(
             older.unwrap_err(),
-            "a snapshot written by an older callgate (CGA1); this one reads CGA2"
+            "a snapshot written by an older callgate (CGA1); this one reads CGA3"
         );
         let delta = write_delta(&mut assembler, &scope);
         assert!(restore(&mut assembler, &scope, &[delta]).is_err());

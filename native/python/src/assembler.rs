@@ -23,6 +23,7 @@ use crate::call::AssembledCall;
 
 const CONTENT_FORMAT: &str = "content-format";
 const TRACEPARENT: &str = "traceparent";
+const PRINCIPAL: &str = "principal";
 
 /// One piece of model output for one stream, as an adapter makes it.
 ///
@@ -33,7 +34,8 @@ const TRACEPARENT: &str = "traceparent";
 /// `expected` on a final piece is the vendor's own final text of the whole call. A tool call's
 /// first piece may state its origin: `call_kind` (a `worker.model.CallKind` value; a plain
 /// function call when not given), `caller` (the vendor's JSON object naming who made the call)
-/// and `double_encoded` (its server is known to double-encode arguments).
+/// and `double_encoded` (its server is known to double-encode arguments). `principal` names who
+/// the call is made for (a vendor record's `principal` header).
 #[pyclass(module = "worker._native", frozen, get_all)]
 #[derive(Clone)]
 pub struct Chunk {
@@ -48,6 +50,7 @@ pub struct Chunk {
     is_final: bool,
     finish_reason: Option<String>,
     idempotency_key: Option<String>,
+    principal: Option<String>,
     trace_id: Option<String>,
     run_id: Option<String>,
     step_id: Option<String>,
@@ -66,7 +69,7 @@ impl Chunk {
     #[pyo3(signature = (
         stream_id, kind, call_id=None, *, seq=None, tool=None, tool_version=None,
         delta=String::new(), r#final=false, finish_reason=None, idempotency_key=None,
-        trace_id=None, run_id=None, step_id=None, traceparent=None, attempt=None,
+        principal=None, trace_id=None, run_id=None, step_id=None, traceparent=None, attempt=None,
         expected=None, error=None, call_kind=None, caller=None, double_encoded=false,
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -81,6 +84,7 @@ impl Chunk {
         r#final: bool,
         finish_reason: Option<String>,
         idempotency_key: Option<String>,
+        principal: Option<String>,
         trace_id: Option<String>,
         run_id: Option<String>,
         step_id: Option<String>,
@@ -103,6 +107,7 @@ impl Chunk {
             is_final: r#final,
             finish_reason,
             idempotency_key,
+            principal,
             trace_id,
             run_id,
             step_id,
@@ -140,6 +145,7 @@ impl Chunk {
             is_final: self.is_final,
             finish_reason: self.finish_reason.as_deref(),
             idempotency_key: self.idempotency_key.as_deref(),
+            principal: self.principal.as_deref(),
             trace_id: self.trace_id.as_deref(),
             run_id: self.run_id.as_deref(),
             step_id: self.step_id.as_deref(),
@@ -175,6 +181,8 @@ struct Record<'py> {
     key: Option<RecordKey<'py>>,
     format: Option<String>,
     traceparent: Option<String>,
+    /// the `principal` header as it came (its bytes must be UTF-8)
+    principal: Option<Vec<u8>>,
 }
 
 /// A record's key: the bytes object itself (read without a copy), or any other bytes-like.
@@ -324,6 +332,7 @@ fn read_record<'py>(py: Python<'py>, object: Bound<'py, PyAny>) -> PyResult<Reco
     let headers = object.getattr(pyo3::intern!(py, "headers"))?;
     let mut format = None;
     let mut traceparent = None;
+    let mut principal = None;
     if !headers.is_none() && headers.len()? > 0 {
         for header in headers.try_iter()? {
             let (name, value): (String, Option<Vec<u8>>) = header?.extract()?;
@@ -332,6 +341,8 @@ fn read_record<'py>(py: Python<'py>, object: Bound<'py, PyAny>) -> PyResult<Reco
                 format = Some(text());
             } else if name == TRACEPARENT {
                 traceparent = Some(text());
+            } else if name == PRINCIPAL {
+                principal = value;
             }
         }
     }
@@ -343,6 +354,7 @@ fn read_record<'py>(py: Python<'py>, object: Bound<'py, PyAny>) -> PyResult<Reco
         key,
         format,
         traceparent,
+        principal,
     })
 }
 
@@ -400,11 +412,17 @@ impl Assembler {
             read.push(read_record(py, object?)?);
         }
         let records = read;
-        // each canonical envelope's text and traceparent (a record's own objects stay here)
-        let envelopes: Vec<Option<(&[u8], Option<&str>)>> = records
+        // each canonical envelope's text, traceparent and principal (a record's own objects stay
+        // here)
+        type Envelope<'r> = (&'r [u8], Option<&'r str>, Option<&'r [u8]>);
+        let envelopes: Vec<Option<Envelope<'_>>> = records
             .iter()
             .map(|r| match (&r.value, &r.format) {
-                (Some(value), None) => Some((value.as_bytes(), r.traceparent.as_deref())),
+                (Some(value), None) => Some((
+                    value.as_bytes(),
+                    r.traceparent.as_deref(),
+                    r.principal.as_deref(),
+                )),
                 _ => None,
             })
             .collect();
@@ -414,16 +432,25 @@ impl Assembler {
             envelopes
                 .into_iter()
                 .map(|envelope| {
-                    let (value, traceparent) = envelope?;
-                    Some(match traceparent {
-                        Some(tp) if tp.len() > max_id_bytes => Err(Malformed {
-                            message: format!(
-                                "header 'traceparent' is longer than {max_id_bytes} bytes"
-                            ),
-                            stream_id: None,
-                            call_id: None,
-                        }),
-                        _ => envelope::decode_with(value, traceparent, max_id_bytes, &mut tape),
+                    let (value, traceparent, principal) = envelope?;
+                    let refused = |message: String| Malformed {
+                        message,
+                        stream_id: None,
+                        call_id: None,
+                    };
+                    let principal = principal.map(std::str::from_utf8).transpose();
+                    Some(match (traceparent, principal) {
+                        (Some(tp), _) if tp.len() > max_id_bytes => Err(refused(format!(
+                            "header 'traceparent' is longer than {max_id_bytes} bytes"
+                        ))),
+                        (_, Err(_)) => Err(refused("header 'principal' is not UTF-8".to_owned())),
+                        (traceparent, Ok(principal)) => {
+                            let headers = envelope::RecordHeaders {
+                                traceparent,
+                                principal,
+                            };
+                            envelope::decode_with(value, headers, max_id_bytes, &mut tape)
+                        }
                     })
                 })
                 .collect()

@@ -16,7 +16,8 @@ use pyo3::types::{PyBytes, PyString, PyTuple};
 /// already known. `arguments` holds the text only for a call that ended complete; `nbytes`
 /// counts what was received either way. `event_id` names the call: its partition, where it
 /// began, its stream and call id. `call_kind`, `caller` and `double_encoded` are the origin its
-/// adapter stated (`Chunk`): a plain function call the model made by default.
+/// adapter stated (`Chunk`): a plain function call the model made by default. `principal` is who
+/// the call is made for, as its records named it (what the authorization phase judges).
 #[pyclass(module = "worker._native", frozen, get_all)]
 pub struct AssembledCall {
     stream_id: Py<PyString>,
@@ -26,6 +27,7 @@ pub struct AssembledCall {
     channel: Py<PyString>,
     tool_version: Option<Py<PyString>>,
     idempotency_key: Option<Py<PyString>>,
+    principal: Option<Py<PyString>>,
     trace_id: Option<Py<PyString>>,
     run_id: Option<Py<PyString>>,
     step_id: Option<Py<PyString>>,
@@ -58,7 +60,7 @@ impl AssembledCall {
         attempt=None, topic="", partition=0, first_offset=0, last_offset=None, chunks=1,
         duplicate_chunks=0, nbytes=None, incomplete=None, assembly_error=None,
         assembly_detail=None, assembly_us=0, call_kind="function_call", caller=None,
-        double_encoded=false,
+        double_encoded=false, principal=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -89,6 +91,7 @@ impl AssembledCall {
         call_kind: &str,
         caller: Option<&str>,
         double_encoded: bool,
+        principal: Option<&str>,
     ) -> PyResult<Self> {
         let kind = origin::call_kind(call_kind).map_err(PyValueError::new_err)?;
         if let Some(caller) = caller {
@@ -104,6 +107,7 @@ impl AssembledCall {
             channel: PyString::new(py, channel).unbind(),
             tool_version: text(tool_version),
             idempotency_key: text(idempotency_key),
+            principal: text(principal),
             trace_id: text(trace_id),
             run_id: text(run_id),
             step_id: text(step_id),
@@ -166,6 +170,7 @@ impl AssembledCall {
             channel: PyString::intern(py, closed.channel.as_str()).unbind(),
             tool_version: text(&closed.tool_version),
             idempotency_key: text(&closed.idempotency_key),
+            principal: text(&closed.principal),
             trace_id: text(&trace.trace_id),
             run_id: text(&trace.run_id),
             step_id: text(&trace.step_id),
@@ -210,6 +215,7 @@ impl AssembledCall {
             channel: PyString::intern(py, Channel::ToolCall.as_str()).unbind(),
             tool_version: None,
             idempotency_key: None,
+            principal: None,
             trace_id: None,
             run_id: None,
             step_id: None,
@@ -259,6 +265,7 @@ impl AssembledCall {
             call_kind: origin::call_kind(self.call_kind.bind(py).to_str()?)
                 .map_err(PyValueError::new_err)?,
             caller: text(&self.caller)?,
+            principal: text(&self.principal)?,
         })
     }
 }
