@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -442,25 +443,120 @@ def chat_stream(draw: st.DrawFn) -> list[bytes]:
     if draw(st.booleans()):
         chunks.append(_USAGE)
     done = draw(st.booleans())
-    for _ in range(draw(st.integers(0, 4))):
-        i = draw(st.integers(0, len(chunks) - 1))
-        fault = draw(st.sampled_from(["delete", "duplicate", "swap", "text", "late"]))
-        if fault == "delete":
-            del chunks[i]
-        elif fault == "duplicate":
-            chunks.insert(draw(st.integers(i + 1, len(chunks))), chunks[i])
-        elif fault == "swap" and i + 1 < len(chunks):
-            chunks[i], chunks[i + 1] = chunks[i + 1], chunks[i]
-        elif fault == "text":
-            calls = (chunks[i].get("choices") or [{}])[0].get("delta", {}).get("tool_calls")
-            if calls:
-                changed = json.loads(json.dumps(chunks[i]))
-                function = changed["choices"][0]["delta"]["tool_calls"][0]["function"]
-                function["arguments"] = draw(st.sampled_from(['"', "}", "1", ",", "", "{}"]))
-                chunks[i] = changed
-        elif fault == "late":
-            late = {"index": 9, "id": "call_late", "type": "function"}
-            late["function"] = {"name": "note", "arguments": "{}"}
-            chunks.append(_chunk({"tool_calls": [late]}))
+
+    def changed(chunk: dict[str, Any]) -> dict[str, Any] | None:
+        calls = (chunk.get("choices") or [{}])[0].get("delta", {}).get("tool_calls")
+        if not calls:
+            return None
+        copy = json.loads(json.dumps(chunk))
+        function = copy["choices"][0]["delta"]["tool_calls"][0]["function"]
+        function["arguments"] = draw(_CHANGED_TEXT)
+        return copy
+
+    late = {"index": 9, "id": "call_late", "type": "function"}
+    late["function"] = {"name": "note", "arguments": "{}"}
+    chunks = draw(vendor_faults(chunks, changed, [_chunk({"tool_calls": [late]})]))
     records = [json.dumps(c, ensure_ascii=False).encode() for c in chunks]
     return [*records, b"[DONE]"] if done else records
+
+
+_CHANGED_TEXT = st.sampled_from(['"', "}", "1", ",", "", "{}"])
+
+
+@st.composite
+def vendor_faults(
+    draw: st.DrawFn,
+    events: list[Any],
+    change: Callable[[Any], Any | None],
+    late: list[Any],
+) -> list[Any]:
+    """`events` after up to four transport faults: one deleted, repeated later, swapped with
+    the next, changed in place (`change` gives the changed copy, or None for an event it does
+    not change), or one of `late` sent at the end."""
+    events = list(events)
+    for _ in range(draw(st.integers(0, 4))):
+        if not events:
+            break
+        i = draw(st.integers(0, len(events) - 1))
+        fault = draw(st.sampled_from(["delete", "duplicate", "swap", "change", "late"]))
+        if fault == "delete":
+            del events[i]
+        elif fault == "duplicate":
+            events.insert(draw(st.integers(i + 1, len(events))), events[i])
+        elif fault == "swap" and i + 1 < len(events):
+            events[i], events[i + 1] = events[i + 1], events[i]
+        elif fault == "change":
+            events[i] = change(events[i]) or events[i]
+        elif fault == "late":
+            events.append(draw(st.sampled_from(late)))
+    return events
+
+
+@st.composite
+def anthropic_stream(draw: st.DrawFn) -> list[bytes]:
+    """One Messages stream: perhaps a text block, one to three `tool_use` blocks whose input
+    comes in `input_json_delta` pieces, pings, the stop reason and `message_stop`; then up to
+    four transport faults (`vendor_faults`), a late event being a ping or a new block."""
+    events: list[dict[str, Any]] = [
+        {
+            "type": "message_start",
+            "message": {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-test",
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 9, "output_tokens": 1},
+            },
+        }
+    ]
+    blocks: list[tuple[str, str, str]] = []
+    if draw(st.booleans()):
+        blocks.append(("text", "", draw(_TEXT)))
+    for _ in range(draw(st.integers(1, 3))):
+        tool, _, text = draw(arguments_text())
+        blocks.append(("tool_use", tool, text))
+    for index, (kind, tool, text) in enumerate(blocks):
+        if kind == "text":
+            block: dict[str, Any] = {"type": "text", "text": ""}
+        else:
+            block = {"type": "tool_use", "id": f"toolu_{index}", "name": tool, "input": {}}
+        events.append({"type": "content_block_start", "index": index, "content_block": block})
+        for piece in _cut(draw, text):
+            delta = (
+                {"type": "text_delta", "text": piece}
+                if kind == "text"
+                else {"type": "input_json_delta", "partial_json": piece}
+            )
+            events.append({"type": "content_block_delta", "index": index, "delta": delta})
+        events.append({"type": "content_block_stop", "index": index})
+        if draw(st.integers(0, 4)) == 2:
+            events.append({"type": "ping"})
+    reason = draw(
+        st.sampled_from(["tool_use", "end_turn", "max_tokens", "stop_sequence", "refusal"])
+    )
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": None},
+            "usage": {"output_tokens": 99},
+        }
+    )
+    events.append({"type": "message_stop"})
+
+    def changed(event: dict[str, Any]) -> dict[str, Any] | None:
+        if event.get("delta", {}).get("type") != "input_json_delta":
+            return None
+        copy = json.loads(json.dumps(event))
+        copy["delta"]["partial_json"] = draw(_CHANGED_TEXT)
+        return copy
+
+    late_block = {"type": "tool_use", "id": "toolu_late", "name": "note", "input": {}}
+    late = [
+        {"type": "ping"},
+        {"type": "content_block_start", "index": len(blocks), "content_block": late_block},
+    ]
+    events = draw(vendor_faults(events, changed, late))
+    return [json.dumps(e, ensure_ascii=False).encode() for e in events]

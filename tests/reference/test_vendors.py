@@ -1,0 +1,57 @@
+"""The gate's events on hostile vendor streams equal the reference judge's.
+
+For each vendor format the reference reads (`tests/reference/chat.py`: OpenAI Chat
+Completions; `tests/reference/anthropic.py`: Anthropic Messages), generated streams
+(`traffic.chat_stream`, `traffic.anthropic_stream`) go through `callgate check --format ...`
+(a recorded SSE file) and through the worker's processor (the events as records keyed by the
+stream id with their `content-format`, fed in fetched batches cut at drawn places; SSE's
+`[DONE]` is no record); both must give exactly the events the reference derives from the
+README, in the fields `Expected` names, with no `event_id` twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tests.reference import anthropic, chat, traffic
+from tests.reference.conftest import TIMEOUT, repeat
+from tests.reference.envelope import Unmodeled
+from tests.reference.gate import RealGate, event_ids, observed, same
+
+pytestmark = pytest.mark.timeout(TIMEOUT)
+
+VENDORS: dict[str, tuple[Callable[[], st.SearchStrategy[list[bytes]]], Any]] = {
+    "openai.chat": (traffic.chat_stream, chat.judge),
+    "anthropic.messages": (traffic.anthropic_stream, anthropic.judge),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(VENDORS))
+def test_the_gate_decides_every_vendor_call_as_the_reference(gate: RealGate, fmt: str) -> None:
+    repeat(lambda: _decided_alike(gate, fmt))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), cuts=st.lists(st.integers(0, 30), max_size=3))
+def _decided_alike(gate: RealGate, fmt: str, data: st.DataObject, cuts: list[int]) -> None:
+    stream, judge = VENDORS[fmt]
+    records = data.draw(stream())
+    try:
+        expected = judge(records, "stream", gate.contracts, gate.limits)
+    except Unmodeled:
+        assume(False)
+        return
+    fetched = [r for r in records if r != b"[DONE]"]
+    for path, events in (
+        ("check", gate.check(records, fmt)),
+        ("keyed", gate.keyed(fetched, fmt, cuts)),
+    ):
+        got = observed(events)
+        assert same(got, expected), (path, got, expected)
+        ids = event_ids(events)
+        assert len(set(ids)) == len(ids), (path, ids)
