@@ -171,3 +171,19 @@ def test_the_demo_runs_from_the_installed_wheel_outside_the_repository(
     assert "embedded broker stopped" in demo.stdout
     assert "accepted" in demo.stdout
     assert not (elsewhere / "schemas").exists()
+
+
+def test_no_tracked_link_points_outside_the_repository() -> None:
+    """A fresh clone stands alone: no tracked symbolic link leads out of it (a worktree's link
+    to a shared cache, committed, replaced that cache with a link to itself on checkout)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    ).stdout.splitlines()
+    links = [line.split("\t", 1)[1] for line in listed if line.startswith("120000 ")]
+    outside = [
+        path
+        for path in links
+        if not (REPO / path).resolve(strict=False).is_relative_to(REPO.resolve())
+        or os.path.isabs(os.readlink(REPO / path))
+    ]
+    assert not outside, outside

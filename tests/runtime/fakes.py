@@ -336,6 +336,8 @@ class FakeConsumer:
         self.held_up: asyncio.Event | None = None
         #: the broker does not answer fetches (it is down): nothing fetched, nothing stamped
         self.unanswered = False
+        #: what every fetch raises (a grant the cluster finds missing)
+        self.refusal: Exception | None = None
         #: the wall clock the fetch answers are stamped with (as aiokafka's `time.time()`)
         self.wall: Callable[[], float] = time.time
         self._answered: dict[TopicPartition, int] = {}
@@ -382,6 +384,8 @@ class FakeConsumer:
             await self.held_up.wait()
         if not self.assigned:
             await self.join()
+        if self.refusal is not None:
+            raise self.refusal
         if self.unanswered:
             await asyncio.sleep(0)
             return {}

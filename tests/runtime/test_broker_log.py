@@ -72,10 +72,14 @@ def test_repeats_are_counted_written_once_per_kind_and_none_while_unreachable(
     # a client's INFO is no repeat
     assert repeats.filter(record("aiokafka", logging.INFO, "Discovered coordinator"))
     now[0] += 61  # a kind is written again once per reminder interval
-    assert repeats.filter(failed[0])
+    assert repeats.filter(record(client, logging.ERROR, "Failed fetch messages from %s", 6))
     state.observe("unreachable")
     now[0] += 61
-    assert not repeats.filter(failed[0])  # nothing while Kafka is unreachable
+    # nothing while Kafka is unreachable
+    assert not repeats.filter(record(client, logging.ERROR, "Failed fetch messages from %s", 7))
+    # a record passes each handler's filters: decided once
+    assert not repeats.filter(failed[1])
+    assert repeats.filter(failed[0])
     counted = series(scrape(metrics), "callgate_kafka_client_log_records_total")
     assert counted == {
         frozenset({("level", "error")}): 7.0,
@@ -100,6 +104,7 @@ def test_a_repeat_with_a_traceback_is_written_on_one_line(now: list[float]) -> N
         )
     assert repeats.filter(made)
     assert made.exc_info is None
+    assert made.levelname == "WARNING"  # the worker's own lines say what is an error
     assert logging.Formatter().format(made) == (
         "Unable connect to node 1: ConnectionError('Connect call failed')"
     )
@@ -108,8 +113,11 @@ def test_a_repeat_with_a_traceback_is_written_on_one_line(now: list[float]) -> N
 def test_nothing_repeats_while_the_membership_is_taken_for_lost(now: list[float]) -> None:
     state = BrokerState(lambda: now[0])
     repeats = RepeatFilter(state, Metrics({}), lambda: now[0])
-    expired = record("aiokafka.consumer.group_coordinator", logging.ERROR, "Heartbeat expired")
+
+    def expired() -> logging.LogRecord:
+        return record("aiokafka.consumer.group_coordinator", logging.ERROR, "Heartbeat expired")
+
     state.membership_lost = True
-    assert not repeats.filter(expired)
+    assert not repeats.filter(expired())
     state.membership_lost = False
-    assert repeats.filter(expired)
+    assert repeats.filter(expired())

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from worker._native import AssembledCall
 from worker.core.events import idempotency_request, record_headers, record_key
 from worker.model import Outcome, SchemaRef, Verdict
-from worker.runtime.provision import Role, acl_commands, grants, plan
+from worker.runtime.provision import Role, acl_commands, grants, not_authorized, plan
 from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
 from worker.settings import Settings
 
@@ -197,3 +197,38 @@ def test_the_shadow_topic_is_planned_and_granted_as_an_outcome_topic() -> None:
     (grant,) = [g for g in grants(conf) if g.name == "flips"]
     assert grant.operations == ("Write",)
     assert all(p.name != "flips" for p in plan(settings_with(topics={"input": "in"}), {}))
+
+
+def test_a_refusal_names_the_operations_and_the_resource_of_its_grant() -> None:
+    conf = settings_with(
+        kafka={"group_id": "gate"},
+        topics={"input": "in", "accepted": "ok"},
+        delivery={"guarantee": "exactly_once"},
+    )
+    said = {
+        (resource, name): str(not_authorized(conf, resource, name))
+        for resource, name in (
+            ("topic", "in"),
+            ("topic", "ok"),
+            ("topic", changelog_topic("gate", "in")),
+            ("group", "gate"),
+            ("transactional-id", "gate-in-3"),
+            ("topic", "elsewhere"),
+        )
+    }
+    assert "needs Read on topic in (consume the input)" in said[("topic", "in")]
+    assert "needs Write on topic ok (write outcome events)" in said[("topic", "ok")]
+    assert (
+        "needs Read, Write, Create, Alter, DescribeConfigs on topic gate-in-changelog"
+        in (said[("topic", changelog_topic("gate", "in"))])
+    )
+    assert "needs Read on group gate" in said[("group", "gate")]
+    assert (
+        "needs Write on transactional-id gate-in-3 (prefix gate-)"
+        in (said[("transactional-id", "gate-in-3")])
+    )
+    assert "needs access to topic elsewhere;" in said[("topic", "elsewhere")]
+    assert all(
+        text.endswith("`callgate topics acls` prints every grant these settings need")
+        for text in said.values()
+    )

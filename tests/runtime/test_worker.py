@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import RecordTooLargeError, RequestTimedOutError
+from aiokafka.errors import GroupAuthorizationFailedError, RecordTooLargeError, RequestTimedOutError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -1405,4 +1405,20 @@ async def test_ready_while_fetches_are_answered_and_writes_acknowledged_within_t
     broker.deliver()
     await run_until_idle(worker, broker)
     assert worker.readiness()[0]
+    await worker.close()
+
+
+async def test_a_grant_the_cluster_finds_missing_stops_the_worker_naming_it() -> None:
+    """The group's Read refused on a fetch: the worker stops (never retries) with the grant
+    named as `callgate topics acls` states it."""
+    broker = new_broker()
+    worker = new_worker(broker)
+    await worker.start()
+    consumer(worker).refusal = GroupAuthorizationFailedError()
+    with pytest.raises(BrokerError) as raised:
+        await asyncio.wait_for(worker.run(), ROUND_S)
+    assert str(raised.value).startswith(
+        f"not authorized: the worker's principal needs Read on group {GROUP} (join the consumer"
+    )
+    assert "`callgate topics acls`" in str(raised.value)
     await worker.close()

@@ -272,6 +272,13 @@ class Scenario:
     def tails(self) -> str:
         return "\n".join(w.tail() for w in self.workers)
 
+    def assert_logs_clean(self) -> None:
+        """No worker's log has a traceback (a bug), nor an exception nobody retrieved."""
+        for worker in self.workers:
+            text = worker.text()
+            assert "Traceback" not in text, worker.tail(80)
+            assert "was never retrieved" not in text, worker.tail(80)
+
     async def cleanup(self) -> None:
         for worker in self.workers:
             worker.cleanup()
@@ -498,6 +505,11 @@ async def _a_member_paused_past_its_session(scenario: Scenario, *, exactly_once:
         schedule.done(1)
         await scenario.wait_finished(tail, traffic, feeder)
         await scenario.stop_all()
+    scenario.assert_logs_clean()
+    # the expected event is one line; the refused heartbeats and commits after it are counted
+    assert paused.count(STALLED) == 1, paused.tail(60)
+    for repeat in ("commit failed", "OffsetCommit failed", "Heartbeat session expired"):
+        assert paused.count(repeat) <= 1, paused.tail(60)
     await scenario.verdicts(
         traffic,
         exactly_once=exactly_once,
@@ -527,6 +539,8 @@ PAUSE_S = 15.0
 PAUSES = 4
 #: what a worker logs when its producer of a partition was fenced by a newer one
 FENCED = "fenced, a newer owner has it"
+#: the one line a member that stalled past its session writes (`fetcher.Membership`)
+STALLED = "past the session"
 
 
 @pytest.mark.timeout(900)
@@ -578,6 +592,9 @@ async def test_exactly_once_a_member_paused_right_after_assignment_never_fences_
                 f"a paused member fenced its successor\n{other.tail()}"
             )
             await scenario.stop_all()
+        scenario.assert_logs_clean()
+        for paused in scenario.workers[1:]:
+            assert paused.count(STALLED) == 1, paused.tail(60)
         await scenario.verdicts(traffic, exactly_once=True, pauses=PAUSES, pause_s=PAUSE_S)
     finally:
         await scenario.cleanup()

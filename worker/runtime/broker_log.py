@@ -16,8 +16,10 @@ thousands of ERROR lines a minute that say one thing. So:
   written only while Kafka is reachable and the worker's group membership is not taken for lost
   (a member that stalled past its session says so once, and the refused heartbeats and commits
   that follow are that event), and each kind (logger and message) at most once per
-  `REMINDER_S`, on one line: a traceback the client attaches is cut to its exception's repr (the
-  failure is an expected one, not a bug in the worker).
+  `REMINDER_S`, on one line, at WARNING: a traceback the client attaches is cut to its
+  exception's repr, and the client's ERROR is one request's failure (a coordinator not found
+  yet, a connection refused), which the worker's own lines judge (the failure is an expected
+  one, not a bug in the worker).
 
 Time is the caller's clock.
 """
@@ -38,6 +40,8 @@ REPEATS = {"repeats": True}
 REMINDER_S = 300.0
 #: the loggers of the Kafka client
 CLIENT_LOGGER = "aiokafka"
+#: the attribute a record carries once the filter decided on it
+_DECIDED = "callgate_repeat_written"
 
 
 class BrokerState:
@@ -107,8 +111,16 @@ class RepeatFilter(logging.Filter):
         self._written: dict[tuple[str, str], float] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
+        decided = getattr(record, _DECIDED, None)  # a record passes each handler's filters
+        if decided is not None:
+            return bool(decided)
         if record.levelno < logging.WARNING or not _is_repeat(record):
             return True
+        keep = self._keep(record)
+        setattr(record, _DECIDED, keep)
+        return keep
+
+    def _keep(self, record: logging.LogRecord) -> bool:
         self._metrics.client_log_record(record.levelno >= logging.ERROR)
         with self._lock:
             self._state.repeats += 1
@@ -120,6 +132,9 @@ class RepeatFilter(logging.Filter):
             if last is not None and now - last < self._state.reminder_s:
                 return False
             self._written[kind] = now
+        if record.levelno > logging.WARNING and record.name.startswith(CLIENT_LOGGER):
+            # the client's view of one request; the worker says what is an error for it
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
         if record.exc_info and record.exc_info[1] is not None:
             record.msg = f"{record.getMessage()}: {record.exc_info[1]!r}"
             record.args = None

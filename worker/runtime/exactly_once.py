@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Iterable
 
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, TransactionalIdAuthorizationFailed
 
 from worker.errors import BrokerError
 from worker.runtime.broker_log import REPEATS
@@ -25,7 +25,9 @@ from worker.runtime.delivery import (
     Outcomes,
     Partition,
 )
+from worker.runtime.kafka import transactional_id
 from worker.runtime.outbox import FENCED, Record
+from worker.runtime.provision import not_authorized
 from worker.runtime.transactions import Transactions
 
 log = logging.getLogger("callgate.worker")
@@ -220,13 +222,18 @@ class ExactlyOnce(Outcomes):
         """Open the partitions' producers and transactions (which fences their former
         owner's)."""
         transactions = self._transactions
+        opening = [where for where in partitions if where not in transactions]
         opened = await asyncio.gather(
-            *(transactions.open(where) for where in partitions if where not in transactions),
-            return_exceptions=True,
+            *(transactions.open(where) for where in opening), return_exceptions=True
         )
-        errors = [error for error in opened if error is not None]
+        errors = [(w, error) for w, error in zip(opening, opened, strict=True) if error is not None]
+        for (topic, partition), error in errors:
+            if isinstance(error, TransactionalIdAuthorizationFailed):
+                settings = self._context.settings
+                name = transactional_id(settings, topic, partition)
+                raise not_authorized(settings, "transactional-id", name)
         if errors:
-            raise BrokerError(f"cannot open the partitions' transactions: {errors[0]!r}")
+            raise BrokerError(f"cannot open the partitions' transactions: {errors[0][1]!r}")
 
     async def rewind(self, partitions: Iterable[Partition]) -> None:
         """Abort what the partitions' transactions hold (their producers stopped), and open

@@ -25,7 +25,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    KafkaError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+    TopicAuthorizationFailedError,
+)
 
 from worker.errors import BrokerError
 from worker.metrics import Metrics
@@ -33,6 +39,12 @@ from worker.runtime.broker_log import REPEATS
 from worker.runtime.delivery import Partition
 
 log = logging.getLogger("callgate.worker")
+
+#: What a fetch raises when the worker's principal lacks a grant (the group's, or a topic's).
+AUTHORIZATION_ERRORS: tuple[type[KafkaError], ...] = (
+    GroupAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+)
 
 #: How long the lag report waits for a partition's position (one being placed has none yet).
 POSITION_WAIT_S = 0.05
@@ -79,8 +91,8 @@ class Fetcher:
         what the consumer fetches within the fetch timeout. Then what the consumer holds of
         the partitions with nothing read ahead is read ahead, up to `room` records in all (so
         what is read ahead of a partition is at most one fetch of it). Nothing once `stop` is
-        set. Raises `OffsetOutOfRangeError` (see `skip_deleted`); any other error of the fetch
-        is logged, and the batch is empty."""
+        set. Raises `OffsetOutOfRangeError` (see `skip_deleted`) and `AUTHORIZATION_ERRORS`;
+        any other error of the fetch is logged, and the batch is empty."""
         if not self.ahead_records:
             self._keep(await self._get(stop, self._timeout_ms, max(room, self._max_records)))
         batch = self._take(self._max_records)
@@ -181,8 +193,8 @@ class Fetcher:
             # beside the rebalance listener)
             log.debug("fetch: %r", exc)
             return {}
-        except OffsetOutOfRangeError:
-            raise
+        except (OffsetOutOfRangeError, *AUTHORIZATION_ERRORS):
+            raise  # the caller acts on these: no retry cures a missing grant
         except KafkaError as exc:
             log.warning("fetch failed: %r", exc, extra=REPEATS)
             return {}

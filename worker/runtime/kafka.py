@@ -34,6 +34,7 @@ from aiokafka.errors import (
     KafkaError,
     LeaderNotAvailableError,
     TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
     for_code,
 )
@@ -52,6 +53,12 @@ from worker.settings import Settings
 log = logging.getLogger("callgate.kafka")
 
 READ_COMMITTED = "read_committed"
+
+
+def transactional_id(settings: Settings, topic: str, partition: int) -> str:
+    """exactly_once: the transactional id of an owned partition's producer."""
+    prefix = settings.delivery.transactional_id_prefix or settings.kafka.group_id
+    return f"{prefix}-{topic}-{partition}"
 
 
 class Kafka:
@@ -111,11 +118,10 @@ class Kafka:
         """exactly_once: the producer of one owned partition's outputs, whose transactional id
         is the partition's (`worker.runtime.transactions` says why)."""
         delivery = self._settings.delivery
-        prefix = delivery.transactional_id_prefix or self._settings.kafka.group_id
         options = producer_options(self._settings)
         options.update(
             enable_idempotence=True,
-            transactional_id=f"{prefix}-{topic}-{partition}",
+            transactional_id=transactional_id(self._settings, topic, partition),
             transaction_timeout_ms=delivery.transaction_timeout_ms,
         )
         return AIOKafkaProducer(**options)
@@ -161,6 +167,8 @@ class Kafka:
             code, topic = entry["error_code"], entry["topic"]
             if code == UnknownTopicOrPartitionError.errno:
                 continue
+            if code == TopicAuthorizationFailedError.errno:  # its args: the topic alone
+                raise TopicAuthorizationFailedError(topic)
             if code not in (0, LeaderNotAvailableError.errno):
                 raise for_code(code)(f"topic {topic}")
             partitions = entry["partitions"] if code == 0 else []

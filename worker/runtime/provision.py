@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from worker.errors import BrokerError
 from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
 from worker.settings import LimitSettings, Settings
 
@@ -168,6 +169,25 @@ def grants(settings: Settings) -> list[Grant]:
             )
         )
     return found
+
+
+def not_authorized(settings: Settings, resource: str, name: str) -> BrokerError:
+    """What a worker the cluster refuses says: the operations and the resource whose grant
+    is missing (as `grants` states it), and where every grant is printed."""
+    for grant in grants(settings):
+        if grant.resource == resource and (
+            name == grant.name or (grant.prefixed and name.startswith(grant.name))
+        ):
+            pattern = f" (prefix {grant.name})" if grant.prefixed else ""
+            needed = f"{', '.join(grant.operations)} on {resource} {name}{pattern}"
+            why = f" ({grant.why})"
+            break
+    else:
+        needed, why = f"access to {resource} {name}", ""
+    return BrokerError(
+        f"not authorized: the worker's principal needs {needed}{why}; `callgate topics acls` "
+        "prints every grant these settings need"
+    )
 
 
 def acl_commands(

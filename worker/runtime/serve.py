@@ -80,7 +80,8 @@ def serve(settings: Settings) -> int:
     try:
         asyncio.run(run_until_stopped(worker))
     except InfrastructureError as exc:
-        log.error("%s", exc)
+        if exc is not worker.fatal:  # the worker said its own when it stopped for it
+            log.error("%s", exc)
         return 1
     finally:
         health.stop()

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError, OffsetOutOfRangeError
+from aiokafka.errors import GroupAuthorizationFailedError, KafkaError, OffsetOutOfRangeError
 
 from worker.core.idempotency import KeyStore
 from worker.core.processor import Processor
@@ -39,12 +39,13 @@ from worker.runtime.at_least_once import AtLeastOnce
 from worker.runtime.broker_log import BrokerState
 from worker.runtime.delivery import Context, Delivery, Partition, Stats
 from worker.runtime.exactly_once import ExactlyOnce
-from worker.runtime.fetcher import Fetcher, Membership
+from worker.runtime.fetcher import AUTHORIZATION_ERRORS, Fetcher, Membership
 from worker.runtime.flow import FlowControl
 from worker.runtime.judging import Judge
 from worker.runtime.kafka import Kafka, Listener
 from worker.runtime.keys import KeyOwners
 from worker.runtime.partitions import Assignment, State
+from worker.runtime.provision import not_authorized
 from worker.runtime.topic_watch import TopicWatch
 from worker.runtime.topics import (
     input_subscription,
@@ -206,6 +207,9 @@ class Worker:
             self._assignment = Assignment(
                 self.state, self._fetcher, self._delivery, self.metrics, self._stop_fatally
             )
+        except AUTHORIZATION_ERRORS as exc:
+            await self._close_clients()
+            raise self._not_authorized(exc) from None
         except KafkaError as exc:
             await self._close_clients()
             servers = ",".join(settings.kafka.bootstrap_servers)
@@ -241,6 +245,14 @@ class Worker:
         else:
             consumer.subscribe(topics=[*topics.input_topics, self._requests], listener=listener)
 
+    def _not_authorized(self, error: KafkaError) -> BrokerError:
+        """The grant the cluster found missing, named (`provision.not_authorized`)."""
+        if isinstance(error, GroupAuthorizationFailedError):
+            return not_authorized(self.settings, "group", self._group)
+        named = error.args[0] if error.args else ""
+        topics = sorted(named) if isinstance(named, set | frozenset | list | tuple) else [named]
+        return not_authorized(self.settings, "topic", ", ".join(str(t) for t in topics))
+
     def request_stop(self) -> None:
         """Stop fetching after the current round (safe to call from a signal handler)."""
         self._stop.set()
@@ -251,6 +263,11 @@ class Worker:
         if self._fatal is None:
             self._fatal = error
         self.request_stop()
+
+    @property
+    def fatal(self) -> InfrastructureError | None:
+        """The error the worker stopped for (said in its log when it stopped)."""
+        return self._fatal
 
     @property
     def stopping(self) -> bool:
@@ -318,6 +335,9 @@ class Worker:
         except OffsetOutOfRangeError as exc:
             async with self._round:
                 await fetcher.skip_deleted(exc.args[0], assignment.owned)
+            return
+        except AUTHORIZATION_ERRORS as exc:  # for good: stop, naming the missing grant
+            self._stop_fatally(self._not_authorized(exc))
             return
         finally:
             self._membership.ran(began)
