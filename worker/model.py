@@ -132,6 +132,9 @@ class IncompleteReason(StrEnum):
 
 class RepairKind(StrEnum):
     MARKDOWN_FENCE = "markdown_fence"
+    #: a JSON string holding the arguments' JSON text, decoded once (only from a server whose
+    #: dialect is known to send it so: `worker.adapters.dialects`)
+    DOUBLE_ENCODED = "double_encoded"
 
 
 class CallKind(StrEnum):

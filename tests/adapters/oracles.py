@@ -78,6 +78,8 @@ Event = dict[str, Any]
 class Call(NamedTuple):
     name: Any
     arguments: Any
+    #: the kind of call (OpenAI Responses' item type; every other format's are function calls)
+    kind: str = "function_call"
 
 
 @dataclass
@@ -101,6 +103,10 @@ class SdkResult:
             return False
         if fmt in VALUE_FORMATS:
             return same_json(orjson.loads(arguments), orjson.loads(held.arguments))
+        if not isinstance(held.arguments, str):
+            # a built-in tool's value, as the SDK's model holds it: its keys in the model's order
+            ours = orjson.dumps(orjson.loads(arguments), option=orjson.OPT_SORT_KEYS)
+            return ours == orjson.dumps(held.arguments, option=orjson.OPT_SORT_KEYS)
         return bool(held.arguments == arguments)
 
 
@@ -174,11 +180,41 @@ def sdk_responses(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") ->
 
 
 def _responses_view(items: Iterable[Any]) -> dict[str, Call]:
+    """The calls the client runs, as the SDK's items hold them: a function call's arguments, a
+    custom tool's input and an MCP approval request's arguments as text; a built-in tool's
+    operation or action as its JSON value."""
     calls: dict[str, Call] = {}
     for item in items or []:
-        if getattr(item, "type", None) == "function_call":
+        kind = getattr(item, "type", None)
+        if kind == "function_call":
             calls[str(item.call_id)] = Call(item.name, item.arguments)
+        elif kind == "custom_tool_call":
+            calls[str(item.call_id)] = Call(item.name, item.input, kind)
+        elif kind == "mcp_approval_request":
+            tool = f"{item.server_label}.{item.name}"
+            calls[str(item.id)] = Call(tool, item.arguments, kind)
+        elif kind in _BUILT_IN and (kind != "shell_call" or _local(item)):
+            tool, field = _BUILT_IN[kind]
+            calls[str(item.call_id)] = Call(tool, _as_json(getattr(item, field)), kind)
     return calls
+
+
+#: the client-run built-in tools' items: the tool each names, the field that is its call
+_BUILT_IN = {
+    "apply_patch_call": ("apply_patch", "operation"),
+    "shell_call": ("shell", "action"),
+    "local_shell_call": ("local_shell", "action"),
+}
+
+
+def _local(item: Any) -> bool:
+    environment = getattr(item, "environment", None)
+    return environment is None or getattr(environment, "type", None) == "local"
+
+
+def _as_json(value: Any) -> dict[str, Any]:
+    """A field of an SDK item as the JSON value it was sent as."""
+    return dict(value.to_dict()) if hasattr(value, "to_dict") else dict(value)
 
 
 # -- Anthropic Messages -----------------------------------------------------------------------
@@ -560,14 +596,29 @@ def assemble(
     return done + list(asm.flush()) if flush else done
 
 
-def permissive_contracts(directory: Path, tools: Iterable[str]) -> Path:
-    """A contracts directory where each of `tools` takes any JSON object."""
+def permissive_contracts(directory: Path, tools: Iterable[str] | Mapping[str, str]) -> Path:
+    """A contracts directory where each of `tools` takes any JSON object (any text for a custom
+    tool): `tools` names them, or maps each to the kind of call it is made by (a remote MCP
+    tool's approval request, `server.tool`, is judged by the tool of an MCP tools file)."""
     domain = directory / "any"
     domain.mkdir(parents=True, exist_ok=True)
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}
-    for tool in sorted(set(tools)):
+    kinds = dict(tools) if isinstance(tools, Mapping) else dict.fromkeys(tools, "function_call")
+    mcp: dict[str, list[Any]] = {}
+    for tool, kind in sorted(kinds.items()):
+        schema: dict[str, Any] = {"$schema": DRAFT_2020_12, "type": "object"}
+        if kind == "mcp_approval_request":
+            server, name = tool.split(".", 1)
+            mcp.setdefault(server, []).append({"name": name, "inputSchema": schema})
+            continue
+        if kind != "function_call":
+            schema["x-callgate"] = {"call_kind": kind}
         (domain / f"{tool}.v1.schema.json").write_bytes(orjson.dumps(schema))
+    for server, listed in mcp.items():
+        (domain / f"{server}.tools.json").write_bytes(orjson.dumps({"tools": listed}))
     return directory
+
+
+DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 
 
 class Gate:

@@ -183,6 +183,97 @@ def test_copilot_still_refuses_a_delta_for_an_index_that_is_no_call() -> None:
     )
 
 
+# -- a final response without its output (9router, new-api) ------------------------------------
+
+
+def without_output(events: list[dict[str, Any]], empty: bool) -> list[dict[str, Any]]:
+    """The stream with its final response's output left out (9router's) or empty (new-api's)."""
+    out = copy.deepcopy(events)
+    response = out[-1]["response"]
+    if empty:
+        response["output"] = []
+    else:
+        del response["output"]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(("dialect", "empty"), [("9router", False), ("new-api", True)])
+def test_a_final_response_without_output_releases_the_calls_from_their_items(
+    dialect: str, empty: bool, seed: int
+) -> None:
+    rng = random.Random(seed)
+    calls = rng.sample(CALLS, rng.randint(1, 3))
+    events = streamgen.responses_stream("r1", calls, rng)
+    changed = without_output(events, empty)
+    strict = outcomes(RESPONSES, changed)
+    assert "complete" not in strict.values()  # strict: released by no final output, never
+    ours = assemble(f"{RESPONSES}; dialect={dialect}", encode(changed))
+    sdk = sdk_calls(RESPONSES, events)  # the oracle: the stream with its output
+    assert sorted((c.call_id, c.tool, c.arguments.decode()) for c in ours) == sorted(sdk.triples())
+    assert all(c.incomplete is None for c in ours)
+
+
+@pytest.mark.parametrize("what", ["no item done", "another text", "cut deltas"])
+def test_a_call_without_its_item_done_or_with_another_text_is_never_released(what: str) -> None:
+    events = without_output(streamgen.responses_stream("r1", CALLS[:1], random.Random(3)), False)
+    done = next(i for i, e in enumerate(events) if e["type"] == "response.output_item.done")
+    if what == "no item done":
+        del events[done]
+    elif what == "another text":
+        events[done]["item"]["arguments"] = '{"city":"Elsewhere"}'
+    else:
+        delta = next(i for i, e in enumerate(events) if e["type"].endswith("arguments.delta"))
+        del events[delta]
+        for event in events[delta:]:
+            if "sequence_number" in event:
+                event["sequence_number"] -= 1
+    found = outcomes(f"{RESPONSES}; dialect=9router", events)
+    assert found["call_weather_1"] == IncompleteReason.STREAM_CORRUPT
+
+
+# -- double-encoded arguments (vLLM) ------------------------------------------------------------
+
+
+def double_encoded(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A Chat stream whose arguments are a JSON string holding their text (vLLM's hermes parser
+    on a model that writes them as a string), in one delta as that parser sends them."""
+    out = copy.deepcopy(events)
+    texts: dict[int, str] = {}
+    for event in out:
+        for choice in event.get("choices", []):
+            for call in (choice.get("delta") or {}).get("tool_calls") or []:
+                function = call.get("function") or {}
+                texts[call["index"]] = texts.get(call["index"], "") + function.get("arguments", "")
+    for event in out:
+        for choice in event.get("choices", []):
+            for call in (choice.get("delta") or {}).get("tool_calls") or []:
+                function = call.get("function") or {}
+                if function.get("name"):
+                    function["arguments"] = orjson.dumps(texts[call["index"]]).decode()
+                elif "arguments" in function:
+                    function["arguments"] = ""
+    return out
+
+
+def test_vllm_double_encoded_arguments_are_one_recorded_repair(tmp_path: Path) -> None:
+    events = streamgen.chat_stream("c1", [CALLS], random.Random(8))
+    changed = double_encoded(events)
+    gate = Gate(permissive_contracts(tmp_path, [c[1] for c in CALLS]))
+    sdk = sdk_calls(CHAT, events)  # the oracle: the arguments as meant
+    emissions = gate.run([records(f"{CHAT}; dialect=vllm", encode(changed))])
+    assert len(emissions) == len(CALLS)
+    for emission in emissions:
+        written = orjson.loads(emission.value)
+        assert written["outcome"] == "accepted"
+        assert written["repairs"] == [{"kind": "double_encoded"}]
+        held = sdk.calls[emission.call.call_id]
+        assert written["arguments"] == orjson.loads(held.arguments)
+    # the strict default never decodes them: each is a string, not an object
+    strict = gate.run([records(CHAT, encode(changed))])
+    assert {e.verdict.code for e in strict} == {Code.ROOT_NOT_OBJECT}
+
+
 # -- naming a dialect -------------------------------------------------------------------------
 
 

@@ -99,10 +99,11 @@ STREAMS = _streams()
 NAMES = [name for name, _, _ in STREAMS]
 
 
-def _tools() -> set[str]:
-    tools = {f"tool_{i}" for i in range(4)}
+def _tools() -> dict[str, str]:
+    """Every tool the streams call, with the kind of call that calls it."""
+    tools = {f"tool_{i}": "function_call" for i in range(4)}
     for _, fmt, events in STREAMS:
-        tools |= {call.name for call in sdk_calls(fmt, events).calls.values()}
+        tools |= {call.name: call.kind for call in sdk_calls(fmt, events).calls.values()}
     return tools
 
 

@@ -225,7 +225,7 @@ BROKEN = {
     "a .done with another name": (_change(ARGS_DONE, "name", value="drain"), "'name' differs"),
     "an item done with another call_id": (
         _change(ITEM_DONE, "item", "call_id", value="call_x"),
-        "call_id changed",
+        "call id changed",
     ),
     "an item done ending incomplete after its .done": (
         _change(ITEM_DONE, "item", "status", value="incomplete"),
@@ -253,7 +253,7 @@ BROKEN = {
     ),
     "a text delta at the call's index": (
         _insert(ARGS_DONE, {"type": "response.output_text.delta", "output_index": 0, "delta": "x"}),
-        "is a function call",
+        "is a function_call",
     ),
     "an item added again at the call's index": (
         _insert(ARGS_DONE, {"type": ADDED, "output_index": 0, "item": {"type": "message"}}),
@@ -375,14 +375,34 @@ def test_an_in_progress_item_is_finished_only_for_a_program_and_after_the_done()
     assert outcomes(events)["call_weather_1"] == IncompleteReason.STREAM_CORRUPT
 
 
-#: recorded streams with a call of a kind the client runs and no contract judges yet, by kind
+#: recorded streams with a call of a kind the client runs besides function calls: its kind, call
+#: id, tool and text
 CLIENT_KINDS = {
-    "vercel_custom_tool_call.jsonl": ("custom_tool_call", "call_custom_sql_001"),
-    "vercel_apply_patch_call.jsonl": ("apply_patch_call", "call_kA46f91ZwocQyMCKyyZqRyC5"),
-    "vercel_local_shell_call.jsonl": ("local_shell_call", "call_h3nm8hUG0KO9tVNuRACkL1ri"),
+    "vercel_custom_tool_call.jsonl": (
+        "custom_tool_call",
+        "call_custom_sql_001",
+        "write_sql",
+        "SELECT * FROM users WHERE age > 25",
+    ),
+    "vercel_apply_patch_call.jsonl": (
+        "apply_patch_call",
+        "call_kA46f91ZwocQyMCKyyZqRyC5",
+        "apply_patch",
+        '{"type":"create_file","diff":"+## Shopping Checklist\\n+\\n+- [ ] Milk\\n+- [ ] Bread'
+        '\\n+- [ ] Eggs\\n+- [ ] Fresh fruit\\n+- [ ] Coffee\\n","path":"shopping-checklist.md"}',
+    ),
+    "vercel_local_shell_call.jsonl": (
+        "local_shell_call",
+        "call_h3nm8hUG0KO9tVNuRACkL1ri",
+        "local_shell",
+        '{"type":"exec","command":["ls","-a","~"],"env":{}}',
+    ),
     "vercel_mcp_approval_request.jsonl": (
         "mcp_approval_request",
         "mcpr_04a97b4fce127879006949a83ac9308195a7f7b69ea82e91fe",
+        "zip1.create_short_url",
+        '{"alias":"","description":"Shortened link for ai-sdk.dev","max_clicks":100,'
+        '"password":"","url":"https://ai-sdk.dev/"}',
     ),
 }
 #: recorded streams whose only items beside function calls are run by the vendor
@@ -400,11 +420,47 @@ def _recorded(name: str) -> list[bytes]:
 
 
 @pytest.mark.parametrize("name", CLIENT_KINDS)
-def test_a_call_the_client_runs_without_a_contract_is_rejected_never_ignored(name: str) -> None:
-    kind, call_id = CLIENT_KINDS[name]
+def test_a_call_the_client_runs_is_assembled_with_its_kind(name: str) -> None:
+    kind, call_id, tool, text = CLIENT_KINDS[name]
     (call,) = assemble(RESPONSES, _recorded(name))
-    assert call.assembly_error == Code.UNSUPPORTED_CALL_KIND
-    assert f"item {call_id} is of kind {kind}" in (call.assembly_detail or "")
+    assert (call.call_id, call.call_kind, call.tool, call.incomplete) == (call_id, kind, tool, None)
+    assert call.assembly_error is None
+    assert call.arguments.decode() == text
+
+
+def test_a_calls_text_that_differs_from_its_final_item_breaks_it() -> None:
+    for name in CLIENT_KINDS:
+        events = [orjson.loads(value) for value in _recorded(name)]
+        final = events[-1]["response"]["output"]
+        item = next(i for i in final if i["type"] == CLIENT_KINDS[name][0])
+        field = {"custom_tool_call": "input", "mcp_approval_request": "arguments"}.get(
+            item["type"], "operation" if "operation" in item else "action"
+        )
+        item[field] = item[field] + " " if isinstance(item[field], str) else {**item[field], "x": 1}
+        calls = assemble(RESPONSES, encode(events))
+        (call,) = [c for c in calls if c.call_id == CLIENT_KINDS[name][1]]
+        assert call.incomplete == IncompleteReason.STREAM_CORRUPT, name
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"type": "computer_call", "id": "cu_1", "call_id": "call_c"},
+        {"type": "tool_search_call", "call_id": "call_t", "execution": "client"},
+        {"type": "browser_call", "id": "bc_1", "call_id": "call_b"},
+    ],
+    ids=lambda item: item["type"],
+)
+def test_a_call_kind_no_contract_kind_exists_for_is_rejected_never_ignored(
+    item: dict[str, Any],
+) -> None:
+    events = stream()
+    done = {**item, "status": "completed"}
+    events.insert(1, {"type": ITEM_DONE, "output_index": 5, "item": done})
+    calls = {c.call_id: c for c in assemble(RESPONSES, encode(events))}
+    (rejected,) = [c for c in calls.values() if c.assembly_error == Code.UNSUPPORTED_CALL_KIND]
+    assert f"item {item['call_id']} is of kind {item['type']}" in (rejected.assembly_detail or "")
+    assert calls["call_weather_1"].incomplete is None  # the stream's other calls go on
 
 
 @pytest.mark.parametrize("name", VENDOR_RUN)
@@ -418,7 +474,15 @@ def test_items_the_vendor_runs_are_not_judged(name: str) -> None:
         ({"type": "browser_call", "id": "bc_1", "call_id": "call_b"}, True),
         ({"type": "tool_search_call", "call_id": "call_t", "execution": "client"}, True),
         ({"type": "tool_search_call", "call_id": "call_t", "execution": "server"}, False),
-        ({"type": "shell_call", "call_id": "call_s", "environment": {"type": "local"}}, True),
+        (
+            {
+                "type": "shell_call",
+                "call_id": "call_s",
+                "environment": {"type": "local"},
+                "action": {"commands": ["ls"]},
+            },
+            True,
+        ),
         (
             {"type": "shell_call", "call_id": "call_s", "environment": {"type": "container_auto"}},
             False,
@@ -436,7 +500,8 @@ def test_which_items_are_calls_the_client_runs(item: dict[str, Any], judged: boo
     events = stream()
     item = {**item, "status": "completed"}
     events.insert(1, {"type": ITEM_DONE, "output_index": 5, "item": item})
+    events[-1]["response"]["output"].append(item)
     calls = {c.call_id: c for c in assemble(RESPONSES, encode(events))}
-    rejected = [c for c in calls.values() if c.assembly_error == Code.UNSUPPORTED_CALL_KIND]
-    assert len(rejected) == judged
+    seen = [c for c in calls.values() if c.call_id != "call_weather_1"]
+    assert len(seen) == judged
     assert calls["call_weather_1"].incomplete is None  # the stream's other calls go on

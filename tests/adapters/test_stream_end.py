@@ -36,6 +36,7 @@ from tests.adapters.oracles import (
 )
 from tests.adapters.test_integrity import STREAMS, _random_stream, _tools, end_of
 from worker.adapters.decoder import ADAPTERS
+from worker.adapters.openai_responses import BUILT_IN_TOOLS
 from worker.core.processor import Emission
 from worker.model import Code, Outcome
 from worker.settings import LimitSettings
@@ -167,9 +168,10 @@ def has_call(event: Event) -> bool:
 
 def stream_identifiers(fmt: str, events: Sequence[Event]) -> dict[str, int]:
     """The strings of the stream that become a chunk's call id or tool (as they are sent, or
-    with the `:k` suffix of choice k), each with the first event whose chunks carry it."""
+    with the `:k` suffix of choice k), each with the first event whose chunks carry it. A
+    built-in tool's name is the adapter's, not the stream's."""
     dec = decoder()
-    sent = {leaf for event in events for leaf in _strings(event) if leaf}
+    sent = {leaf for event in events for leaf in _strings(event) if leaf} - BUILT_IN_TOOLS
     first: dict[str, int] = {}
     for index, record in enumerate(records(fmt, encode(events))):
         for chunk in dec.decode(record, fmt):

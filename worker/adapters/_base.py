@@ -35,7 +35,7 @@ from typing import Any
 
 from worker._native import Chunk
 from worker.errors import InputFormatError
-from worker.model import ChunkKind, FinishReason
+from worker.model import CallKind, ChunkKind, FinishReason
 
 
 class VendorAdapter:
@@ -74,7 +74,12 @@ class VendorAdapter:
         delta: str = "",
         final: bool = False,
         expected: str | None = None,
+        call_kind: CallKind | None = None,
+        caller: str | None = None,
+        double_encoded: bool = False,
     ) -> Chunk:
+        """A chunk of this stream; `call_kind`, `caller` and `double_encoded` state a tool
+        call's origin on its first chunk (`worker._native.Chunk`)."""
         return Chunk(
             self._stream,
             kind,
@@ -87,6 +92,9 @@ class VendorAdapter:
             traceparent=self._traceparent,
             principal=self._principal,
             expected=expected,
+            call_kind=call_kind,
+            caller=caller,
+            double_encoded=double_encoded,
         )
 
     def _end(self, finish: FinishReason | None) -> Chunk:

@@ -14,13 +14,22 @@ is known to do, documented where the server's own tracker shows it:
 - `vllm` (openai.chat): the streaming server reports `finish_reason: "tool_calls"` for a call
   the token limit cut (vllm-project/vllm#53269): the finish reason is not trusted for the
   calls' text, and a call whose text ends inside a JSON value is cut (`incomplete`
-  `max_tokens`), whatever the finish reason says.
+  `max_tokens`), whatever the finish reason says. Its hermes tool parser also sends the
+  arguments of a model that writes them as a string (Granite 4) double-encoded, a JSON string
+  holding the JSON text (vllm-project/vllm#54964): such a text is decoded once, recorded as the
+  repair `double_encoded` in the call's event.
 - `copilot` (openai.responses): GitHub Copilot's Responses endpoint gives the response and each
   item a new id on each event while an item's `output_index` stays (captured in vercel/ai's
   `github-copilot-id-rotation` fixture): events are placed by `output_index` alone, and no id
   is compared between events.
+- `9router`, `new-api` (openai.responses): these Responses proxies end the stream with a
+  `response.completed` whose response has no `output` (decolua/9router#705) or an empty one
+  (QuantumNous/new-api#4362), though every item's `response.output_item.done` was sent: the
+  calls are taken from their `output_item.done` (each call must have one), each checked against
+  its `.done` text as in the strict default; nothing is read from the missing output.
 
-None of these changes a call's text, so none is a repair; the event's call is the vendor's.
+Only `double_encoded` changes a call's text, and it is recorded as a repair; otherwise the
+event's call is the vendor's.
 """
 
 from __future__ import annotations
@@ -45,8 +54,13 @@ class Dialect:
     reused_index: bool = False
     #: chat: `finish_reason` says `tool_calls` for calls the token limit cut
     cut_calls_finish_as_tool_calls: bool = False
+    #: chat: arguments may come as a JSON string holding their JSON text (decoded once, a repair)
+    double_encoded_arguments: bool = False
     #: responses: an item's id changes from event to event
     rotating_item_ids: bool = False
+    #: responses: the final response has no `output` (or an empty one): the calls are taken
+    #: from their `output_item.done`
+    completed_without_output: bool = False
 
 
 DIALECTS: dict[str, Dialect] = {
@@ -54,8 +68,15 @@ DIALECTS: dict[str, Dialect] = {
     for dialect in (
         Dialect("ollama", "openai.chat", reused_index=True),
         Dialect("dynamo", "openai.chat", reused_index=True),
-        Dialect("vllm", "openai.chat", cut_calls_finish_as_tool_calls=True),
+        Dialect(
+            "vllm",
+            "openai.chat",
+            cut_calls_finish_as_tool_calls=True,
+            double_encoded_arguments=True,
+        ),
         Dialect("copilot", "openai.responses", rotating_item_ids=True),
+        Dialect("9router", "openai.responses", completed_without_output=True),
+        Dialect("new-api", "openai.responses", completed_without_output=True),
     )
 }
 

@@ -32,7 +32,9 @@ A stream read in a dialect (`worker.adapters.dialects`) relaxes only what its se
 `reused_index` (Ollama, Dynamo) a delta at the current index that opens with a new id and a name
 is the next call; with `cut_calls_finish_as_tool_calls` (vLLM) each call's text is followed
 (where its JSON value ends) and a call whose text ends inside its value is not released, the
-END then saying `length`: a cut call is never accepted, whatever the finish reason says.
+END then saying `length`: a cut call is never accepted, whatever the finish reason says; with
+`double_encoded_arguments` (vLLM) each call says so on its first chunk, and the gate decodes its
+text once if it is a JSON string (a recorded repair, `worker.core.repair`).
 """
 
 from __future__ import annotations
@@ -302,7 +304,12 @@ class OpenAIChatAdapter(VendorAdapter):
             if dialect is not None and dialect.cut_calls_finish_as_tool_calls:
                 choice.ends.append(_JsonEnd())
                 choice.ends[-1].feed(arguments)
-            out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, tool=name, delta=arguments))
+            double = dialect is not None and dialect.double_encoded_arguments
+            out.append(
+                self._chunk(
+                    ChunkKind.TOOL_CALL, call_id, tool=name, delta=arguments, double_encoded=double
+                )
+            )
             return
         if index != len(choice.calls) - 1:
             raise InputFormatError(

@@ -13,20 +13,39 @@ it assembled (a difference: `stream_corrupt`). A call whose item never finished 
 the END makes it incomplete. A call a model-run program made (programmatic tool calling: the
 item's `caller` is `{"type": "program", ...}`) keeps its item `in_progress` in
 `output_item.done` and in the final response while the program waits for its result: it is
-finished once its arguments' `.done` has come, and its item's text must agree with it. A
-final response without `output` releases nothing.
+finished once its arguments' `.done` has come, and its item's text must agree with it; the
+item's `caller` is stated on the call's first chunk, so its event names it. A final response
+without `output` releases nothing.
 
 In a dialect whose ids rotate (`copilot`, `worker.adapters.dialects`), the response's and the
-items' ids are not compared from event to event: events are placed by `output_index` alone.
+items' ids are not compared from event to event: events are placed by `output_index` alone. In
+a dialect whose final response lacks its output (`9router`, `new-api`), a final response
+without `output`, or with an empty one, releases each call from its `output_item.done`: the
+call's text there is its expected text, and a call without one never finished.
 
-Items other than function calls: those the vendor runs itself (`VENDOR_RUN`: web and file
-search, code interpreter, image generation, remote MCP calls and tool lists, a program and its
-output, a hosted shell, a server-side tool search), and every `*_output` item, yield nothing.
-Every other call kind is one the client runs (`custom_tool_call`, `apply_patch_call`,
-`shell_call`, `local_shell_call`, `computer_call`, `mcp_approval_request`, a client-side
-`tool_search_call`, and any new `*_call` or `*_request`): no contract kind judges those yet, so
-each is a rejected record of code `unsupported_call_kind` naming the item's call id and kind,
-when it is first seen; it never passes in silence, and the stream's other calls go on.
+Calls the client runs besides function calls are judged too, each with its kind on its first
+chunk (`call_kind`, `worker.model.CallKind`):
+
+- `custom_tool_call`: a custom tool's free-form text (`input`), streamed like a function call's
+  arguments (`response.custom_tool_call_input.delta` / `.done`), its text the call's text;
+- `apply_patch_call`, `local_shell_call`, a `shell_call` the client runs (no hosted
+  `environment`): whole items whose `operation` (apply_patch) or `action` (the shells) object is
+  the call's text, as JSON, tool `apply_patch`, `local_shell` or `shell`. The call opens when its
+  item is added and takes its text from its `output_item.done`; the events that preview it
+  (`response.apply_patch_call_operation_diff.*`, `response.shell_call_command.*`) carry nothing
+  the gate judges;
+- `mcp_approval_request`: a remote MCP tool's call that waits for the client's approval; its
+  `arguments` text is the call's, its tool `<server_label>.<name>` (as an MCP tools file names
+  it), its call id the item's id (what the approval answers).
+
+Each is released at the END like a function call, its final text checked against the final
+response's item. Items the vendor runs itself (`VENDOR_RUN`: web and file search, code
+interpreter, image generation, remote MCP calls and tool lists, a program and its output, a
+hosted shell, a server-side tool search), and every `*_output` item, yield nothing. A call the
+client runs of a kind no contract kind exists for (`computer_call`, a client-side
+`tool_search_call`, any new `*_call` or `*_request`) is a rejected record of code
+`unsupported_call_kind` naming the item's call id and kind, when it is first seen; it never
+passes in silence, and the stream's other calls go on.
 
 `sequence_number` is per stream, not per call, and older streams lack it. When a stream has it,
 every event must. A repeated or older number is refused like any event out of place: the SDK
@@ -51,14 +70,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from worker._native import Chunk
 from worker.adapters import dialects
 from worker.adapters import fields as f
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
-from worker.model import ChunkKind, Code, FinishReason
+from worker.model import CallKind, ChunkKind, Code, FinishReason
 
 FORMAT = "openai.responses"
 
@@ -69,15 +91,44 @@ _INCOMPLETE = {
 }
 _OPEN, _DONE, _CUT = "open", "done", "cut"  # a call streaming; finished (held); ended unfinished
 _FUNCTION_CALL = "function_call"
-#: events about a function call's arguments, the only ones that may name its output_index
-_CALL_EVENTS = frozenset(
-    {
-        "response.output_item.added",
-        "response.output_item.done",
-        "response.function_call_arguments.delta",
-        "response.function_call_arguments.done",
-    }
-)
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """How one kind of call the client runs is read: its text streamed by delta events
+    (`events`, `<prefix>.delta` / `<prefix>.done`, of the item's `field`) or whole from its
+    finished item (`field`, an object written as JSON; `tool`, the tool it names)."""
+
+    call_kind: CallKind
+    field: str
+    events: str
+    streamed: bool = False
+    tool: str | None = None
+
+
+#: the calls the client runs that a contract kind judges, by item type
+_KINDS: dict[str, _Kind] = {
+    _FUNCTION_CALL: _Kind(
+        CallKind.FUNCTION_CALL, "arguments", "response.function_call_arguments", streamed=True
+    ),
+    "custom_tool_call": _Kind(
+        CallKind.CUSTOM_TOOL_CALL, "input", "response.custom_tool_call_input", streamed=True
+    ),
+    "apply_patch_call": _Kind(
+        CallKind.APPLY_PATCH_CALL,
+        "operation",
+        "response.apply_patch_call_operation_diff",
+        tool="apply_patch",
+    ),
+    "shell_call": _Kind(CallKind.SHELL_CALL, "action", "response.shell_call_command", tool="shell"),
+    "local_shell_call": _Kind(CallKind.LOCAL_SHELL_CALL, "action", "", tool="local_shell"),
+    "mcp_approval_request": _Kind(CallKind.MCP_APPROVAL_REQUEST, "arguments", ""),
+}
+#: the tools the adapter names itself (the built-in tools the client runs)
+BUILT_IN_TOOLS = frozenset(spec.tool for spec in _KINDS.values() if spec.tool is not None)
+#: events about any item; a call's own events (`_Kind.events`) are the only others that may
+#: name its output_index
+_ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
 _LIFECYCLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 
 
@@ -127,6 +178,39 @@ def _client_runs(item: Mapping[str, Any], item_type: str, where: str) -> bool:
     return item_type.endswith(("_call", "_request"))
 
 
+def _kind_of(item: Mapping[str, Any], item_type: str, where: str) -> _Kind | None:
+    """How the item is read when it is a call a contract kind judges (a `shell_call` only when
+    the client runs it); None for any other item."""
+    spec = _KINDS.get(item_type)
+    if spec is not None and item_type == "shell_call" and not _client_runs(item, item_type, where):
+        return None
+    return spec
+
+
+def _call_names(item: Mapping[str, Any], spec: _Kind, where: str) -> tuple[str, str]:
+    """A judged item's call id and the tool it names."""
+    if spec.call_kind is CallKind.MCP_APPROVAL_REQUEST:
+        server = f.string(item, "server_label", where)
+        return f.string(item, "id", where), f"{server}.{f.string(item, 'name', where)}"
+    call_id = f.string(item, "call_id", where)
+    return call_id, spec.tool if spec.tool is not None else f.string(item, "name", where)
+
+
+def _item_text(item: Mapping[str, Any], spec: _Kind, where: str) -> str:
+    """A judged item's text: its `field` as it is for a text field, as JSON for an object."""
+    if spec.call_kind in (CallKind.FUNCTION_CALL, CallKind.CUSTOM_TOOL_CALL):
+        return f.text(item, spec.field, where)
+    if spec.call_kind is CallKind.MCP_APPROVAL_REQUEST:
+        return f.text(item, spec.field, where)
+    return orjson.dumps(f.obj(item, spec.field, where)).decode()
+
+
+def _caller(item: Mapping[str, Any], where: str) -> str | None:
+    """Who made the call, as JSON text, when the model did not make it itself."""
+    caller = f.opt_obj(item, "caller", where)
+    return orjson.dumps(caller).decode() if caller is not None else None
+
+
 def _programmatic(item: Mapping[str, Any], where: str) -> bool:
     """Whether a function call item was made by a model-run program (`caller.type` program):
     its item stays `in_progress` while the program runs, after its arguments are final."""
@@ -139,7 +223,17 @@ def _digest(text: str) -> str:
 
 
 class _Call:
-    __slots__ = ("call_id", "digest", "gapped", "item_id", "name", "next_seq", "status")
+    __slots__ = (
+        "call_id",
+        "digest",
+        "gapped",
+        "item_id",
+        "kind",
+        "name",
+        "next_seq",
+        "status",
+        "text",
+    )
 
     def __init__(
         self,
@@ -147,10 +241,12 @@ class _Call:
         call_id: str,
         name: str,
         *,
+        kind: str = _FUNCTION_CALL,
         status: str = _OPEN,
         next_seq: int = 0,
         gapped: bool = False,
         digest: str | None = None,
+        text: str | None = None,
     ) -> None:
         self.item_id = item_id
         self.call_id = call_id
@@ -159,14 +255,23 @@ class _Call:
         self.next_seq = next_seq
         self.gapped = gapped  # an event of this stream was lost while the call was streaming
         self.digest = digest  # of the call's final text, once it is done
+        self.kind = kind  # the item's type, a key of _KINDS
+        # its output_item.done's text, kept only in a dialect whose final response lacks it
+        self.text = text
+
+    @property
+    def spec(self) -> _Kind:
+        return _KINDS[self.kind]
 
     @classmethod
     def from_state(cls, state: list[Any]) -> _Call:
-        item_id, call_id, name, status, next_seq, gapped, digest = state
+        item_id, call_id, name, status, next_seq, gapped, digest, kind, text = state
         return cls(
             item_id,
             call_id,
             name,
+            kind=kind,
+            text=text,
             status=status,
             next_seq=next_seq,
             gapped=gapped,
@@ -182,6 +287,8 @@ class _Call:
             self.next_seq,
             self.gapped,
             self.digest,
+            self.kind,
+            self.text,
         ]
 
 
@@ -199,6 +306,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
         super().__init__(stream_id, headers, max_calls)
         dialect = dialects.DIALECTS.get(headers.get(dialects.HEADER) or "")
         self._rotating = dialect is not None and dialect.rotating_item_ids
+        self._without_output = dialect is not None and dialect.completed_without_output
         self._response_id: str | None = None  # set by response.created
         self._calls: dict[int, _Call] = {}  # function calls by output_index
         # other items by output_index: [type, id, call_id, done]
@@ -276,9 +384,15 @@ class OpenAIResponsesAdapter(VendorAdapter):
 
     def _check_index(self, event: Mapping[str, Any], kind: str) -> None:
         index = f.integer(event, "output_index", kind)
-        if index in self._calls:
-            if kind not in _CALL_EVENTS:
-                raise InputFormatError(f"{kind}: output_index {index} is a function call")
+        call = self._calls.get(index)
+        if call is not None:
+            if kind in _ITEM_EVENTS:
+                return
+            events = call.spec.events
+            if not (events and kind.startswith(events + ".")):
+                raise InputFormatError(f"{kind}: output_index {index} is a {call.kind}")
+            if not call.spec.streamed:  # a preview of a whole call: its item id must agree
+                self._target(event, kind)
         elif index not in self._others and kind != "response.output_item.done":
             raise InputFormatError(f"{kind}: no item was added at output_index {index}")
 
@@ -308,15 +422,29 @@ class OpenAIResponsesAdapter(VendorAdapter):
         call = self._register(index, item, item_type, kind)
         if call is None:
             return self._unjudged(item, item_type, kind)
-        arguments = f.text(item, "arguments", f"{kind}.item")
-        return [self._call_chunk(call, tool=call.name, delta=arguments)]
+        spec = call.spec
+        opening = _item_text(item, spec, f"{kind}.item") if spec.streamed else ""
+        return [self._opening(call, item, opening, kind)]
+
+    def _opening(self, call: _Call, item: Mapping[str, Any], text: str, kind: str) -> Chunk:
+        """A call's first chunk: its tool, its kind and who made it, and its first text."""
+        spec = call.spec
+        return self._call_chunk(
+            call,
+            tool=call.name,
+            delta=text,
+            call_kind=None if spec.call_kind is CallKind.FUNCTION_CALL else spec.call_kind,
+            caller=_caller(item, f"{kind}.item"),
+        )
 
     def _register(
         self, index: int, item: Mapping[str, Any], item_type: str, kind: str
     ) -> _Call | None:
         if index in self._calls or index in self._others:
             raise InputFormatError(f"{kind}: an item was already added at output_index {index}")
-        if item_type != _FUNCTION_CALL:
+        where = f"{kind}.item"
+        spec = _kind_of(item, item_type, where)
+        if spec is None:
             if len(self._others) >= self._max_calls:
                 raise InputFormatError(f"{kind}: more than {self._max_calls} other items")
             identity = _identity(item, item_type, f"{kind}.item", rotating=self._rotating)
@@ -326,9 +454,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
                 self._items.add(identity[1])
             self._others[index] = [*identity, kind == "response.output_item.done"]
             return None
-        where = f"{kind}.item"
-        call_id = f.string(item, "call_id", where)
-        name = f.string(item, "name", where)
+        call_id, name = _call_names(item, spec, where)
         item_id = self._item_id(item, "id", where)
         f.opt_str(item, "status", where)
         if item_id == "":
@@ -338,7 +464,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
         if call_id in self._ids:
             raise InputFormatError(f"{kind}: call_id repeats another item's call_id")
         self._admit(self.held + 1, kind)
-        call = self._calls[index] = _Call(item_id, call_id, name)
+        call = self._calls[index] = _Call(item_id, call_id, name, kind=item_type)
         self._ids.add(call_id)
         if item_id is not None:
             self._items.add(item_id)
@@ -365,11 +491,11 @@ class OpenAIResponsesAdapter(VendorAdapter):
         return [Chunk(self._stream, ChunkKind.MALFORMED, delta=detail, error=code)]
 
     def _target(self, event: Mapping[str, Any], kind: str) -> _Call:
-        """The function call an arguments event names, by output_index (and item_id)."""
+        """The call an event about its text names, by output_index (and item_id)."""
         index = f.integer(event, "output_index", kind)
         call = self._calls.get(index)
-        if call is None:
-            raise InputFormatError(f"{kind}: output_index {index} is not a function call")
+        if call is None or not kind.startswith(call.spec.events + "."):
+            raise InputFormatError(f"{kind}: output_index {index} is no call of this event's")
         item_id = self._item_id(event, "item_id", kind)
         if item_id is not None and item_id != call.item_id:
             raise InputFormatError(f"{kind}: item_id {item_id!r} is not output_index {index}'s")
@@ -391,10 +517,11 @@ class OpenAIResponsesAdapter(VendorAdapter):
         name = f.opt_str(event, "name", kind)
         if name is not None and name != call.name:
             raise InputFormatError(f"{kind}: 'name' differs from the item's name")
-        arguments = event.get("arguments")
-        if not isinstance(arguments, str):
-            raise InputFormatError(f"{kind}: field 'arguments' must be a string")
-        self._finish(call, arguments, kind)
+        field = call.spec.field
+        text = event.get(field)
+        if not isinstance(text, str):
+            raise InputFormatError(f"{kind}: field {field!r} must be a string")
+        self._finish(call, text, kind)
         return []
 
     def _item_done(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
@@ -403,40 +530,48 @@ class OpenAIResponsesAdapter(VendorAdapter):
         item_type = f.string(item, "type", f"{kind}.item")
         where = f"{kind}.item"
         call = self._calls.get(index)
-        out: list[Chunk] = []
-        if call is None and index not in self._others:
-            # Only the finished item was sent: the whole call in one chunk.
+        fresh = call is None and index not in self._others
+        if call is None and fresh:
+            # only the finished item was sent: the whole call in one chunk
             call = self._register(index, item, item_type, kind)
             if call is None:
                 return self._unjudged(item, item_type, kind)
-            opening = f.text(item, "arguments", where)
-            out.append(self._call_chunk(call, tool=call.name, delta=opening))
         elif call is None:
             other = self._others[index]
             if _identity(item, item_type, where, rotating=self._rotating) != tuple(other[:3]):
                 raise InputFormatError(f"{kind}: the item at output_index {index} changed")
             other[3] = True
             return []
-        elif item_type != _FUNCTION_CALL:
-            raise InputFormatError(f"{kind}: output_index {index} was a function call")
+        elif item_type != call.kind:
+            raise InputFormatError(f"{kind}: output_index {index} was a {call.kind}")
+        spec = call.spec
         if self._item_id(item, "id", where) != call.item_id:
             raise InputFormatError(f"{kind}: the item's id changed")
-        if f.string(item, "call_id", where) != call.call_id:
-            raise InputFormatError(f"{kind}: the item's call_id changed")
-        if f.string(item, "name", where) != call.name:
+        call_id, name = _call_names(item, spec, where)
+        if call_id != call.call_id:
+            raise InputFormatError(f"{kind}: the item's call id changed")
+        if name != call.name:
             raise InputFormatError(f"{kind}: the item's name changed")
+        out: list[Chunk] = []
         status = f.opt_str(item, "status", where)
         if status in (None, "completed") or (
             status == "in_progress" and call.status == _DONE and _programmatic(item, where)
         ):
-            arguments = item.get("arguments")
-            if not isinstance(arguments, str):
-                raise InputFormatError(f"{where}: field 'arguments' must be a string")
-            self._finish(call, arguments, kind)
+            text = _item_text(item, spec, where)
+            if fresh:
+                out.append(self._opening(call, item, text, kind))
+            elif not spec.streamed and call.status == _OPEN:
+                out.append(self._call_chunk(call, delta=text))  # a whole call's text
+            self._finish(call, text, kind)
+            if self._without_output:
+                call.text = text
         elif call.status == _DONE:
             raise InputFormatError(f"{kind}: a finished call's item ends {status!r}")
         else:
-            f.opt_str(item, "arguments", where)
+            if spec.streamed:
+                f.opt_str(item, spec.field, where)
+            if fresh:
+                out.append(self._opening(call, item, "", kind))
             call.status = _CUT
         return out
 
@@ -452,21 +587,24 @@ class OpenAIResponsesAdapter(VendorAdapter):
     def _release(self, response: Mapping[str, Any], kind: str, complete: bool) -> list[Chunk]:
         """The final chunks of the finished calls, each checked against the final response."""
         output = response.get("output")
+        if self._without_output and not output:
+            return self._release_items(kind, complete)
         if output is None:
             return []  # nothing to check the calls against: none is released
         if not isinstance(output, list):
             raise InputFormatError(f"{kind}: field 'response.output' must be an array")
         final: dict[str, Mapping[str, Any]] = {}
         others: set[tuple[Any, ...]] = set()
+        where = f"{kind}.response.output[]"
         for item in output:
             if not isinstance(item, dict):
                 raise InputFormatError(f"{kind}: each of 'response.output' must be an object")
-            if item.get("type") != _FUNCTION_CALL:
-                item_type = f.string(item, "type", f"{kind}.response.output[]")
-                where = f"{kind}.response.output[]"
+            item_type = f.string(item, "type", where)
+            spec = _kind_of(item, item_type, where)
+            if spec is None:
                 others.add(_identity(item, item_type, where, rotating=self._rotating))
                 continue
-            call_id = f.string(item, "call_id", f"{kind}.response.output[]")
+            call_id, _ = _call_names(item, spec, where)
             if call_id in final or call_id not in self._ids:
                 raise InputFormatError(f"{kind}: the final response names a call never streamed")
             final[call_id] = item
@@ -483,13 +621,33 @@ class OpenAIResponsesAdapter(VendorAdapter):
             where = f"{kind}.response.output[{call.call_id}]"
             if item is None:
                 raise InputFormatError(f"{kind}: the final response lacks call {call.call_id!r}")
-            if self._item_id(item, "id", where) != call.item_id or item.get("name") != call.name:
-                raise InputFormatError(f"{where}: the item's id or name changed")
-            arguments = item.get("arguments")
-            if not isinstance(arguments, str) or _digest(arguments) != call.digest:
+            if (
+                item.get("type") != call.kind
+                or self._item_id(item, "id", where) != call.item_id
+                or _call_names(item, call.spec, where)[1] != call.name
+            ):
+                raise InputFormatError(f"{where}: the item's type, id or name changed")
+            text = _item_text(item, call.spec, where)
+            if _digest(text) != call.digest:
                 raise InputFormatError(f"{where}: the final text differs from the call's .done")
             # after a lost event the texts differ by design: the seq hole already condemns it
-            expected = None if call.gapped else arguments
+            expected = None if call.gapped else text
+            out.append(self._call_chunk(call, final=True, expected=expected))
+        return out
+
+    def _release_items(self, kind: str, complete: bool) -> list[Chunk]:
+        """In a dialect whose final response lacks its output: the final chunks of the calls
+        whose `output_item.done` came, each with that item's text as its expected text."""
+        out: list[Chunk] = []
+        for other in self._others.values():
+            if complete and not other[3]:
+                raise InputFormatError(f"{kind}: a {other[0]} item never finished")
+        for call in self._calls.values():
+            if call.status != _DONE or call.text is None:
+                if complete:
+                    raise InputFormatError(f"{kind}: call {call.call_id!r}'s item never finished")
+                continue
+            expected = None if call.gapped else call.text
             out.append(self._call_chunk(call, final=True, expected=expected))
         return out
 
@@ -559,6 +717,8 @@ class OpenAIResponsesAdapter(VendorAdapter):
         delta: str = "",
         final: bool = False,
         expected: str | None = None,
+        call_kind: CallKind | None = None,
+        caller: str | None = None,
     ) -> Chunk:
         seq = None
         if self._numbered:
@@ -571,6 +731,8 @@ class OpenAIResponsesAdapter(VendorAdapter):
             delta=delta,
             final=final,
             expected=expected,
+            call_kind=call_kind,
+            caller=caller,
         )
 
 
@@ -580,6 +742,8 @@ _HANDLERS: dict[str, _Handler] = {
     "response.output_item.added": OpenAIResponsesAdapter._added,
     "response.function_call_arguments.delta": OpenAIResponsesAdapter._delta,
     "response.function_call_arguments.done": OpenAIResponsesAdapter._arguments_done,
+    "response.custom_tool_call_input.delta": OpenAIResponsesAdapter._delta,
+    "response.custom_tool_call_input.done": OpenAIResponsesAdapter._arguments_done,
     "response.output_item.done": OpenAIResponsesAdapter._item_done,
     "response.refusal.delta": OpenAIResponsesAdapter._refusal_delta,
     "response.refusal.done": OpenAIResponsesAdapter._refusal_done,

@@ -41,9 +41,10 @@ import orjson
 from worker._native import AssembledCall, ParseError, depth_over, parse_json
 from worker.core.canonical import request_digest
 from worker.core.feedback import MALFORMED_RECORD_MESSAGE, NO_ARGUMENTS, build_feedback
-from worker.core.repair import strip_fence
+from worker.core.repair import decode_double, strip_fence
 from worker.core.tool_output import RESULT_MEMBERS, check_tool_result
 from worker.model import (
+    CallKind,
     ChunkKind,
     Code,
     IncompleteReason,
@@ -54,7 +55,7 @@ from worker.model import (
     Violation,
 )
 from worker.plugins import AuthorizationContext, Plugins, RuleContext
-from worker.schemas.contract import Contract, IdempotencyPolicy, LookupFailure
+from worker.schemas.contract import JUDGED_BY, Contract, IdempotencyPolicy, LookupFailure
 from worker.schemas.registry import SchemaRegistry
 
 log = logging.getLogger("callgate.gate")
@@ -127,6 +128,9 @@ _REJECTED = Outcome.REJECTED
 _INCOMPLETE = Outcome.INCOMPLETE
 _MCP_RESULT = ChunkKind.MCP_RESULT
 _NO_KEY = IdempotencyPolicy.NONE
+_FUNCTION_CALL = CallKind.FUNCTION_CALL
+_CUSTOM = CallKind.CUSTOM_TOOL_CALL.value
+_APPROVAL_REQUEST = CallKind.MCP_APPROVAL_REQUEST.value
 
 
 def _violations(found: Iterable[Any]) -> Iterator[Violation]:
@@ -221,10 +225,14 @@ class Gate:
         if channel_code is not None:
             return self._rejected(call, _CLASSIFICATION, channel_code, (), phases)
 
+        # a custom tool's call is free-form text, judged as {"input": <the text>}; every other
+        # kind's text is JSON
+        kind = call.call_kind
+        custom = kind == _CUSTOM
         self._phase = _LIMITS
         limits = self._limits
         text = call.arguments
-        depth = depth_over(text, limits.max_depth)
+        depth = None if custom else depth_over(text, limits.max_depth)
         started, now = now, perf_counter_ns()
         phases[_LIMITS] = (now - started) // 1000
         if depth is not None:
@@ -233,13 +241,25 @@ class Gate:
             return self._rejected(call, _LIMITS, Code.TOO_DEEP, (violation,), phases)
 
         self._phase = _REPAIR
-        text, repair = strip_fence(text)
-        repairs = (repair,) if repair is not None else ()
+        repairs: tuple[RepairKind, ...] = ()
+        if not custom:
+            text, repair = strip_fence(text)
+            repairs = (repair,) if repair is not None else ()
+            if call.double_encoded:
+                text, repair = decode_double(text, limits.max_depth)
+                repairs = (*repairs, repair) if repair is not None else repairs
         started, now = now, perf_counter_ns()
         phases[_REPAIR] = (now - started) // 1000
 
         self._phase = _JSON_PARSE
-        value = parse_json(text, limits.max_depth)
+        value: Any
+        if custom:
+            try:
+                value = {"input": text.decode()}
+            except UnicodeDecodeError:
+                value = ParseError(Code.INVALID_UTF8.value, "the input is not UTF-8 text")
+        else:
+            value = parse_json(text, limits.max_depth)
         started, now = now, perf_counter_ns()
         phases[_JSON_PARSE] = (now - started) // 1000
         if type(value) is not dict:
@@ -256,10 +276,22 @@ class Gate:
         self._phase = _SCHEMA_VALIDATION
         tool = call.tool
         contract = self.registry.resolve(tool, call.tool_version) if tool else None
+        judged_by = JUDGED_BY[kind]
+        if isinstance(contract, Contract) and contract.meta.call_kind is not judged_by:
+            contract = LookupFailure(
+                Code.UNSUPPORTED_CALL_KIND,
+                f"this tool's contract judges {contract.meta.call_kind} calls; this call is a "
+                f"{kind}",
+            )
         if not isinstance(contract, Contract):
             started, now = now, perf_counter_ns()
             phases[_SCHEMA_VALIDATION] = (now - started) // 1000
             failure = contract or LookupFailure(Code.UNKNOWN_TOOL, "the call names no tool")
+            if judged_by is not _FUNCTION_CALL and failure.code is Code.UNKNOWN_TOOL:
+                failure = LookupFailure(
+                    Code.UNSUPPORTED_CALL_KIND,
+                    f"no contract of call_kind {kind} is registered for this tool",
+                )
             violation = Violation("", failure.code, failure.message)
             return self._rejected(
                 call, _SCHEMA_VALIDATION, failure.code, (violation,), phases, repairs=repairs
@@ -288,6 +320,9 @@ class Gate:
         self._key = key
 
         violations = contract.check(value)
+        if not violations and contract.input_check is not None:
+            wrong = contract.input_check(value["input"])
+            violations = (wrong,) if wrong is not None else ()
         started, now = now, perf_counter_ns()
         phases[_SCHEMA_VALIDATION] = (now - started) // 1000
         if violations:
@@ -397,7 +432,7 @@ class Gate:
             phases[_IDEMPOTENCY] = (now - started) // 1000
 
         self._phase = _NORMALIZATION
-        arguments_json = text
+        arguments_json = orjson.dumps(value) if custom else text
         adapter = self._plugins.adapter_for(schema)
         if adapter is not None:
             try:
@@ -423,7 +458,8 @@ class Gate:
             schema=schema,
             arguments_json=arguments_json,
             repairs=repairs,
-            requires_approval=meta.requires_approval,
+            # a remote MCP tool's approval request is, by its kind, a call that needs approval
+            requires_approval=meta.requires_approval or kind == _APPROVAL_REQUEST,
             idempotency_key=key,
             idempotency_digest=digest,
             phases_us=phases,

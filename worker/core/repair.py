@@ -1,4 +1,9 @@
-"""The only repair the chain makes: a markdown code fence around the whole text.
+"""The repairs the chain makes, each lossless and recorded in the event:
+
+- `markdown_fence`: a markdown code fence around the whole text is taken off;
+- `double_encoded`: arguments sent as a JSON string holding their JSON text are decoded once,
+  only for a call whose server's dialect is known to do it (`AssembledCall.double_encoded`,
+  `worker.adapters.dialects`); never in the strict default, and never twice.
 
 Everything else (missing commas, single quotes, type coercion, default filling) is left alone: a
 repair must be lossless and its result is parsed and validated in full, like any other text.
@@ -8,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from worker._native import parse_json
 from worker.model import RepairKind
 
 _FENCE = re.compile(
@@ -23,3 +29,17 @@ def strip_fence(text: bytes) -> tuple[bytes, RepairKind | None]:
     if match is None:
         return text, None
     return match["body"], RepairKind.MARKDOWN_FENCE
+
+
+def decode_double(text: bytes, max_depth: int) -> tuple[bytes, RepairKind | None]:
+    """The JSON text a JSON string holds, and the repair made; else the text as is (any other
+    value, or text that is not strict JSON, is parsed and judged as it came)."""
+    if not text.lstrip().startswith(b'"'):
+        return text, None
+    value = parse_json(text, max_depth)
+    if type(value) is not str:
+        return text, None
+    try:
+        return value.encode(), RepairKind.DOUBLE_ENCODED
+    except UnicodeEncodeError:  # a lone surrogate escape: no text to decode to
+        return text, None

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from worker.model import Code, SchemaRef, Violation
+from worker.model import CallKind, Code, SchemaRef, Violation
 
 #: A compiled schema: returns the violations of an instance, at most `max_violations` of them,
 #: each bounded in bytes (`ViolationLimits`); empty means valid. It never rewrites the instance.
@@ -38,6 +38,19 @@ class ViolationLimits:
             raise ValueError(f"violation limits too small: {self}")
 
 
+#: The contract kind that judges each kind of call: its own, except a remote MCP tool's approval
+#: request, which the tool's function contract judges (an MCP tools file's, or a schema's).
+JUDGED_BY: dict[str, CallKind] = {
+    **{kind.value: kind for kind in CallKind},
+    CallKind.MCP_APPROVAL_REQUEST.value: CallKind.FUNCTION_CALL,
+}
+#: The kinds a contract may declare (`x-callgate.call_kind`).
+CONTRACT_KINDS = frozenset(JUDGED_BY.values())
+
+#: A custom tool's text input, checked against its declared grammar: the violation, or None.
+InputCheck = Callable[[str], Violation | None]
+
+
 class IdempotencyPolicy(StrEnum):
     REQUIRED = "required"
     OPTIONAL = "optional"
@@ -56,6 +69,9 @@ class ContractMeta:
     #: the principals that may call this tool (None: the contract does not restrict who may;
     #: empty: nobody may). A call naming no principal is refused when there is a list.
     allowed_principals: frozenset[str] | None = None
+    #: the kind of call the contract judges (`JUDGED_BY`); a custom tool's contract judges
+    #: `{"input": <its text>}`
+    call_kind: CallKind = CallKind.FUNCTION_CALL
     #: a call of this tool without an idempotency key is rejected (set once, read per call)
     needs_key: bool = field(init=False, repr=False, compare=False)
 
@@ -79,6 +95,8 @@ class Contract:
     declared_names: frozenset[str] = frozenset()
     #: the same for the output schema (MCP tools)
     output_declared_names: frozenset[str] = frozenset()
+    #: a custom tool's grammar (`x-callgate.format`), checked after the schema
+    input_check: InputCheck | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,9 @@ from typing import Any
 
 from worker._native import ParseError, parse_json
 from worker.errors import SchemaLoadError
-from worker.model import Code, SchemaRef
+from worker.model import CallKind, Code, SchemaRef
 from worker.schemas.contract import (
+    CONTRACT_KINDS,
     MAX_DOCUMENT_DEPTH,
     Contract,
     ContractMeta,
@@ -35,6 +36,7 @@ from worker.schemas.contract import (
 )
 from worker.schemas.drafts import declared_names, draft_of
 from worker.schemas.engines import compile_check
+from worker.schemas.grammars import input_check
 from worker.schemas.versions import MAX_VERSION_DIGITS, parse_version
 from worker.schemas.vetting import ENGINES, FASTJSONSCHEMA
 
@@ -49,7 +51,11 @@ _META_KEYS = {
     "idempotency",
     "idempotency_key_argument",
     "allowed_principals",
+    "call_kind",
+    "format",
 }
+#: the argument a custom tool's contract judges its text as: `{"input": <the text>}`
+CUSTOM_INPUT = "input"
 
 
 def principals_problem(value: Any) -> str | None:
@@ -121,12 +127,26 @@ def contract_meta(schema: Any, file: str) -> ContractMeta:
         problem = principals_problem(principals)
         if problem is not None:
             raise SchemaLoadError(f"x-callgate.allowed_principals {problem}", file=file)
+    kind = raw.get("call_kind", CallKind.FUNCTION_CALL.value)
+    if kind not in CONTRACT_KINDS:
+        raise SchemaLoadError(
+            f"x-callgate.call_kind must be one of {sorted(CONTRACT_KINDS)} (a remote MCP "
+            "tool's approval request is judged by the tool's function_call contract)",
+            file=file,
+        )
+    if "format" in raw and kind != CallKind.CUSTOM_TOOL_CALL:
+        raise SchemaLoadError(
+            "x-callgate.format declares a custom tool's grammar: only a contract of "
+            "call_kind custom_tool_call has one",
+            file=file,
+        )
     return ContractMeta(
         side_effects=raw.get("side_effects", False),
         requires_approval=raw.get("requires_approval", False),
         idempotency=idempotency,
         idempotency_key_argument=argument,
         allowed_principals=frozenset(principals) if principals is not None else None,
+        call_kind=CallKind(kind),
     )
 
 
@@ -262,15 +282,22 @@ def compile_source(source: SchemaSource, engine: str, limits: ViolationLimits) -
             engine=engine,
             limits=limits,
         )
+    meta = contract_meta(source.schema, source.file)
+    declared = _declared(source.schema)
+    grammar = None
+    if meta.call_kind is CallKind.CUSTOM_TOOL_CALL:
+        declared |= {CUSTOM_INPUT}
+        grammar = input_check(source.schema["x-callgate"].get("format"), source.file)
     return Contract(
         tool=source.tool,
         ref=SchemaRef(source.schema_id, source.version),
-        meta=contract_meta(source.schema, source.file),
+        meta=meta,
         check=compile_check(source.schema, file=source.file, engine=engine, limits=limits),
         file=source.file,
         output_check=output_check,
-        declared_names=_declared(source.schema),
+        declared_names=declared,
         output_declared_names=_declared(source.output_schema),
+        input_check=grammar,
     )
 
 
