@@ -359,6 +359,7 @@ def test_a_programmatic_call_is_finished_by_its_arguments_done_while_its_item_ru
     assert outcomes(events) == {"call_weather_1": "complete"}
     (call,) = assemble(RESPONSES, encode(events))
     assert call.arguments.decode() == sdk_calls(RESPONSES, events).calls["call_weather_1"].arguments
+    assert orjson.loads(call.caller or "") == {"type": "program", "caller_id": "call_program_1"}
 
 
 def test_an_in_progress_item_is_finished_only_for_a_program_and_after_the_done() -> None:

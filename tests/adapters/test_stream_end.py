@@ -35,7 +35,7 @@ from tests.adapters.oracles import (
     sdk_calls,
 )
 from tests.adapters.test_integrity import STREAMS, _random_stream, _tools, end_of
-from worker.adapters.decoder import ADAPTERS
+from worker.adapters.decoder import ADAPTERS, WHOLE_RECORDS
 from worker.adapters.openai_responses import BUILT_IN_TOOLS
 from worker.core.processor import Emission
 from worker.model import Code, Outcome
@@ -232,5 +232,41 @@ def test_an_identifier_past_its_bound_breaks_the_stream_at_its_first_event(
         sdk = sdk_calls(fmt, changed[:first])
         for call_id, (tool, arguments, _) in accepted(emissions).items():
             assert sdk.calls[call_id] == (tool, arguments.decode())
+
+    check()
+
+
+_BROKEN = [b"{", b"\xff", b"[1, 2", b'{"type": "x",}', b"null"]
+
+
+@pytest.mark.parametrize(("name", "fmt", "events"), STREAMS, ids=[name for name, _, _ in STREAMS])
+def test_a_stream_broken_at_its_first_record_ends_each_call_it_can_still_see(
+    gate: Gate, name: str, fmt: str, events: list[Event]
+) -> None:
+    """Its first record unreadable, a stream is refused: that record is its one rejection
+    (`malformed_record`), nothing is accepted, and each call a later record opens under an id of
+    its own ends `stream_corrupt`, once: every call the SDK holds whose id a later record names
+    (a cut call the SDK drops too), and no other. A stream with no such call has the rejection
+    alone."""
+    if fmt in WHOLE_RECORDS:
+        return
+    sdk = sdk_calls(fmt, events)
+    later = {leaf for event in events[1:] for leaf in _strings(event)}  # what it can still see
+    visible = {call_id for call_id in sdk.calls if call_id.rsplit(":", 1)[0] in later}
+
+    @GENERATED
+    @given(broken=st.sampled_from(_BROKEN))
+    def check(broken: bytes) -> None:
+        values = encode(events)
+        values[0] = broken
+        emissions = gate.run([records(fmt, values)])
+        event_ids_are_unique(emissions)
+        assert not [e for e in emissions if e.verdict.outcome is Outcome.ACCEPTED]
+        (bad,) = malformed(emissions)
+        assert bad.call.first_offset == 0
+        ended = [e.call.call_id for e in emissions if e is not bad]
+        assert visible <= set(ended)  # every call the SDK holds that it can still see
+        assert all(call_id.rsplit(":", 1)[0] in later for call_id in ended)  # none made up
+        assert all(e.verdict.reason == "stream_corrupt" for e in emissions if e is not bad)
 
     check()

@@ -58,6 +58,12 @@ class VendorAdapter:
         that carries nothing (dropped); any other event after the end breaks the stream."""
         return False
 
+    @classmethod
+    def announced(cls, event: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """The calls `event` opens, as (call id, tool), read without the stream's state: what
+        a stream already broken can still name (each then ends `stream_corrupt`)."""
+        return []
+
     def _admit(self, held: int, where: str) -> None:
         """Refuse a call past the stream's bound (`held` counts it)."""
         if held > self._max_calls:

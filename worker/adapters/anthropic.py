@@ -131,6 +131,17 @@ class AnthropicAdapter(VendorAdapter):
         """Every tool_use block of the message: none is released before the END."""
         return [] if self._finished else list(self._calls.values())
 
+    @classmethod
+    def announced(cls, event: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """A `tool_use` block's start."""
+        block = event.get("content_block")
+        if event.get("type") != "content_block_start" or not isinstance(block, dict):
+            return []
+        call_id, name = block.get("id"), block.get("name")
+        if block.get("type") == "tool_use" and isinstance(call_id, str) and isinstance(name, str):
+            return [(call_id, name)] if call_id and name else []
+        return []
+
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         kind = f.string(event, "type", "anthropic.messages event")
         if kind == "ping":

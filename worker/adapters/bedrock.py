@@ -122,6 +122,19 @@ class BedrockAdapter(VendorAdapter):
         return [] if self._finished else list(self._calls.values())
 
     @classmethod
+    def announced(cls, event: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """A `toolUse` block's start."""
+        start = event.get("contentBlockStart")
+        start = start.get("start") if isinstance(start, dict) else None
+        tool = start.get("toolUse") if isinstance(start, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") == "server_tool_use":
+            return []
+        call_id, name = tool.get("toolUseId"), tool.get("name")
+        if isinstance(call_id, str) and call_id and isinstance(name, str) and name:
+            return [(call_id, name)]
+        return []
+
+    @classmethod
     def after_end(cls, event: Mapping[str, Any]) -> bool:
         """The `metadata` event (usage, metrics) follows the stream's `messageStop`."""
         return len(event) == 1 and isinstance(event.get("metadata"), dict)

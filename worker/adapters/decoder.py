@@ -20,6 +20,11 @@ The rules every format follows, kept here once:
   format, its key); with no usable key, every stream of its format in the partition; with a
   format callgate does not read, the streams of its key in every format (every stream, with
   no key either). Those streams are then corrupt: their later records are dropped and counted.
+  A stream broken at its first record (broken JSON, before any record of it was read) still
+  ends each call it can be seen to make: a call one of its later records opens (its adapter's
+  `announced`: a function call's item, a tool block's start, ...) is opened and at once aborted,
+  so it gets its `stream_corrupt` event. The log line of the broken record says which calls it
+  ended, or that none of its stream had been read yet.
   A bug in an adapter is the record's `internal_error`, with the same effect, and is logged
   once with the record's position. A format whose every record is a whole call (`mcp.result`)
   has nothing else a bad record could belong to: the record alone is rejected, and the stream's
@@ -108,6 +113,10 @@ class AdapterFactory(Protocol):
         """Whether `event` may follow the stream's end (it carries nothing): dropped."""
         ...
 
+    def announced(self, event: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """The calls `event` opens, (call id, tool), read without its stream's state."""
+        ...
+
 
 #: format name -> its adapter class
 ADAPTERS: dict[str, AdapterFactory] = {
@@ -140,7 +149,8 @@ ADAPTER_HEADERS = ("traceparent", "tool", "tool-version", "call-id", PRINCIPAL_H
 _CHUNK_IDS = ("stream_id", "call_id", "tool", "tool_version", "traceparent", "principal")
 
 _Slot = tuple[str, str]  # (format, stream id)
-_ENDED, _CORRUPT = "ended", "corrupt"  # how a stream closed
+# how a stream closed: it ended; it broke; it broke at its first record, before any was read
+_ENDED, _CORRUPT, _UNREAD = "ended", "corrupt", "unread"
 
 
 def formats() -> list[str]:
@@ -249,9 +259,9 @@ class Decoder:
         part = self._partition(record)
         slot = (fmt, stream_id)
         closed = part.closed.get(slot)
-        if closed == _CORRUPT:
+        if closed in (_CORRUPT, _UNREAD):
             self.dropped_records += 1
-            return []
+            return self._seen_unread(record, factory, stream_id) if closed == _UNREAD else []
         event = parse_json(record.value, MAX_DEPTH)
         if isinstance(event, ParseError):
             where = f" at {event.path}" if event.path else ""
@@ -301,6 +311,25 @@ class Decoder:
             evicted += self._abort(part, oldest)
         return [*evicted, *chunks] if evicted else chunks
 
+    def _seen_unread(self, record: Any, factory: AdapterFactory, stream_id: str) -> list[Chunk]:
+        """The calls a record of a stream broken at its first record opens, each opened and
+        aborted at once (its event says `stream_corrupt`; a call named again is a late piece of
+        it, dropped by the reassembler); the record is dropped otherwise."""
+        event = parse_json(record.value, MAX_DEPTH)
+        if type(event) is not dict:
+            return []
+        fmt = next(name for name, adapter in ADAPTERS.items() if adapter is factory)
+        typed = _header(record, TYPED_BY_HEADER[fmt]) if fmt in TYPED_BY_HEADER else None
+        if typed is not None:
+            event = {typed: event}
+        out: list[Chunk] = []
+        for call_id, tool in factory.announced(event):
+            if self._too_long(call_id) or self._too_long(tool):
+                continue
+            out.append(Chunk(stream_id, ChunkKind.TOOL_CALL, call_id, tool=tool))
+            out.append(Chunk(stream_id, ChunkKind.ABORT, call_id))
+        return out
+
     def _check_ids(self, chunks: Iterable[Chunk]) -> None:
         """Every identifier a chunk carries is at most `max_id_bytes` long, or the event that
         made it cannot be placed."""
@@ -341,8 +370,23 @@ class Decoder:
                 part.drop_stream((fmt, stream_id))
             return [malformed]
         out = [malformed]
+        unread = (fmt, stream_id) not in part.streams and (fmt, stream_id) not in part.closed
         for slot in self._suspects(part, fmt, stream_id):
-            out += self._abort(part, slot)
+            out += self._abort(part, slot, _UNREAD if unread and slot[1] == stream_id else _CORRUPT)
+        ended = [chunk.call_id for chunk in out[1:]]
+        log.warning(
+            "%s record %s[%s]@%s cannot be placed; %s",
+            fmt,
+            record.topic,
+            record.partition,
+            record.offset,
+            f"it ends the calls {ended} stream_corrupt"
+            if ended
+            else "no call of its stream was read before it (those its later records open end "
+            "stream_corrupt)"
+            if unread
+            else "its stream holds no call it could end (those before it were judged)",
+        )
         return out
 
     def _suspects(self, part: _Partition, fmt: str, stream_id: str | None) -> list[_Slot]:
@@ -359,10 +403,10 @@ class Decoder:
             and (fmt not in ADAPTERS or slot[0] == fmt)
         ]
 
-    def _abort(self, part: _Partition, slot: _Slot) -> list[Chunk]:
+    def _abort(self, part: _Partition, slot: _Slot, how: str = _CORRUPT) -> list[Chunk]:
         """End the stream: the calls it holds are aborted, its later records dropped."""
         stream = part.drop_stream(slot)
-        part.close(slot, _CORRUPT, self._max_closed)
+        part.close(slot, how, self._max_closed)
         if stream is None:
             return []
         # a call whose id is past the bound never reached the reassembler: nothing to abort

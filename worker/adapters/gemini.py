@@ -318,6 +318,25 @@ class GeminiAdapter(VendorAdapter):
         return [call for candidate in self._candidates for call in candidate.calls]
 
     @classmethod
+    def announced(cls, event: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """A `functionCall` part with its own id (a call without one is named by its place in
+        the stream, which a broken stream no longer knows)."""
+        found: list[tuple[str, str]] = []
+        candidates = event.get("candidates")
+        for number, candidate in enumerate(candidates if isinstance(candidates, list) else []):
+            content = candidate.get("content") if isinstance(candidate, dict) else None
+            parts = content.get("parts") if isinstance(content, dict) else None
+            index = candidate.get("index", number) if isinstance(candidate, dict) else number
+            for part in parts if isinstance(parts, list) else []:
+                call = part.get("functionCall") if isinstance(part, dict) else None
+                call_id = call.get("id") if isinstance(call, dict) else None
+                name = call.get("name") if isinstance(call, dict) else None
+                if isinstance(call_id, str) and call_id and isinstance(name, str) and name:
+                    suffix = f":{index}" if isinstance(index, int) and index > 0 else ""
+                    found.append((call_id + suffix, name))
+        return found
+
+    @classmethod
     def after_end(cls, event: Mapping[str, Any]) -> bool:
         """A chunk that carries nothing (usage alone: no candidate content, no finish reason,
         no error, no blocked prompt) may follow the stream's end."""

@@ -182,6 +182,24 @@ class OpenAIChatAdapter(VendorAdapter):
         return open_ids
 
     @classmethod
+    def announced(cls, event: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """Each tool call delta that opens a call (with its id and name)."""
+        found: list[tuple[str, str]] = []
+        choices = event.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+            number = choice.get("index", 0) if isinstance(choice, dict) else 0
+            for call in calls if isinstance(calls, list) else []:
+                function = call.get("function") if isinstance(call, dict) else None
+                name = function.get("name") if isinstance(function, dict) else None
+                call_id = call.get("id") if isinstance(call, dict) else None
+                if isinstance(call_id, str) and call_id and isinstance(name, str) and name:
+                    suffix = f":{number}" if isinstance(number, int) and number > 0 else ""
+                    found.append((call_id + suffix, name))
+        return found
+
+    @classmethod
     def after_end(cls, event: Mapping[str, Any]) -> bool:
         """The usage chunk (`choices: []`), and a chunk whose choices carry nothing the SDK
         would take (an empty delta, no finish reason), may follow the stream's end."""

@@ -351,6 +351,19 @@ class OpenAIResponsesAdapter(VendorAdapter):
             open_ids.append(f"{self._stream}:refusal")
         return open_ids
 
+    @classmethod
+    def announced(cls, event: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """A judged call's item, added or done."""
+        item, kind = event.get("item"), event.get("type")
+        if not isinstance(kind, str) or kind not in _ITEM_EVENTS or not isinstance(item, dict):
+            return []
+        item_type = item.get("type")
+        try:
+            spec = _kind_of(item, item_type, "item") if isinstance(item_type, str) else None
+            return [_call_names(item, spec, "item")] if spec is not None else []
+        except InputFormatError:
+            return []
+
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
         kind = f.string(event, "type", "openai.responses event")
         if event.get("error"):  # the SDK's stream raises on any event with an error
