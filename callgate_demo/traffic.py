@@ -267,7 +267,10 @@ def _chat(sid: str, delta: dict[str, Any], finish: str | None = None) -> dict[st
     }
 
 
-def _openai_chat_call(run: str, name: str, arguments: str, finish: str) -> _Stream:
+def _openai_chat_call(
+    run: str, name: str, arguments: str, finish: str, dialect: str | None = None
+) -> _Stream:
+    """A Chat Completions call streamed in pieces; `dialect`: the server's (content-format)."""
     sid = f"{run}:chat-{name}"
     events = [
         _chat(sid, {"role": "assistant", "content": None}),
@@ -290,8 +293,9 @@ def _openai_chat_call(run: str, name: str, arguments: str, finish: str) -> _Stre
         ),
         _chat(sid, {}, finish),
     ]
-    headers: Headers = (("content-format", b"openai.chat"),)
-    return _Stream(sid, f"openai.chat {name}", tuple((_dumps(ev), headers) for ev in events))
+    fmt = "openai.chat" if dialect is None else f"openai.chat; dialect={dialect}"
+    headers: Headers = (("content-format", fmt.encode()),)
+    return _Stream(sid, f"{fmt} {name}", tuple((_dumps(ev), headers) for ev in events))
 
 
 def _anthropic_call(run: str, name: str, arguments: str, stop: str | None) -> _Stream:
@@ -379,10 +383,12 @@ def _mcp(run: str, name: str, tool: str, result: Any) -> _Stream:
     return _Stream(sid, f"mcp.result {name}", ((value, headers),))
 
 
-def _replay(run: str, file: str, fmt: str, scenario: str) -> _Stream:
-    """A recorded vendor stream from `samples/`, under a stream id of this run."""
+def _replay(run: str, file: str, fmt: str, scenario: str, dialect: str | None = None) -> _Stream:
+    """A recorded vendor stream from `samples/`, under a stream id of this run (read in the
+    server's `dialect`, when it has one)."""
     sid = f"{run}:rec-{file.split('.', maxsplit=1)[0]}"
-    headers: Headers = (("content-format", fmt.encode()),)
+    named = fmt if dialect is None else f"{fmt}; dialect={dialect}"
+    headers: Headers = (("content-format", named.encode()),)
     data = resources.files("callgate_demo").joinpath("samples", file).read_bytes()
     values = [value for value in read_records(io.BytesIO(data), fmt) if isinstance(value, bytes)]
     return _Stream(sid, scenario, tuple((value, headers) for value in values))
@@ -397,6 +403,10 @@ def vendor_streams(run: str) -> list[_Stream]:
     return [
         _openai_chat_call(run, "valid", weather, "tool_calls"),
         _openai_chat_call(run, "truncated", '{"city": "Par', "length"),
+        # vLLM sends these arguments double-encoded: decoded once, the repair double_encoded
+        _openai_chat_call(
+            run, "double-encoded", orjson.dumps(weather).decode(), "tool_calls", "vllm"
+        ),
         _anthropic_call(run, "valid", weather, "tool_use"),
         _anthropic_call(run, "max-tokens", '{"city": "Pa', "max_tokens"),
         _gemini_call(run, "valid", weather, "STOP"),
@@ -432,6 +442,19 @@ def vendor_streams(run: str) -> list[_Stream]:
             "dotnet_function_call_get_weather_at_location.sse",
             "openai.responses",
             "recorded openai.responses function call",
+        ),
+        _replay(
+            run,
+            "vercel_custom_tool_call.jsonl",
+            "openai.responses",
+            "recorded openai.responses custom tool call (no contract of its kind: rejected)",
+        ),
+        _replay(
+            run,
+            "rustgenai_tools_completed_no_output_field.sse",
+            "openai.responses",
+            "recorded openai.responses final response without output (9router dialect)",
+            dialect="9router",
         ),
         _replay(
             run,

@@ -232,6 +232,29 @@ def test_a_call_without_its_item_done_or_with_another_text_is_never_released(wha
     assert found["call_weather_1"] == IncompleteReason.STREAM_CORRUPT
 
 
+def test_the_recorded_stream_without_output_reads_in_its_dialect_only() -> None:
+    path = (
+        RECORDED
+        / "openai_responses_without_output"
+        / "rustgenai_tools_completed_no_output_field.sse"
+    )
+    with path.open("rb") as fp:
+        values = list(read_records(fp, RESPONSES))
+    (strict,) = assemble(RESPONSES, values)
+    assert strict.incomplete == IncompleteReason.STREAM_ENDED  # released by nothing: never accepted
+    events = [orjson.loads(value) for value in values]
+    # the oracle: the SDK's calls once the final response holds the items the stream finished
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    whole = copy.deepcopy(events)
+    whole[-1]["response"]["output"] = done
+    sdk = sdk_calls(RESPONSES, whole)
+    for dialect in ("9router", "new-api"):
+        ours = assemble(f"{RESPONSES}; dialect={dialect}", values)
+        assert [(c.call_id, c.tool, c.arguments.decode(), c.incomplete) for c in ours] == [
+            (*triple, None) for triple in sdk.triples()
+        ]
+
+
 # -- double-encoded arguments (vLLM) ------------------------------------------------------------
 
 
