@@ -11,8 +11,10 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from tests.adapters import streamgen
+from tests.adapters.mutations import mutated
 from tests.adapters.oracles import (
     CHAT,
     RECORDED,
@@ -361,3 +363,97 @@ def test_check_takes_a_dialect_in_its_format(
     with pytest.raises(SystemExit):
         main([*args, "--format", f"{CHAT}; dialect=copilot"])
     assert "has no dialect 'copilot'" in capsys.readouterr().err
+
+
+def test_check_reads_a_recorded_stream_in_a_responses_dialect(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = (
+        RECORDED
+        / "openai_responses_without_output"
+        / ("rustgenai_tools_completed_no_output_field.sse")
+    )
+    contracts = permissive_contracts(tmp_path / "contracts", ["get_weather"])
+    args = ["check", "--schemas", str(contracts), str(source)]
+    assert main([*args, "--format", f"{RESPONSES}; dialect=9router"]) == 0
+    out = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["outcome"], e["arguments"]) for e in out] == [
+        ("accepted", {"city": "Paris", "country": "France", "unit": "C"})
+    ]
+    assert main([*args, "--format", RESPONSES]) == 0  # strict: the call is never released
+    out = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["outcome"], e["reason"]) for e in out] == [("incomplete", "stream_ended")]
+
+
+# -- the mutation tests, in the dialects that read more than the strict default --------------
+
+MUTATED = settings(
+    max_examples=120,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+def _restored(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stream with its final response's output made of the items it finished (what the
+    dialect takes the calls from), for the SDK to read."""
+    out = copy.deepcopy(events)
+    done = [e["item"] for e in out if isinstance(e, dict) and e.get("type") == DONE_ITEM]
+    for event in out:
+        response = event.get("response") if isinstance(event, dict) else None
+        if event.get("type") == "response.completed" and isinstance(response, dict):
+            response["output"] = done
+    return out
+
+
+DONE_ITEM = "response.output_item.done"
+
+
+def test_no_mutation_of_a_stream_without_output_makes_an_accepted_call_lie(tmp_path: Path) -> None:
+    path = (
+        RECORDED
+        / "openai_responses_without_output"
+        / ("rustgenai_tools_completed_no_output_field.sse")
+    )
+    with path.open("rb") as fp:
+        events = [orjson.loads(value) for value in read_records(fp, RESPONSES)]
+    gate = Gate(permissive_contracts(tmp_path, ["get_weather"]))
+    fmt = f"{RESPONSES}; dialect=9router"
+
+    @MUTATED
+    @given(mutated(events, len(events) - 1))
+    def check(change: tuple[str, list[dict[str, Any]]]) -> None:
+        what, changed = change
+        sdk = sdk_calls(RESPONSES, _restored(changed))
+        for emission in gate.run([records(fmt, encode(changed))]):
+            if emission.verdict.outcome is Outcome.ACCEPTED:
+                call = emission.call
+                assert sdk.raised_at is None or call.last_offset < sdk.raised_at, what
+                assert sdk.holds(RESPONSES, call.call_id, call.tool, call.arguments.decode()), what
+
+    check()
+
+
+def test_no_mutation_of_a_double_encoded_stream_makes_an_accepted_call_lie(tmp_path: Path) -> None:
+    events = double_encoded(streamgen.chat_stream("c1", [CALLS], random.Random(12)))
+    gate = Gate(permissive_contracts(tmp_path, [c[1] for c in CALLS]))
+    fmt = f"{CHAT}; dialect=vllm"
+
+    @MUTATED
+    @given(mutated(events, len(events) - 1))
+    def check(change: tuple[str, list[dict[str, Any]]]) -> None:
+        what, changed = change
+        sdk = sdk_calls(CHAT, changed)
+        for emission in gate.run([records(fmt, encode(changed))]):
+            if emission.verdict.outcome is not Outcome.ACCEPTED:
+                continue
+            call = emission.call
+            assert sdk.raised_at is None or call.last_offset < sdk.raised_at, what
+            held = sdk.calls[call.call_id]
+            assert held.name == call.tool, what
+            sent = orjson.loads(held.arguments)  # the server's text, decoded once if a string
+            meant = orjson.loads(sent) if isinstance(sent, str) else sent
+            assert orjson.loads(emission.value)["arguments"] == meant, what
+
+    check()

@@ -18,8 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.adapters.oracles import RECORDED, RESPONSES, Gate, records
 from tests.test_metrics import new_metrics, value
 from worker._native import AssembledCall
+from worker.adapters.input import read_records
 from worker.compose import build_gate, build_registry
 from worker.core.events import encode
 from worker.errors import SchemaLoadError
@@ -273,3 +275,23 @@ def test_a_contract_declaring_what_callgate_cannot_check_does_not_load(
     directory = _write(tmp_path, {"t": {"$schema": DRAFT, "x-callgate": meta}})
     with pytest.raises(SchemaLoadError, match=re.escape(says)):
         build_registry(Settings(schemas={"dir": directory}))
+
+
+def test_a_custom_tools_text_has_the_same_size_bounds_as_any_call(tmp_path: Path) -> None:
+    directory = _write(tmp_path, {"write_sql": CONTRACTS["free_text"]})
+    recorded = RECORDED / "openai_responses" / "vercel_custom_tool_call.jsonl"
+    with recorded.open("rb") as fp:
+        values = list(read_records(fp, RESPONSES))
+    accepted = Gate(directory).run([records(RESPONSES, values)])
+    assert [orjson.loads(e.value)["arguments"] for e in accepted] == [
+        {"input": "SELECT * FROM users WHERE age > 25"}
+    ]
+    for bound in ({"max_bytes": 20}, {"max_chunks": 2}):
+        (emission,) = Gate(directory, **bound).run([records(RESPONSES, values)])
+        event = orjson.loads(emission.value)
+        assert (event["outcome"], event["phase"], event["call_kind"]) == (
+            "rejected",
+            "limits",
+            "custom_tool_call",
+        )
+        assert event["error_code"] in ("too_large", "too_many_chunks")
