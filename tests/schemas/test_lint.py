@@ -167,3 +167,51 @@ def test_a_list_of_distinct_principals_is_clean(tmp_path: Path) -> None:
         "x-callgate": {"allowed_principals": ["ops", "svc:deployer"]},
     }
     assert lint_path_of(tmp_path, schema) == []
+
+
+@pytest.mark.parametrize(
+    ("meta", "why"),
+    [
+        (
+            {
+                "call_kind": "custom_tool_call",
+                "format": {"type": "grammar", "syntax": "lark", "definition": "start: /a/"},
+            },
+            "x-callgate.format: a Lark grammar is not checked by callgate",
+        ),
+        (
+            {
+                "call_kind": "custom_tool_call",
+                "format": {"type": "grammar", "syntax": "regex", "definition": "(a"},
+            },
+            "x-callgate.format: RE2 cannot compile the regex grammar",
+        ),
+        ({"call_kind": "computer_call"}, "x-callgate.call_kind must be one of"),
+        ({"format": {"type": "text"}}, "x-callgate.format declares a custom tool's grammar"),
+        (
+            {
+                "call_kind": "custom_tool_call",
+                "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]+"},
+            },
+            None,
+        ),
+        ({"call_kind": "apply_patch_call"}, None),
+    ],
+)
+def test_a_contract_kind_or_grammar_the_load_refuses_is_a_finding(
+    tmp_path: Path, meta: dict[str, Any], why: str | None
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"input": {"type": "string"}},
+        "required": ["input"],
+        "additionalProperties": False,
+        "x-callgate": meta,
+    }
+    found = [f for f in lint_path_of(tmp_path, schema) if f.rule == "call-kind"]
+    if why is None:
+        assert found == []
+        return
+    assert [f.pointer for f in found] == ["/x-callgate"]
+    assert found[0].why.startswith(why)
+    assert found[0].why.endswith("it would not load")

@@ -19,6 +19,8 @@ Rules (each finding names file, JSON Pointer into that file, rule and why):
   (only a string is taken as the call's key: any other value leaves the call without one).
 * `allowed-principals`: `x-callgate.allowed_principals` is not a list of distinct principal
   names (the contract would not load), or names none (every call of the tool is refused).
+* `call-kind`: `x-callgate.call_kind` or a custom tool's `x-callgate.format` would be refused
+  at load (an unknown kind, a Lark or unknown grammar syntax, a regex RE2 cannot compile).
 
 A schema may silence rules on purpose with a root annotation
 `"x-lint": {"ignore": ["<rule>", ...], "why": "<reason>"}`; `why` is required, and the
@@ -34,11 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from worker.errors import SchemaLoadError
+from worker.model import CallKind
 from worker.schemas.drafts import Draft, draft_of, pointer, walk
+from worker.schemas.grammars import input_check
 from worker.schemas.registry import (
     OUTPUT_FILE,
     SCHEMA_FILE,
     TOOLS_FILE,
+    call_kind_of,
     principals_problem,
     read_json,
 )
@@ -203,6 +208,18 @@ def _allowed_principals(schema: dict[str, Any], file: str, base: str) -> Iterato
         )
 
 
+def _call_kind(schema: dict[str, Any], file: str, base: str) -> Iterator[Finding]:
+    meta = schema.get("x-callgate")
+    if not isinstance(meta, dict) or not {"call_kind", "format"} & set(meta):
+        return
+    try:
+        if call_kind_of(meta, file) is CallKind.CUSTOM_TOOL_CALL:
+            input_check(meta.get("format"), file)
+    except SchemaLoadError as exc:
+        reason = str(exc).removeprefix(f"{file}: ")
+        yield Finding(file, f"{base}/x-callgate", "call-kind", f"{reason}; it would not load")
+
+
 def _string_only(node: dict[str, Any]) -> bool:
     """Whether a property admits only strings (or null: a strict-mode optional one)."""
     types = _types(node)
@@ -215,6 +232,7 @@ def _findings(schema: Any, file: str, base: str, *, model_input: bool) -> Iterat
     if model_input and isinstance(schema, dict):
         yield from _key_argument(schema, file, base)
         yield from _allowed_principals(schema, file, base)
+        yield from _call_kind(schema, file, base)
     for engine in ENGINES:
         try:
             vet(schema, file=file, engine=engine)

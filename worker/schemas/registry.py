@@ -127,6 +127,20 @@ def contract_meta(schema: Any, file: str) -> ContractMeta:
         problem = principals_problem(principals)
         if problem is not None:
             raise SchemaLoadError(f"x-callgate.allowed_principals {problem}", file=file)
+    kind = call_kind_of(raw, file)
+    return ContractMeta(
+        side_effects=raw.get("side_effects", False),
+        requires_approval=raw.get("requires_approval", False),
+        idempotency=idempotency,
+        idempotency_key_argument=argument,
+        allowed_principals=frozenset(principals) if principals is not None else None,
+        call_kind=kind,
+    )
+
+
+def call_kind_of(raw: dict[str, Any], file: str) -> CallKind:
+    """The kind of call an `x-callgate` annotation's contract judges, or `SchemaLoadError`
+    (the load and `callgate schemas lint` ask here)."""
     kind = raw.get("call_kind", CallKind.FUNCTION_CALL.value)
     if kind not in CONTRACT_KINDS:
         raise SchemaLoadError(
@@ -140,14 +154,7 @@ def contract_meta(schema: Any, file: str) -> ContractMeta:
             "call_kind custom_tool_call has one",
             file=file,
         )
-    return ContractMeta(
-        side_effects=raw.get("side_effects", False),
-        requires_approval=raw.get("requires_approval", False),
-        idempotency=idempotency,
-        idempotency_key_argument=argument,
-        allowed_principals=frozenset(principals) if principals is not None else None,
-        call_kind=CallKind(kind),
-    )
+    return CallKind(kind)
 
 
 @dataclass(frozen=True, slots=True)
