@@ -396,6 +396,43 @@ class ShadowSettings(BaseModel):
         return self
 
 
+class ExecutorSettings(BaseModel):
+    """The executor library (`callgate_executor`): its group, its topics, its handlers' bound.
+
+    Its internal topics are named after its group: `<group_id>.requests` (accepted calls keyed
+    by their execution key, so that one member owns each key) and `<group_id>.executions`
+    (compacted, co-partitioned with it: what each key's execution recorded)."""
+
+    model_config = _FROZEN
+
+    group_id: str = Field(
+        "callgate-executor",
+        pattern=r"^[A-Za-z0-9._-]{1,100}$",
+        description="the executors' consumer group; also names their internal topics and "
+        "transactional ids",
+    )
+    results: str = Field(
+        "tool-results", description="the tool-results topic (tool-result.v1, keyed by call_id)"
+    )
+    partitions: int = Field(
+        6,
+        ge=1,
+        description="partitions of the requests and executions topics (a key's partition is "
+        "its owner's; never change it for existing topics)",
+    )
+    timeout_s: float = Field(
+        30.0, gt=0, description="a handler's deadline unless it registers its own"
+    )
+
+    @property
+    def requests(self) -> str:
+        return f"{self.group_id}.requests"
+
+    @property
+    def executions(self) -> str:
+        return f"{self.group_id}.executions"
+
+
 class Settings(BaseSettings):
     """All of callgate's configuration. `callgate run --help` lists every field."""
 
@@ -416,6 +453,7 @@ class Settings(BaseSettings):
     retry: RetrySettings = RetrySettings()
     delivery: DeliverySettings = DeliverySettings()
     shadow: ShadowSettings = ShadowSettings()
+    executor: ExecutorSettings = ExecutorSettings()
     plugins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="more plugin modules by import path (the contracts directory's own "

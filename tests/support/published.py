@@ -98,11 +98,17 @@ def _first_is_event(result: Any) -> list[tuple[Document, bytes | dict[str, Any]]
     return [(Document.OUTCOME_EVENT, result[0])]
 
 
+def _tool_result(result: Any) -> list[tuple[Document, bytes | dict[str, Any]]]:
+    return [(Document.TOOL_RESULT, bytes(result))]
+
+
 PRODUCERS: tuple[Producer, ...] = (
     # every event the chain writes (accepted, rejected, incomplete, substitutes)
     Producer("worker._native", "encode_event", _event_or_none),
     # the key owner's rejections (duplicate, idempotency_conflict)
     Producer("worker.core.events", "idempotency_rejection", _first_is_event),
+    # every tool result an executor writes
+    Producer("callgate_executor.contract", "encode_result", _tool_result),
 )
 
 _installed = False
@@ -114,6 +120,7 @@ def install() -> None:
     if _installed:
         return
     _import_all("worker")
+    _import_all("callgate_executor")
     for producer in PRODUCERS:
         original = getattr(importlib.import_module(producer.module), producer.name)
         wrapped = _checking(producer, original)

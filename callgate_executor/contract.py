@@ -1,0 +1,270 @@
+"""The execute contract, decided for one call against what its key's execution recorded.
+
+For an execution key `k` (the call's idempotency key, or its event id when its contract has
+none) and a request `x` (tool, schema version and canonical arguments, digested as the gate
+digests them: `worker.core.canonical.request_digest`), against the latest record of `k`:
+
+- nothing recorded: RUN, attempt 1 (`k` gets a `started` record first);
+- `k` recorded with another digest: CONFLICT; nothing runs;
+- `k` finished (`done`) with an equal request: the recorded result. From the call that ran
+  (same event id: a redelivery) it is ALREADY_DONE (its result was written with the record);
+  from another call it is REPLAY, a result marked `replayed`;
+- `k` `started` with an equal request and no `done`: the execution was interrupted (its
+  executor died, or lost the partition, during the handler). A handler safe to retry RUNs
+  again (attempt n + 1, the recorded event's execution continued); any other is INTERRUPTED:
+  its result says so, and it never runs again.
+
+A call answered without running (a replay, a conflict, a refusal) is remembered by an
+`answered` record of its own (`call:<event id>`), written with its result: delivered again, it
+is ALREADY_DONE too, so that every call has one result.
+
+Pure: no asyncio, no Kafka, no clock. Records are JSON, defined here once (`Execution`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from worker.core.canonical import request_digest
+from worker.model import SchemaRef as CoreSchemaRef
+from worker.published.model import Accepted, ResultError, ResultStatus, SchemaRef, ToolResult
+
+#: The record of a key is either an execution under way or a finished one.
+STARTED = "started"
+DONE = "done"
+ANSWERED = "answered"
+
+
+def execution_key(event: Accepted) -> str:
+    """What an execution is recorded under: `key:<idempotency key>`, else `event:<event id>`
+    (one namespace each, so no key can name another call's event)."""
+    if event.idempotency_key is not None:
+        return f"key:{event.idempotency_key}"
+    return f"event:{event.event_id}"
+
+
+def digest_of(event: Accepted) -> str:
+    """The request's digest (hex): tool schema id, version and canonical arguments."""
+    ref = event.schema_ref
+    return request_digest(CoreSchemaRef(ref.id, ref.version), event.arguments).hex()
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one run of a handler came to (the members a result and a `done` record share)."""
+
+    status: ResultStatus
+    output: Any = None
+    error: ResultError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """The latest record of an execution key, as the executions topic holds it."""
+
+    key: str
+    state: str  # STARTED or DONE
+    digest: str
+    event_id: str
+    call_id: str
+    tool: str
+    attempts: int
+    outcome: Outcome | None = None  # DONE only
+
+    def encode(self) -> bytes:
+        outcome = self.outcome
+        return orjson.dumps(
+            {
+                "key": self.key,
+                "state": self.state,
+                "digest": self.digest,
+                "event_id": self.event_id,
+                "call_id": self.call_id,
+                "tool": self.tool,
+                "attempts": self.attempts,
+                "status": outcome.status.value if outcome else None,
+                "output": outcome.output if outcome else None,
+                "error": outcome.error.model_dump() if outcome and outcome.error else None,
+            }
+        )
+
+    @classmethod
+    def decode(cls, value: bytes) -> Execution:
+        """A record as `encode` wrote it; ValueError (or KeyError) for anything else."""
+        fields = orjson.loads(value)
+        state = fields["state"]
+        if state not in (STARTED, DONE, ANSWERED):
+            raise ValueError(f"unknown execution state {state!r}")
+        outcome = None
+        if state == DONE:
+            error = fields["error"]
+            outcome = Outcome(
+                ResultStatus(fields["status"]),
+                fields["output"],
+                ResultError.model_validate(error) if error is not None else None,
+            )
+        return cls(
+            key=str(fields["key"]),
+            state=state,
+            digest=str(fields["digest"]),
+            event_id=str(fields["event_id"]),
+            call_id=str(fields["call_id"]),
+            tool=str(fields["tool"]),
+            attempts=int(fields["attempts"]),
+            outcome=outcome,
+        )
+
+
+class Step(StrEnum):
+    RUN = "run"
+    REPLAY = "replay"
+    ALREADY_DONE = "already_done"
+    CONFLICT = "conflict"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The step for one call, and the record that decided it (None: the key is new)."""
+
+    step: Step
+    recorded: Execution | None
+    #: RUN: the attempt this run is (1 for a new key)
+    attempt: int = 0
+
+
+def answered_key(event_id: str) -> str:
+    """What a call answered without running is remembered under."""
+    return f"call:{event_id}"
+
+
+def answered(event: Accepted, digest: str) -> Execution:
+    """The record of a call answered without running (its result written with it)."""
+    key = answered_key(event.event_id)
+    return Execution(key, ANSWERED, digest, event.event_id, event.call_id, event.tool or "", 0)
+
+
+def decide(
+    recorded: Execution | None,
+    digest: str,
+    event_id: str,
+    retry_safe: bool,
+    *,
+    answered: bool = False,
+) -> Decision:
+    """The step for a request (`digest`, from call `event_id`) given its key's latest record;
+    `answered`: the call has an `answered` record (it got its result without running)."""
+    if answered:
+        return Decision(Step.ALREADY_DONE, recorded)
+    if recorded is None:
+        return Decision(Step.RUN, None, attempt=1)
+    if recorded.digest != digest:
+        return Decision(Step.CONFLICT, recorded)
+    if recorded.state == DONE:
+        step = Step.ALREADY_DONE if recorded.event_id == event_id else Step.REPLAY
+        return Decision(step, recorded)
+    if retry_safe:
+        return Decision(Step.RUN, recorded, attempt=recorded.attempts + 1)
+    return Decision(Step.INTERRUPTED, recorded)
+
+
+def started(event: Accepted, key: str, digest: str, attempt: int, executed: str) -> Execution:
+    """The record written before a handler runs (`executed`: the event whose execution it is)."""
+    tool = event.tool or ""
+    return Execution(key, STARTED, digest, executed, event.call_id, tool, attempt)
+
+
+def finished(begun: Execution, outcome: Outcome) -> Execution:
+    return Execution(
+        begun.key,
+        DONE,
+        begun.digest,
+        begun.event_id,
+        begun.call_id,
+        begun.tool,
+        begun.attempts,
+        outcome,
+    )
+
+
+#: The executor's own error types (tool-result.v1 `error.type`).
+CONFLICT_ERROR = ResultError(
+    type="idempotency_conflict",
+    message="this idempotency key was already used for a different request; nothing ran",
+)
+INTERRUPTED_ERROR = ResultError(
+    type="interrupted",
+    message="the executor stopped while the tool ran; whether it took effect is unknown, and "
+    "it is not run again",
+)
+
+
+def result(
+    event: Accepted,
+    status: ResultStatus,
+    *,
+    output: Any = None,
+    error: ResultError | None = None,
+    replayed: bool = False,
+    executed_event_id: str | None,
+    attempts: int,
+) -> ToolResult:
+    """The tool result of one call (tool-result.v1)."""
+    return ToolResult(
+        event_id=event.event_id,
+        call_id=event.call_id,
+        stream_id=event.stream_id,
+        tool=event.tool or "",
+        schema_ref=SchemaRef(id=event.schema_ref.id, version=event.schema_ref.version),
+        idempotency_key=event.idempotency_key,
+        status=status,
+        output=output if status is ResultStatus.SUCCEEDED else None,
+        error=error,
+        replayed=replayed,
+        executed_event_id=executed_event_id,
+        attempts=attempts,
+        principal=event.principal,
+        trace_id=event.trace_id,
+        run_id=event.run_id,
+        step_id=event.step_id,
+        traceparent=event.traceparent,
+    )
+
+
+def recorded_result(event: Accepted, recorded: Execution) -> ToolResult:
+    """The result `event` gets from a finished execution: its own, or a replay of another's."""
+    assert recorded.outcome is not None, "only a finished execution has a result"
+    outcome = recorded.outcome
+    return result(
+        event,
+        outcome.status,
+        output=outcome.output,
+        error=outcome.error,
+        replayed=recorded.event_id != event.event_id,
+        executed_event_id=recorded.event_id,
+        attempts=recorded.attempts,
+    )
+
+
+def conflict_result(event: Accepted) -> ToolResult:
+    return result(
+        event, ResultStatus.CONFLICT, error=CONFLICT_ERROR, executed_event_id=None, attempts=0
+    )
+
+
+def refused_result(event: Accepted, error: ResultError) -> ToolResult:
+    return result(event, ResultStatus.REFUSED, error=error, executed_event_id=None, attempts=0)
+
+
+def encode_result(tool_result: ToolResult) -> bytes:
+    """A result as the tool-results topic holds it: the published members, unset ones left out
+    where the schema lets them be absent (the trace fields and the principal)."""
+    data = tool_result.model_dump(mode="json", by_alias=True)
+    for optional in ("principal", "trace_id", "run_id", "step_id", "traceparent"):
+        if data.get(optional) is None:
+            data.pop(optional, None)
+    return orjson.dumps(data)

@@ -1,0 +1,548 @@
+"""The executor: a consumer group on the validated topic that runs each accepted call once.
+
+Two stages in one consumer group, so that one member owns each execution key:
+
+1. *Route.* A record of the validated topic (an accepted event, keyed by its call id) is
+   written to `<group>.requests` keyed by its execution key (`contract.execution_key`), and
+   the validated offset committed with it.
+2. *Execute.* Partition N of the requests topic is owned by one member, which holds the latest
+   record of each of its keys, restored from partition N of `<group>.executions` (compacted)
+   when it is assigned. For each request, in order, `contract.decide` says what to do, then:
+
+   a. RUN: the `started` record is written (committed, under exactly_once) before the handler
+      runs; the handler runs within its deadline (`handlers.run_handler`); then the `done`
+      record, the call's result on the tool-results topic, the records the handler emitted,
+      and the request's offset are written together: under exactly_once in one transaction.
+   b. REPLAY, CONFLICT, INTERRUPTED (or a refusal: no handler, no approval, arguments its type
+      refuses): the call's result, and the offset, together (an interruption also records
+      `done`, so it is final).
+   c. ALREADY_DONE (the call that ran, delivered again): under exactly_once only the offset
+      (its result was committed with its record); under at_least_once its recorded result is
+      written again, since whether the first one was cannot be known.
+
+Under exactly_once each owned partition (of both topics) writes with a transactional producer
+of its own, `<group>-<topic>-<partition>`: a partition's next owner fences its former owner
+before it restores, so it reads everything that owner committed and nothing it did not. Under
+at_least_once the writes are acknowledged before the offset is committed; a crash may then
+write a call's result twice (the same result) or run a handler safe to retry again.
+
+A partition being revoked (a rebalance, a stop) finishes the call in its handler and stops
+before the next. Any failure to write or commit stops the executor (`run` raises
+`BrokerError`): what was not committed is done again by the partition's next owner, under the
+rules above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+from pydantic import BaseModel, ValidationError
+
+from callgate_executor import contract
+from callgate_executor.contract import Execution, Outcome, Step, encode_result
+from callgate_executor.handlers import (
+    Call,
+    Emitted,
+    Handler,
+    Handlers,
+    HandlerSpec,
+    run_handler,
+    typed_arguments,
+)
+from worker.compose import build_registry
+from worker.errors import BrokerError, ConfigError, StateError
+from worker.published.model import Accepted, ResultError, ResultStatus, ToolResult, parse_event
+from worker.runtime.kafka import READ_COMMITTED, Kafka, Listener
+from worker.runtime.kafka_options import consumer_options, producer_options
+from worker.runtime.topics import TopicSpec
+from worker.schemas.contract import Contract
+from worker.schemas.registry import SchemaRegistry
+from worker.settings import Settings
+
+log = logging.getLogger("callgate.executor")
+
+F = TypeVar("F", bound=Handler)
+
+NO_HANDLER = ResultError(type="no_handler", message="no executor runs this tool")
+APPROVAL_MISSING = ResultError(
+    type="approval_missing", message="this tool requires an approval, and the call has none"
+)
+
+
+def executor_settings(settings: Settings) -> Settings:
+    """The settings as the executor's clients read them: its own group id, and its own
+    transactional ids (`<executor group>-<topic>-<partition>`)."""
+    group = settings.executor.group_id
+    return settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(update={"group_id": group}),
+            "delivery": settings.delivery.model_copy(update={"transactional_id_prefix": group}),
+        }
+    )
+
+
+@dataclass(slots=True)
+class _Partition:
+    """An owned partition: its producer (exactly_once), the task working on its last fetch,
+    and (requests partitions) the latest record of each of its keys."""
+
+    tp: TopicPartition
+    producer: AIOKafkaProducer | None
+    state: dict[str, Execution] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+    revoked: bool = False
+
+
+class Executor:
+    """Runs the registered handlers on the accepted calls of the validated topic (see the
+    module docstring). `start`, `run` until `request_stop`, `close`; or `async with`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        registry: SchemaRegistry | None = None,
+        on_result: Callable[[ToolResult], None] | None = None,
+    ) -> None:
+        self.settings = executor_settings(settings)
+        self._exactly_once = settings.delivery.guarantee == "exactly_once"
+        self._kafka = Kafka(self.settings)
+        self._registry = registry if registry is not None else build_registry(settings)
+        self._handlers = Handlers()
+        self._on_result = on_result
+        ex = settings.executor
+        self.validated = settings.topics.accepted
+        self.requests, self.executions, self.results = ex.requests, ex.executions, ex.results
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._owned: dict[TopicPartition, _Partition] = {}
+        self._stop = asyncio.Event()
+        self._failure: BaseException | None = None
+        #: what came of the calls so far: `executed` (a handler ran to an outcome), `replayed`,
+        #: `conflict`, `refused`, `interrupted`, `redelivered` (ALREADY_DONE), `routed`, and
+        #: the statuses of the runs (`succeeded`, `failed`, `timed_out`)
+        self.stats: Counter[str] = Counter()
+
+    # -- registration ----------------------------------------------------------------------
+
+    def tool(
+        self,
+        name: str,
+        *,
+        arguments: type[BaseModel],
+        version: str | None = None,
+        retry_safe: bool,
+        timeout_s: float | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated async function as the handler of tool `name` (bare name or
+        schema id) at schema `version` (None: any version without a handler of its own).
+        `retry_safe`: whether running it again after an executor died during a run is safe
+        (it deduplicates by the idempotency key, or has no effect outside Kafka)."""
+
+        def register(handler: F) -> F:
+            self.register(
+                name,
+                handler,
+                arguments=arguments,
+                version=version,
+                retry_safe=retry_safe,
+                timeout_s=timeout_s,
+            )
+            return handler
+
+        return register
+
+    def register(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        arguments: type[BaseModel],
+        version: str | None = None,
+        retry_safe: bool,
+        timeout_s: float | None = None,
+    ) -> None:
+        if self._registry.tool_name(name) is None:
+            raise ConfigError(f"no contract is registered for tool {name!r}")
+        timeout = self.settings.executor.timeout_s if timeout_s is None else timeout_s
+        if timeout <= 0:
+            raise ConfigError(f"the timeout of {name!r}'s handler must be positive")
+        self._handlers.add(HandlerSpec(name, version, handler, arguments, retry_safe, timeout))
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Executor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Make the internal topics (or check them), then join the group."""
+        if not len(self._handlers):
+            raise ConfigError("an executor needs at least one handler")
+        ex = self.settings.executor
+        await self._kafka.ensure_topics(
+            [
+                TopicSpec(self.requests, ex.partitions, compacted=False),
+                TopicSpec(self.executions, ex.partitions, compacted=True),
+                TopicSpec(self.results, ex.partitions, compacted=False),
+            ]
+        )
+        counts = await self._kafka.partition_counts([self.requests, self.executions])
+        if counts.get(self.requests) != counts.get(self.executions):
+            raise ConfigError(
+                f"{self.requests} and {self.executions} must have as many partitions "
+                f"(they have {counts.get(self.requests)} and {counts.get(self.executions)})"
+            )
+        if not self._exactly_once:
+            self._producer = AIOKafkaProducer(**producer_options(self.settings))
+            await self._producer.start()
+        options = consumer_options(self.settings)
+        options["auto_offset_reset"] = "earliest"
+        if self._exactly_once:
+            options["isolation_level"] = READ_COMMITTED
+        self._consumer = AIOKafkaConsumer(**options)
+        await self._consumer.start()
+        self._consumer.subscribe(
+            [self.validated, self.requests], listener=Listener(self._revoked, self._assigned)
+        )
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def serve(self) -> None:
+        """`start`, `run` until SIGTERM or SIGINT, `close`: an executor process's main."""
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.request_stop)
+        try:
+            await self.start()
+            await self.run()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            await self.close()
+
+    async def run(self) -> None:
+        """Fetch and work until `request_stop`; raises `BrokerError` when a write or a commit
+        failed (what was not committed is done again by the partition's next owner)."""
+        consumer = self._consumer
+        assert consumer is not None, "start() first"
+        timeout_ms = self.settings.kafka.fetch_timeout_ms
+        while not self._stop.is_set():
+            try:
+                batches = await consumer.getmany(timeout_ms=timeout_ms)
+            except KafkaError as exc:
+                raise BrokerError(f"the executor cannot fetch: {exc!r}") from exc
+            for tp, records in batches.items():
+                owned = self._owned.get(tp)
+                if not records:
+                    continue
+                if owned is None or owned.revoked:
+                    # fetched before the partition was opened (the group's callback opens it
+                    # while the fetcher runs), or after it was let go: read again, if still
+                    # this member's, once it is open
+                    if tp in consumer.assignment():
+                        consumer.seek(tp, records[0].offset)
+                    continue
+                consumer.pause(tp)
+                owned.task = asyncio.create_task(self._work(owned, records))
+        if self._failure is not None:
+            raise BrokerError(f"the executor stopped: {self._failure!r}") from self._failure
+
+    async def close(self) -> None:
+        """Finish the calls in their handlers (within `shutdown_grace_s`), then leave."""
+        await self._release(list(self._owned))
+        if self._consumer is not None:
+            with contextlib.suppress(KafkaError):
+                await self._consumer.stop()
+            self._consumer = None
+        if self._producer is not None:
+            with contextlib.suppress(KafkaError):
+                await self._producer.stop()
+            self._producer = None
+
+    # -- the group -------------------------------------------------------------------------
+
+    async def _assigned(self, assigned: list[TopicPartition]) -> None:
+        for tp in assigned:
+            if tp in self._owned:
+                continue
+            producer = None
+            if self._exactly_once:
+                # opening the partition's producer fences its former owner (and completes
+                # that owner's open transaction) before the restore reads what it committed
+                producer = self._kafka.transactional_producer(tp.topic, tp.partition)
+                await producer.start()
+            owned = _Partition(tp, producer)
+            if tp.topic == self.requests:
+                owned.state = await self._restore(tp.partition)
+            self._owned[tp] = owned
+        log.info("executor assigned %s", sorted(f"{t.topic}-{t.partition}" for t in assigned))
+
+    async def _revoked(self, revoked: list[TopicPartition]) -> None:
+        await self._release(revoked)
+        log.info("executor revoked %s", sorted(f"{t.topic}-{t.partition}" for t in revoked))
+
+    async def _release(self, partitions: Iterable[TopicPartition]) -> None:
+        released = [self._owned.pop(tp) for tp in list(partitions) if tp in self._owned]
+        for owned in released:
+            owned.revoked = True
+        tasks = [owned.task for owned in released if owned.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for owned in released:
+            if owned.producer is not None:
+                with contextlib.suppress(KafkaError):
+                    await owned.producer.stop()
+
+    async def _restore(self, partition: int) -> dict[str, Execution]:
+        """The latest record of each key of a partition of the executions topic."""
+        read = await self._kafka.read_to_end([(self.executions, partition)])
+        state: dict[str, Execution] = {}
+        for record in read[(self.executions, partition)]:
+            key = record.key.decode() if record.key is not None else ""
+            if record.value is None:
+                state.pop(key, None)
+                continue
+            try:
+                state[key] = Execution.decode(record.value)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise StateError(
+                    f"{self.executions}-{partition} offset {record.offset} is not an "
+                    f"execution record: {exc}"
+                ) from None
+        return state
+
+    # -- the work --------------------------------------------------------------------------
+
+    async def _work(self, owned: _Partition, records: Sequence[Any]) -> None:
+        try:
+            if owned.tp.topic == self.validated:
+                await self._route(owned, records)
+            else:
+                for record in records:
+                    if owned.revoked:
+                        return
+                    await self._execute(owned, record)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("executor: %s-%d failed", owned.tp.topic, owned.tp.partition)
+            self._failure = exc
+            self._stop.set()
+            return
+        if not owned.revoked and self._consumer is not None:
+            self._consumer.resume(owned.tp)
+
+    async def _route(self, owned: _Partition, records: Sequence[Any]) -> None:
+        """Stage 1: each accepted call to the requests topic, keyed by its execution key."""
+        routed: list[tuple[bytes, bytes, list[tuple[str, bytes]]]] = []
+        for record in records:
+            event = _accepted(record)
+            if event is not None:
+                key = contract.execution_key(event).encode()
+                routed.append((key, record.value, list(record.headers or ())))
+        sends = [(self.requests, None, key, value, headers) for key, value, headers in routed]
+        await self._write(owned, sends, records[-1].offset + 1)
+        self.stats["routed"] += len(routed)
+
+    async def _execute(self, owned: _Partition, record: Any) -> None:
+        """Stage 2 for one request (the module docstring's steps)."""
+        offset = record.offset + 1
+        event = _accepted(record)
+        if event is None:
+            await self._write(owned, [], offset)
+            return
+        if self._exactly_once and contract.answered_key(event.event_id) in owned.state:
+            await self._write(owned, [], offset)  # answered already, with its result
+            self.stats["redelivered"] += 1
+            return
+        spec = self._handlers.find(event)
+        refusal: ResultError | None = None
+        arguments: BaseModel | None = None
+        if spec is None:
+            refusal = NO_HANDLER
+        elif event.requires_approval and event.approval is None:
+            refusal = APPROVAL_MISSING
+        else:
+            typed = typed_arguments(spec, event)
+            if isinstance(typed, ResultError):
+                refusal = typed
+            else:
+                arguments = typed
+        if refusal is not None or spec is None or arguments is None:
+            assert refusal is not None
+            await self._finish(owned, event, contract.refused_result(event, refusal), offset)
+            self.stats["refused"] += 1
+            return
+        key = contract.execution_key(event)
+        digest = contract.digest_of(event)
+        decision = contract.decide(owned.state.get(key), digest, event.event_id, spec.retry_safe)
+        recorded = decision.recorded
+        if decision.step is Step.CONFLICT:
+            await self._finish(owned, event, contract.conflict_result(event), offset)
+            self.stats["conflict"] += 1
+        elif decision.step is Step.REPLAY:
+            assert recorded is not None
+            await self._finish(owned, event, contract.recorded_result(event, recorded), offset)
+            self.stats["replayed"] += 1
+        elif decision.step is Step.ALREADY_DONE:
+            assert recorded is not None
+            if self._exactly_once:
+                await self._write(owned, [], offset)
+            else:
+                result = contract.recorded_result(event, recorded)
+                await self._finish(owned, event, result, offset)
+            self.stats["redelivered"] += 1
+        elif decision.step is Step.INTERRUPTED:
+            assert recorded is not None
+            done = contract.finished(
+                recorded, Outcome(ResultStatus.INTERRUPTED, error=contract.INTERRUPTED_ERROR)
+            )
+            await self._finish(
+                owned, event, contract.recorded_result(event, done), offset, done=done
+            )
+            self.stats["interrupted"] += 1
+        else:
+            executed = recorded.event_id if recorded is not None else event.event_id
+            begun = contract.started(event, key, digest, decision.attempt, executed)
+            await self._write(owned, [self._record_of(owned, begun)], None)
+            owned.state[key] = begun
+            await self._run(owned, spec, event, arguments, begun=begun, offset=offset)
+
+    async def _run(
+        self,
+        owned: _Partition,
+        spec: HandlerSpec,
+        event: Accepted,
+        arguments: BaseModel,
+        *,
+        begun: Execution,
+        offset: int,
+    ) -> None:
+        call: Call[Any] = Call(
+            arguments=arguments,
+            event=event,
+            idempotency_key=event.idempotency_key,
+            execution_key=begun.key,
+            traceparent=event.traceparent,
+            deadline=time.time() + spec.timeout_s,
+            attempt=begun.attempts,
+        )
+        contract_ = self._contract(event)
+        output_check = contract_.output_check if contract_ is not None else None
+        outcome = await run_handler(spec, call, output_check, self.settings.limits.max_depth)
+        done = contract.finished(begun, outcome)
+        emitted = call.emitted if outcome.status is ResultStatus.SUCCEEDED else []
+        result = contract.recorded_result(event, done)
+        await self._finish(owned, event, result, offset, done=done, emitted=emitted)
+        self.stats["executed"] += 1
+        self.stats[outcome.status.value] += 1
+
+    def _contract(self, event: Accepted) -> Contract | None:
+        found = self._registry.resolve(event.schema_ref.id, event.schema_ref.version)
+        return found if isinstance(found, Contract) else None
+
+    async def _finish(
+        self,
+        owned: _Partition,
+        event: Accepted,
+        result: ToolResult,
+        offset: int,
+        *,
+        done: Execution | None = None,
+        emitted: Sequence[Emitted] = (),
+    ) -> None:
+        """The call's result (with its `done` record and emitted records) and its offset."""
+        sends: list[_Send] = [(e.topic, None, e.key, e.value, []) for e in emitted]
+        if done is not None:
+            sends.append(self._record_of(owned, done))
+        note = None
+        if done is None or done.event_id != event.event_id:
+            note = contract.answered(event, contract.digest_of(event))
+            sends.append(self._record_of(owned, note))
+        value = encode_result(result)
+        headers = [("status", result.status.value.encode()), ("tool", (event.tool or "").encode())]
+        sends.append((self.results, None, event.call_id.encode(), value, headers))
+        await self._write(owned, sends, offset)
+        if done is not None:
+            owned.state[done.key] = done
+        if note is not None:
+            owned.state[note.key] = note
+        if self._on_result is not None:
+            self._on_result(result)
+
+    def _record_of(self, owned: _Partition, execution: Execution) -> _Send:
+        return (self.executions, owned.tp.partition, execution.key.encode(), execution.encode(), [])
+
+    async def _write(self, owned: _Partition, sends: Sequence[_Send], offset: int | None) -> None:
+        """`sends`, then the partition's next offset (None: none): under exactly_once in one
+        transaction of the partition's producer, else acknowledged, then committed."""
+        tp = owned.tp
+        try:
+            if owned.producer is not None:
+                async with owned.producer.transaction():
+                    for topic, partition, key, value, headers in sends:
+                        await owned.producer.send(
+                            topic, value, key=key, partition=partition, headers=headers
+                        )
+                    if offset is not None:
+                        await owned.producer.send_offsets_to_transaction(
+                            {tp: offset}, self.settings.kafka.group_id
+                        )
+                return
+            producer, consumer = self._producer, self._consumer
+            assert producer is not None
+            assert consumer is not None
+            acks = [
+                await producer.send(topic, value, key=key, partition=partition, headers=headers)
+                for topic, partition, key, value, headers in sends
+            ]
+            await asyncio.gather(*acks)
+            if offset is not None:
+                await consumer.commit({tp: offset})
+        except KafkaError as exc:
+            raise BrokerError(f"{tp.topic}-{tp.partition}: write failed: {exc!r}") from exc
+
+
+_Send = tuple[str, int | None, bytes | None, bytes, list[tuple[str, bytes]]]
+
+
+def _accepted(record: Any) -> Accepted | None:
+    """The accepted event a record holds; None (logged) for anything else."""
+    try:
+        event = parse_event(record.value or b"")
+    except ValidationError:
+        log.warning(
+            "executor: %s-%d offset %d is not an outcome event; skipped",
+            record.topic,
+            record.partition,
+            record.offset,
+        )
+        return None
+    if not isinstance(event, Accepted):
+        log.warning(
+            "executor: %s-%d offset %d is a %s event, not an accepted one; skipped",
+            record.topic,
+            record.partition,
+            record.offset,
+            event.outcome,
+        )
+        return None
+    return event

@@ -1,0 +1,214 @@
+"""Handlers: what an executor runs per tool (and version), and one run of one of them.
+
+A handler is an async function of a `Call`: its arguments typed by the pydantic model the
+handler registers (read from the accepted event's arguments; arguments the model refuses are a
+`refused` result and the handler never sees them), the accepted event itself (the published
+model), its idempotency key (to pass on to any system that can deduplicate by it), its trace
+context, its deadline, and `emit` for records it wants written with its result (in the same
+Kafka transaction under exactly_once). What it returns is the tool's output: a JSON value or a
+pydantic model.
+
+`run_handler` runs one call within its deadline and says what came of it: `succeeded` (the
+output, held to the contract's output schema through the gate's tool-output path, as an MCP
+`structuredContent` would be), `failed` (the handler raised; only a `ToolError`'s message
+reaches the agent, any other exception is named by its class and logged), `timed_out`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from callgate_executor.contract import Outcome
+from worker.core.tool_output import check_tool_result
+from worker.published.model import Accepted, ResultError, ResultStatus
+from worker.schemas.contract import CompiledCheck
+
+log = logging.getLogger("callgate.executor")
+
+A = TypeVar("A", bound=BaseModel)
+
+#: The longest message of a `ToolError` that reaches the agent (longer ones are cut).
+MAX_ERROR_MESSAGE = 512
+
+
+class ToolError(Exception):
+    """Raised by a handler to fail its call with a message meant for the agent (bounded to
+    `MAX_ERROR_MESSAGE` characters); `type` names the failure (default: the class name)."""
+
+    def __init__(self, message: str, *, type: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.type = type or self.__class__.__name__
+
+
+@dataclass(frozen=True, slots=True)
+class Emitted:
+    """A record a handler asked to be written with its result."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+
+
+@dataclass(slots=True)
+class Call(Generic[A]):
+    """One accepted call as its handler sees it."""
+
+    arguments: A
+    event: Accepted
+    #: the call's idempotency key (None when its contract has none): give it to any system
+    #: that deduplicates by it (a payment API, a database's unique key)
+    idempotency_key: str | None
+    #: what the execution is recorded under (`key:<idempotency key>` or `event:<event id>`)
+    execution_key: str
+    #: W3C trace context the call carried (None when it had none)
+    traceparent: str | None
+    #: when the executor stops waiting for the handler, as `time.time()` seconds
+    deadline: float
+    #: which run of this execution this is (more than 1 only for a handler safe to retry,
+    #: after an executor died during an earlier run)
+    attempt: int
+    emitted: list[Emitted] = field(default_factory=list)
+
+    def remaining_s(self) -> float:
+        """Seconds left before the deadline (never negative)."""
+        return max(0.0, self.deadline - time.time())
+
+    def emit(self, topic: str, value: bytes, *, key: bytes | None = None) -> None:
+        """Write `value` to `topic` together with this call's result: under exactly_once in the
+        same Kafka transaction (both or neither), else just before it. Dropped if the handler
+        does not succeed."""
+        self.emitted.append(Emitted(topic, key, value))
+
+
+Handler = Callable[[Call[Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """A registered handler: for which tool and version (None: any), its arguments' type,
+    whether running it again after an interruption is safe, and its deadline."""
+
+    tool: str
+    version: str | None
+    handler: Handler
+    arguments: type[BaseModel]
+    retry_safe: bool
+    timeout_s: float
+
+
+class Handlers:
+    """The registered handlers, looked up by a call's tool and schema version."""
+
+    def __init__(self) -> None:
+        self._specs: dict[tuple[str, str | None], HandlerSpec] = {}
+
+    def add(self, spec: HandlerSpec) -> None:
+        where = (spec.tool, spec.version)
+        if where in self._specs:
+            version = "any version" if spec.version is None else f"version {spec.version}"
+            raise ValueError(f"a handler for {spec.tool!r} ({version}) is registered already")
+        self._specs[where] = spec
+
+    def find(self, event: Accepted) -> HandlerSpec | None:
+        """The handler for this call: its tool and version's, else its tool's for any version.
+        A tool is named by its bare name or its schema id."""
+        version = event.schema_ref.version
+        for name in (event.tool, event.schema_ref.id):
+            if name is None:
+                continue
+            spec = self._specs.get((name, version)) or self._specs.get((name, None))
+            if spec is not None:
+                return spec
+        return None
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+def typed_arguments(spec: HandlerSpec, event: Accepted) -> BaseModel | ResultError:
+    """The call's arguments as the handler's model reads them, or why they cannot be (the
+    model's refusal named by location and type only: never an argument's value)."""
+    try:
+        return spec.arguments.model_validate(event.arguments)
+    except ValidationError as exc:
+        where = "; ".join(
+            f"{'/'.join(str(part) for part in error['loc']) or '/'}: {error['type']}"
+            for error in exc.errors()[:8]
+        )
+        return ResultError(
+            type="argument_type",
+            message=f"the handler's argument type refuses the arguments ({where})"[
+                :MAX_ERROR_MESSAGE
+            ],
+        )
+
+
+async def run_handler(
+    spec: HandlerSpec,
+    call: Call[Any],
+    output_check: CompiledCheck | None,
+    max_depth: int,
+) -> Outcome:
+    """One run of `spec`'s handler on `call`, within `spec.timeout_s` (see the module
+    docstring). Cancellation (the executor stopping) propagates: nothing is recorded."""
+    try:
+        async with asyncio.timeout(spec.timeout_s):
+            output = await spec.handler(call)
+    except TimeoutError:
+        return Outcome(
+            ResultStatus.TIMED_OUT,
+            error=ResultError(
+                type="deadline",
+                message=f"the tool did not finish within its deadline of {spec.timeout_s:g} s",
+            ),
+        )
+    except ToolError as exc:
+        return Outcome(
+            ResultStatus.FAILED,
+            error=ResultError(type=exc.type, message=exc.message[:MAX_ERROR_MESSAGE]),
+        )
+    except Exception as exc:
+        log.exception("handler of %s failed on call %s", spec.tool, call.event.call_id)
+        return Outcome(
+            ResultStatus.FAILED,
+            error=ResultError(type=type(exc).__name__, message="the tool failed"),
+        )
+    return checked_output(output, output_check, max_depth)
+
+
+def checked_output(output: Any, output_check: CompiledCheck | None, max_depth: int) -> Outcome:
+    """`succeeded` with the output as JSON, or `failed` when it is not JSON or its contract's
+    output schema refuses it (judged by the gate's tool-output phase, as structuredContent)."""
+    if isinstance(output, BaseModel):
+        output = output.model_dump(mode="json", by_alias=True)
+    try:
+        output = orjson.loads(orjson.dumps(output))
+    except (TypeError, orjson.JSONEncodeError):
+        return Outcome(
+            ResultStatus.FAILED,
+            error=ResultError(type="output_not_json", message="the tool returned no JSON value"),
+        )
+    finding = check_tool_result(
+        {"result": {"content": [], "structuredContent": output}}, output_check, max_depth
+    )
+    if finding is not None:
+        where = ", ".join(f"{v.path} ({v.keyword})" for v in finding.violations[:8])
+        return Outcome(
+            ResultStatus.FAILED,
+            error=ResultError(
+                type=str(finding.code or "output_schema_violation"),
+                message=f"the tool's output breaks its output schema at {where}"[
+                    :MAX_ERROR_MESSAGE
+                ],
+            ),
+        )
+    return Outcome(ResultStatus.SUCCEEDED, output=output)
