@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +55,24 @@ def merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 class WorkerProcess:
     """One worker child. `start()`; the signals; `wait_log` / `wait_exit` poll with a bound."""
 
-    def __init__(self, name: str, config: Mapping[str, Any], log_dir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        log_dir: Path,
+        *,
+        argv: Sequence[str] = ("-m", "worker", "run"),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """`argv`: what the child's Python runs (`callgate run`, or another entry point that
+        reads the same settings); `env`: more variables for it (not `CALLGATE_*` ones)."""
         Settings.model_validate(config)  # a wrong setting fails here, not in the child's log
         self.name = name
         self.log = log_dir / f"{name}.log"
+        self._argv = list(argv)
         self._env = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
         self._env.update(env_of(config))
+        self._env.update(env or {})
         self._env["PYTHONPATH"] = str(REPO)
         self.process: subprocess.Popen[bytes] | None = None
         self.paused = False
@@ -71,7 +83,7 @@ class WorkerProcess:
         assert self.process is None, "one process per WorkerProcess"
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "worker", "run"],
+                [sys.executable, *self._argv],
                 env=self._env,
                 cwd=REPO,
                 stdout=out,

@@ -1,0 +1,65 @@
+"""`python -m tests.support.shop_executor`: an executor process for the delivery tests.
+
+Settings come from `CALLGATE_*` as for `callgate run` (the executor tests' contracts); `SHOP_DB`
+names the SQLite file of the payments (`callgate_demo.shop.Payments`, unique on the idempotency
+key). Its `pay` handler is safe to retry: it inserts the payment unless its key is there, then
+waits `SHOP_LATENCY_MS` (the bank's answer), so a kill -9 lands in handlers as well as between
+them. Each run of it logs `paid <key> attempt <n> new|existing`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from callgate_demo.shop import Payments
+from callgate_executor import Call, Executor
+from worker.settings import load_settings
+
+log = logging.getLogger("shop")
+
+
+class Pay(BaseModel):
+    amount_minor: int
+    currency: str
+    recipient: str
+    idempotency_key: str
+
+
+def build(payments: Payments, latency_s: float) -> Executor:
+    executor = Executor(load_settings())
+
+    @executor.tool("pay", arguments=Pay, retry_safe=True)
+    async def pay(call: Call[Pay]) -> dict[str, Any]:
+        args = call.arguments
+        payment, new = payments.pay(
+            args.idempotency_key, args.amount_minor, args.currency, args.recipient,
+            call.event.event_id,
+        )  # fmt: skip
+        log.info(
+            "paid %s attempt %d %s",
+            args.idempotency_key,
+            call.attempt,
+            "new" if new else "existing",
+        )
+        await asyncio.sleep(latency_s)
+        return {"payment_id": payment.id, "status": "paid"}
+
+    return executor
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    payments = Payments(Path(os.environ["SHOP_DB"]))
+    latency_s = int(os.environ.get("SHOP_LATENCY_MS", "0")) / 1000
+    asyncio.run(build(payments, latency_s).serve())
+
+
+if __name__ == "__main__":
+    main()
