@@ -21,10 +21,15 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from tests.datafiles import REPO
 from tests.support.apache_kafka import ApacheKafka
+from tests.support.executor import Judge, ResultTail
 from tests.support.workers import ASSIGNED, WorkerProcess, env_of
+from worker.runtime.kafka import Kafka
+from worker.runtime.topics import TopicSpec
+from worker.settings import Settings
 
 README = REPO / "README.md"
 _BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -126,3 +131,60 @@ async def test_the_deployment_commands_run_on_a_real_cluster(
         assert await worker.stop(timeout_s=30) == 0
     finally:
         worker.cleanup()
+
+
+_PYTHON = re.compile(
+    r"^### Executor quick start\n.*?^```python\n(.*?)^```", re.MULTILINE | re.DOTALL
+)
+
+
+def executor_quick_start() -> str:
+    """The README's executor quick start, as written."""
+    found = _PYTHON.search(README.read_text(encoding="utf-8"))
+    assert found is not None, "the README has no executor quick start"
+    return found[1]
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+@pytest.mark.timeout(180)
+async def test_the_executor_quick_start_runs_as_written(
+    apache_kafka: ApacheKafka, tmp_path: Path
+) -> None:
+    """The quick start, run from the repository's root with its settings in `CALLGATE_*`,
+    answers a call the gate accepted (the shipped contracts' get_weather) on the results topic,
+    then stops on SIGTERM with status 0."""
+    script = tmp_path / "quick_start.py"
+    script.write_text(executor_quick_start(), encoding="utf-8")
+    run = uuid.uuid4().hex[:8]
+    bootstrap = apache_kafka.bootstrap_servers
+    config: dict[str, Any] = {
+        "kafka": {"bootstrap_servers": bootstrap, "session_timeout_ms": 6000},
+        "topics": {"accepted": f"validated-{run}"},
+        "executor": {"group_id": f"quick-{run}", "results": f"results-{run}", "partitions": 1},
+        "metrics": {"enabled": False},
+    }
+    settings = Settings.model_validate(config)
+    await Kafka(settings).ensure_topics([TopicSpec(f"validated-{run}", 1, compacted=False)])
+    judge = Judge(Settings.model_validate({"schemas": {"dir": str(REPO / "schemas")}}))
+    event = judge.accepted(
+        "get_weather", {"city": "Lisbon", "units": "celsius"}, call_id=f"{run}-weather"
+    )
+    executor = WorkerProcess("quick-start", config, tmp_path, argv=(str(script),)).start()
+    tail = ResultTail(bootstrap, f"results-{run}", read_committed=False)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    try:
+        await producer.start()  # the executor reads its topic from the start: no need to wait
+        await producer.send_and_wait(f"validated-{run}", event, key=f"{run}-weather".encode())
+        await tail.start(1)
+        await tail.wait_for([f"{run}-weather"], timeout_s=120, alive=lambda: executor.alive)
+        assert await executor.stop(timeout_s=30) == 0, executor.tail()
+    finally:
+        await producer.stop()
+        await tail.stop()
+        executor.cleanup()
+    result = tail.only(f"{run}-weather")
+    assert (result["status"], result["output"]) == (
+        "succeeded",
+        {"city": "Lisbon", "temperature": 21, "units": "celsius"},
+    )
