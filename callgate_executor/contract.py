@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from worker.core.canonical import request_digest
+from worker.model import Phase
 from worker.model import SchemaRef as CoreSchemaRef
 from worker.published.model import Accepted, ResultError, ResultStatus, SchemaRef, ToolResult
 
@@ -37,6 +38,12 @@ from worker.published.model import Accepted, ResultError, ResultStatus, SchemaRe
 STARTED = "started"
 DONE = "done"
 ANSWERED = "answered"
+
+
+def is_call(event: Accepted) -> bool:
+    """Whether an accepted event is a call to run: not an MCP tool result the gate accepted
+    (judged in phase `tool_output_validation`), which is an answer, not a request."""
+    return Phase.TOOL_OUTPUT_VALIDATION.value not in event.metrics.phases_us
 
 
 def execution_key(event: Accepted) -> str:

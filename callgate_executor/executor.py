@@ -4,7 +4,8 @@ Two stages in one consumer group, so that one member owns each execution key:
 
 1. *Route.* A record of the validated topic (an accepted event, keyed by its call id) is
    written to `<group>.requests` keyed by its execution key (`contract.execution_key`), and
-   the validated offset committed with it.
+   the validated offset committed with it. An accepted MCP tool result (judged in phase
+   `tool_output_validation`) is not a call: it is passed over.
 2. *Execute.* Partition N of the requests topic is owned by one member, which holds the latest
    record of each of its keys, restored from partition N of `<group>.executions` (compacted)
    when it is assigned. For each request, in order, `contract.decide` says what to do, then:
@@ -545,4 +546,4 @@ def _accepted(record: Any) -> Accepted | None:
             event.outcome,
         )
         return None
-    return event
+    return event if contract.is_call(event) else None

@@ -238,3 +238,13 @@ def test_generated_histories_hold_the_contract(
                 assert result["output"] == {"amount": amount}
                 assert result["executed_event_id"] == first_event
                 assert result["replayed"] == (event_id != first_event)
+
+
+def test_an_accepted_tool_result_is_not_a_call() -> None:
+    call = _pay("k-is-call", 1, "c-is-call")
+    assert contract.is_call(call)
+    phases = {**call.metrics.phases_us, "tool_output_validation": 3}
+    result = call.model_copy(
+        update={"metrics": call.metrics.model_copy(update={"phases_us": phases})}
+    )
+    assert not contract.is_call(result)
