@@ -3,8 +3,9 @@
 Without configured bootstrap servers it starts tansu on a free loopback port (and stops it at the
 end); with them, it uses that cluster and only counts the events of its own run. It creates the
 topics, produces the sample traffic of `traffic.py`, runs the same `Worker` as `callgate run`
-(`worker.runtime.worker`, in this process), shows a live progress line, and ends with a table of
-outcomes by phase and code.
+(`worker.runtime.worker`, in this process) and an executor on its validated topic
+(`executing.py`: payments into SQLite, weather), shows a live progress line, and ends with a
+table of outcomes by phase and code and what the executor made of the accepted calls.
 
 The worker ages calls by record time, so the traffic is stamped: every record at the demo's
 start, then one empty stream's `end` per partition stamped past the idle timeout, which ages the
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -34,11 +36,14 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from callgate_demo.broker import EmbeddedBroker
+from callgate_demo.executing import DemoExecutor, executor_summary
 from callgate_demo.traffic import SampleRecord, sample_traffic
+from callgate_executor.contract import is_call
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
 from worker.errors import ConfigError
 from worker.health import HealthServer
 from worker.metrics import Metrics
+from worker.published.model import Accepted, parse_event
 from worker.runtime.kafka import Kafka
 from worker.runtime.kafka_options import connection_options
 from worker.runtime.topics import TopicSpec
@@ -125,6 +130,9 @@ async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
     await reader.start()
     await runner.start()
     worker = asyncio.create_task(runner.run())
+    scratch = tempfile.TemporaryDirectory(prefix="callgate-demo-")
+    executor = DemoExecutor(settings, Path(scratch.name) / "payments.db", run, DEMO_PARTITIONS)
+    await executor.start()
     deadline = time.monotonic() + 60 + settings.assembly.idle_timeout_s
     done = False
     progress = _Progress(out)
@@ -136,8 +144,9 @@ async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
                 and processor.assembler.open_calls == 0
                 and runner.idle()
                 and reader.unique >= reader.expected(runner)
+                and len(executor.results) >= reader.calls_to_run
             )
-            progress.show(len(records), runner, reader)
+            progress.show(len(records), runner, reader, executor)
             if done:
                 break
     finally:
@@ -145,10 +154,14 @@ async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
             print(file=out)
         runner.request_stop()
         await worker
+        await executor.stop()
+        payments = len(executor.payments.all())
+        scratch.cleanup()
         await runner.close()
         await reader.stop()
         health.stop()
     print(_summary(reader.tally, reader.events, reader.unique), file=out)
+    print(executor_summary(executor.tally(), reader.tally, payments), file=out)
     if metrics_url:
         print(f"metrics were served at {metrics_url}/metrics while the demo ran", file=out)
     if not done:
@@ -220,6 +233,8 @@ class _OutcomeReader:
         self._seen: set[str] = set()
         self.tally: Counter[tuple[str, str, str]] = Counter()
         self.by_outcome: Counter[str] = Counter()
+        #: accepted calls an executor runs (an accepted MCP tool result is not one)
+        self.calls_to_run = 0
 
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(
@@ -255,6 +270,10 @@ class _OutcomeReader:
             detail = "repaired: " + ",".join(str(r.get("kind")) for r in event["repairs"])
         self.tally[(outcome, str(event.get("phase") or ""), str(detail))] += 1
         self.by_outcome[outcome] += 1
+        if outcome == "accepted":
+            accepted = parse_event(event)
+            assert isinstance(accepted, Accepted)
+            self.calls_to_run += is_call(accepted)
 
     def expected(self, worker: Worker) -> int:
         """How many calls the worker has sent events for so far (keyed calls count once their
@@ -274,13 +293,16 @@ class _Progress:
         self._tty = out.isatty()
         self._last = ""
 
-    def show(self, total: int, runner: Worker, reader: _OutcomeReader) -> None:
+    def show(
+        self, total: int, runner: Worker, reader: _OutcomeReader, executor: DemoExecutor
+    ) -> None:
         stats, counts = runner.stats, reader.by_outcome
         open_calls = runner.processor.assembler.open_calls
         line = (
             f"records {min(stats.records, total)}/{total} · events {reader.unique} · "
             f"accepted {counts['accepted']} · rejected {counts['rejected']} · "
-            f"incomplete {counts['incomplete']} · open calls {open_calls}"
+            f"incomplete {counts['incomplete']} · open calls {open_calls} · "
+            f"results {len(executor.results)}"
         )
         if self._tty:
             print("\r" + line, end="", file=self._out, flush=True)

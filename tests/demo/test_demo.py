@@ -88,4 +88,15 @@ def test_demo_runs_end_to_end_on_the_embedded_broker() -> None:
     judged = re.search(r"(\d+) calls judged", out)
     assert judged
     assert int(judged[1]) == sum(int(row[3]) for row in rows)
+    # the executor ran the accepted calls: every weather call, the payment awaiting approval
+    executor = re.search(
+        r"executor: (\d+) executed \((\d+) succeeded\), (\d+) deduplicated, "
+        r"(\d+) conflicting, (\d+) awaiting approval, (\d+) denied",
+        out,
+    )
+    assert executor, out
+    executed, succeeded, deduplicated, conflicting, awaiting, _ = map(int, executor.groups())
+    assert executed == succeeded >= 6
+    assert (deduplicated, conflicting, awaiting) >= (1, 1, 1)
+    assert re.search(r"payments database \(SQLite, unique on the idempotency key\): \d+ rows", out)
     assert out.rstrip().endswith("embedded broker stopped")
