@@ -148,7 +148,11 @@ def test_the_demo_runs_from_the_installed_wheel_outside_the_repository(
         if not key.startswith("CALLGATE_") and key not in ("PYTHONPATH", "VIRTUAL_ENV")
     }
     where = subprocess.run(
-        [str(python), "-c", "import worker, callgate_demo, callgate_executor; print(worker.__file__)"],
+        [
+            str(python),
+            "-c",
+            "import worker, callgate_demo, callgate_executor; print(worker.__file__)",
+        ],
         cwd=elsewhere,
         env=env,
         capture_output=True,

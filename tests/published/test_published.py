@@ -14,10 +14,13 @@ import orjson
 import pytest
 from pydantic import BaseModel
 
+from callgate_executor import contract
+from callgate_executor import executor as executing
 from tests.datafiles import data_path
 from tests.support import published
 from worker._native import AssembledCall
 from worker.compose import build_key_store, build_processor
+from worker.core.events import read_idempotency_request
 from worker.core.idempotency import resolve
 from worker.core.processor import Route
 from worker.published import Document, load
@@ -158,8 +161,9 @@ def _record(offset: int, value: bytes) -> Any:
 
 
 def test_every_producer_is_checked_where_the_product_calls_it() -> None:
-    """The hook is in place: the chain's events and the key owner's rejections are checked as
-    they are made (a producer renamed or moved fails here, not in silence)."""
+    """The hook is in place: the chain's events, the key owner's rejections and the executor's
+    results are checked as they are made (a producer renamed or moved fails here, not in
+    silence)."""
     before = published.calls.copy()
     processor = build_processor(Settings())
     call = AssembledCall(
@@ -196,6 +200,11 @@ def test_every_producer_is_checked_where_the_product_calls_it() -> None:
         first_offset=1,
     )
     resolve(keys, processor.emit(other).value, 2, 4096)  # a conflict: the owner's rejection
+    # the executor's result of the accepted call, encoded where the executor encodes it
+    accepted = read_idempotency_request(emission.value).event
+    event = published_model.parse_event(accepted)
+    assert isinstance(event, published_model.Accepted)
+    executing.encode_result(contract.conflict_result(event))
     grown = published.calls - before
     for producer in published.PRODUCERS:
         assert grown[f"{producer.module}.{producer.name}"] >= 1, producer
