@@ -21,11 +21,10 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import DefaultPartitioner
 from pydantic import BaseModel
 
-from callgate_executor import Call, Executor, contract
-from tests.support.executor import CONTRACTS, Judge, ResultTail
+from callgate_executor import Call, Executor
+from tests.support.executor import CONTRACTS, Judge, ResultTail, blocked_lookup
 from tests.support.outcomes import read_records
 from tests.support.workers import until
 from worker.published.model import Accepted, parse_event
@@ -255,7 +254,7 @@ async def _the_contract(broker: str, exactly_once: bool, run: str, tail: ResultT
     # the two calls on two partitions of the requests topic: both in their handlers at once
     blocked = {
         "pay-block": judge.pay("k3", 7, call_id=f"{run}-pay-block", recipient="block"),
-        "lookup-block": _on_another_partition(judge, b"key:k3", f"{run}-lookup-block"),
+        "lookup-block": blocked_lookup(judge, b"key:k3", f"{run}-lookup-block", PARTITIONS),
     }
     executor = shop.executor(settings)
     task = await _running(executor)
@@ -290,19 +289,6 @@ async def _the_contract(broker: str, exactly_once: bool, run: str, tail: ResultT
     after = tail.only(f"{run}-after-restart")
     assert (after["replayed"], after["output"]) == (True, first[0]["output"])
     assert shop.runs["k1"] == 1
-
-
-def _on_another_partition(judge: Judge, other: bytes, call_id: str) -> bytes:
-    """An unkeyed lookup whose execution key is on another requests partition than `other`."""
-    partitioner = DefaultPartitioner()
-    everything = list(range(PARTITIONS))
-    taken = partitioner(other, everything, everything)
-    for attempt in range(100):
-        event = judge.accepted("lookup", {"sku": "block"}, call_id=f"{call_id}-{attempt}")
-        key = contract.execution_key(_accepted(event)).encode()
-        if partitioner(key, everything, everything) != taken:
-            return event
-    raise AssertionError("no call id in 100 lands on another partition")
 
 
 def _accepted(value: bytes) -> Accepted:

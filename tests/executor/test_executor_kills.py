@@ -27,7 +27,7 @@ from aiokafka import AIOKafkaProducer
 
 from callgate_demo.shop import Payments
 from tests.support.apache_kafka import ApacheKafka
-from tests.support.executor import CONTRACTS, Judge, ResultTail
+from tests.support.executor import CONTRACTS, Judge, ResultTail, blocked_lookup
 from tests.support.outcomes import read_records
 from tests.support.workers import WorkerProcess
 from worker.runtime.kafka import Kafka
@@ -43,6 +43,7 @@ CONFLICTS_PER_WAVE = 5
 PARTITIONS = 3
 #: bounds only a hang reaches
 START_S = 120.0
+APP = "-m", "tests.support.shop_executor"
 WAVE_S = 240.0
 
 
@@ -88,7 +89,7 @@ async def test_a_thousand_payments_through_ten_kills(
             f"executor-{len(processes)}",
             config,
             tmp_path,
-            argv=("-m", "tests.support.shop_executor"),
+            argv=APP,
             env=env,
         ).start()
         processes.append(process)
@@ -190,3 +191,57 @@ async def test_a_thousand_payments_through_ten_kills(
         f"{runs} handler runs logged ({found} found their payment in the database already), "
         f"{rerun} payments run again after a kill, {elapsed:.1f} s"
     )
+
+
+@pytest.mark.asyncio
+async def test_kill_9_during_handlers(apache_kafka: ApacheKafka, tmp_path: Path) -> None:
+    """kill -9 while two handlers run: the one safe to retry runs again under its key's next
+    executor (attempt 2) and pays once; the other is `interrupted` and never runs again."""
+    bootstrap = apache_kafka.bootstrap_servers
+    run = uuid.uuid4().hex[:8]
+    config = _config(bootstrap, run)
+    validated = config["topics"]["accepted"]
+    await Kafka(Settings.model_validate(config)).ensure_topics(
+        [TopicSpec(validated, PARTITIONS, compacted=False)]
+    )
+    judge = Judge()
+    pay = judge.pay(f"{run}-blocked", 42, call_id=f"{run}-pay", recipient="block")
+    # on another partition of the requests topic than the payment: both block at once
+    lookup = blocked_lookup(judge, f"key:{run}-blocked".encode(), f"{run}-lookup", PARTITIONS)
+    lookup_id = _call_id(lookup)
+    database = tmp_path / "payments.db"
+    env = {"SHOP_DB": str(database)}
+    processes = [
+        WorkerProcess(f"executor-{i}", config, tmp_path, argv=APP, env=env) for i in range(2)
+    ]
+    tail = ResultTail(bootstrap, f"results-{run}", read_committed=True)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        first = processes[0].start()
+        for count, (call_id, event) in enumerate(((f"{run}-pay", pay), (lookup_id, lookup))):
+            await producer.send_and_wait(validated, event, key=call_id.encode())
+            await first.wait_log("blocking in", count=count + 1, timeout_s=START_S)
+        first.kill()
+        second = processes[1].start()
+        await tail.start(PARTITIONS)
+        await tail.wait_for(
+            [f"{run}-pay", lookup_id], timeout_s=START_S, alive=lambda: second.alive
+        )
+        assert await second.stop(30) == 0, second.tail()
+    finally:
+        await producer.stop()
+        await tail.stop()
+        for process in processes:
+            process.cleanup()
+    paid = tail.only(f"{run}-pay")
+    assert (paid["status"], paid["attempts"], paid["replayed"]) == ("succeeded", 2, False)
+    (payment,) = Payments(database).all()
+    assert paid["output"] == {"payment_id": payment.id, "status": "paid"}
+    interrupted = tail.only(lookup_id)
+    assert (interrupted["status"], interrupted["error"]["type"]) == ("interrupted", "interrupted")
+    assert "blocking in" not in processes[1].text()
+
+
+def _call_id(event: bytes) -> str:
+    return str(orjson.loads(event)["call_id"])

@@ -18,7 +18,9 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
 
+from callgate_executor import contract
 from tests.datafiles import DATA
 from tests.support import published
 from tests.support.traffic import envelopes
@@ -27,6 +29,7 @@ from worker.compose import build_processor, build_registry
 from worker.core.events import read_idempotency_request
 from worker.core.processor import Route
 from worker.published import Document
+from worker.published.model import Accepted, parse_event
 from worker.settings import Settings
 
 CONTRACTS = DATA / "executor"
@@ -93,6 +96,22 @@ class Judge:
             "idempotency_key": key,
         }
         return self.accepted("pay", arguments, call_id=call_id)
+
+
+def blocked_lookup(judge: Judge, other: bytes, call_id: str, partitions: int) -> bytes:
+    """The accepted event of a `lookup` of sku `block` whose execution key is on another
+    partition of the requests topic than the key `other` (so both run at once)."""
+    partitioner = DefaultPartitioner()
+    everything = list(range(partitions))
+    taken = partitioner(other, everything, everything)
+    for attempt in range(100):
+        event = judge.accepted("lookup", {"sku": "block"}, call_id=f"{call_id}-{attempt}")
+        accepted = parse_event(event)
+        assert isinstance(accepted, Accepted)
+        key = contract.execution_key(accepted).encode()
+        if partitioner(key, everything, everything) != taken:
+            return event
+    raise AssertionError("no call id in 100 lands on another partition")
 
 
 class ResultTail:

@@ -4,7 +4,9 @@ Settings come from `CALLGATE_*` as for `callgate run` (the executor tests' contr
 names the SQLite file of the payments (`callgate_demo.shop.Payments`, unique on the idempotency
 key). Its `pay` handler is safe to retry: it inserts the payment unless its key is there, then
 waits `SHOP_LATENCY_MS` (the bank's answer), so a kill -9 lands in handlers as well as between
-them. Each run of it logs `paid <key> attempt <n> new|existing`.
+them. Each run of it logs `paid <key> attempt <n> new|existing`. Two calls block for good, so
+that a test kills the process during them: a payment to recipient `block` (its first attempt,
+before it pays) and a `lookup` of sku `block` (not safe to retry); each logs `blocking in ...`.
 """
 
 from __future__ import annotations
@@ -31,12 +33,18 @@ class Pay(BaseModel):
     idempotency_key: str
 
 
+class Lookup(BaseModel):
+    sku: str
+
+
 def build(payments: Payments, latency_s: float) -> Executor:
     executor = Executor(load_settings())
 
     @executor.tool("pay", arguments=Pay, retry_safe=True)
     async def pay(call: Call[Pay]) -> dict[str, Any]:
         args = call.arguments
+        if args.recipient == "block" and call.attempt == 1:
+            await _block(args.idempotency_key)
         payment, new = payments.pay(
             args.idempotency_key, args.amount_minor, args.currency, args.recipient,
             call.event.event_id,
@@ -50,7 +58,19 @@ def build(payments: Payments, latency_s: float) -> Executor:
         await asyncio.sleep(latency_s)
         return {"payment_id": payment.id, "status": "paid"}
 
+    @executor.tool("lookup", arguments=Lookup, retry_safe=False, timeout_s=600)
+    async def lookup(call: Call[Lookup]) -> dict[str, Any]:
+        if call.arguments.sku == "block":
+            await _block(call.arguments.sku)
+        return {"sku": call.arguments.sku}
+
     return executor
+
+
+async def _block(what: str) -> None:
+    """Never returns: the test kills the process while this runs."""
+    log.info("blocking in %s", what)
+    await asyncio.Event().wait()
 
 
 def main() -> None:
