@@ -121,3 +121,22 @@ def test_nothing_repeats_while_the_membership_is_taken_for_lost(now: list[float]
     assert not repeats.filter(expired())
     state.membership_lost = False
     assert repeats.filter(expired())
+
+
+def test_nothing_repeats_once_the_rounds_stalled_past_the_session(now: list[float]) -> None:
+    """A paused process runs again: the client's heartbeat may log before the worker's round
+    ends and says it stalled; the stall is seen from the last round's end."""
+    state = BrokerState(lambda: now[0], session_s=6.0)
+    repeats = RepeatFilter(state, Metrics({}), lambda: now[0])
+
+    def expired() -> logging.LogRecord:
+        return record("aiokafka.consumer.group_coordinator", logging.ERROR, "Session expired")
+
+    now[0] += 60  # no round ran yet: start-up is no stall
+    assert not state.stalled
+    state.round_ended()
+    now[0] += 15
+    assert state.stalled
+    assert not repeats.filter(expired())
+    state.round_ended()
+    assert repeats.filter(expired())

@@ -508,6 +508,7 @@ async def _a_member_paused_past_its_session(scenario: Scenario, *, exactly_once:
     scenario.assert_logs_clean()
     # the expected event is one line; the refused heartbeats and commits after it are counted
     assert paused.count(STALLED) == 1, paused.tail(60)
+    assert own_warnings(paused) == [STALLED], paused.tail(60)
     for repeat in ("commit failed", "OffsetCommit failed", "Heartbeat session expired"):
         assert paused.count(repeat) <= 1, paused.tail(60)
     await scenario.verdicts(
@@ -541,6 +542,16 @@ PAUSES = 4
 FENCED = "fenced, a newer owner has it"
 #: the one line a member that stalled past its session writes (`fetcher.Membership`)
 STALLED = "past the session"
+
+
+def own_warnings(worker: WorkerProcess) -> list[str]:
+    """The worker's own warnings and errors (callgate's loggers), each as the `STALLED` line
+    when it is one."""
+    return [
+        STALLED if STALLED in line else line
+        for line in worker.text().splitlines()
+        if (" WARNING callgate." in line or " ERROR callgate." in line)
+    ]
 
 
 @pytest.mark.timeout(900)
@@ -595,6 +606,7 @@ async def test_exactly_once_a_member_paused_right_after_assignment_never_fences_
         scenario.assert_logs_clean()
         for paused in scenario.workers[1:]:
             assert paused.count(STALLED) == 1, paused.tail(60)
+            assert own_warnings(paused) == [STALLED], paused.tail(60)
         await scenario.verdicts(traffic, exactly_once=True, pauses=PAUSES, pause_s=PAUSE_S)
     finally:
         await scenario.cleanup()

@@ -245,7 +245,9 @@ class AtLeastOnce(Outcomes):
         try:
             await asyncio.wait_for(self._drain_until_idle(deadline), deadline - self._clock())
         except TimeoutError:
-            log.warning("draining cut off at its deadline")
+            # a member that stalled past its session said so: its commits are refused anyway
+            say = log.info if self._context.membership.lost else log.warning
+            say("draining cut off at its deadline")
 
     async def _drain_until_idle(self, deadline: float) -> None:
         outbox = self._outbox

@@ -47,9 +47,20 @@ _DECIDED = "callgate_repeat_written"
 class BrokerState:
     """Reachable or not, as the worker sees it; says each change once (see the module doc)."""
 
-    def __init__(self, clock: Callable[[], float], reminder_s: float = REMINDER_S) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        reminder_s: float = REMINDER_S,
+        *,
+        session_s: float | None = None,
+    ) -> None:
         self._clock = clock
         self.reminder_s = reminder_s
+        #: a worker whose last round ended longer ago than its session stalled (a paused
+        #: process): what the client logs as it runs again (a heartbeat refused, the group's
+        #: coordinator marked dead) is that event, which the worker says once it has a round
+        self._session_s = session_s
+        self._round_at: float | None = None
         #: when Kafka was found unreachable (None: reachable)
         self.lost_at: float | None = None
         self._said_at = 0.0
@@ -67,8 +78,17 @@ class BrokerState:
 
     @property
     def quiet(self) -> bool:
-        """Whether repeats are only counted: the event they come from was said."""
-        return self.lost_at is not None or self.membership_lost
+        """Whether repeats are only counted: the event they come from is said by the worker."""
+        return self.lost_at is not None or self.membership_lost or self.stalled
+
+    @property
+    def stalled(self) -> bool:
+        """The last round ended longer ago than the session (none ran yet: no)."""
+        at, session_s = self._round_at, self._session_s
+        return at is not None and session_s is not None and self._clock() - at > session_s
+
+    def round_ended(self) -> None:
+        self._round_at = self._clock()
 
     def observe(self, problem: str | None) -> None:
         """What the worker sees now: None (fetches answered, writes acknowledged) or what is

@@ -150,7 +150,7 @@ class Worker:
         self._acks = 0
         self._unanswered: list[Partition] = []
         #: reachable or not, said once per change (`worker.runtime.broker_log`)
-        self.broker = BrokerState(clock)
+        self.broker = BrokerState(clock, session_s=kafka_settings.session_timeout_ms / 1000)
 
     @property
     def delivery(self) -> Delivery:
@@ -374,6 +374,7 @@ class Worker:
         assert assignment is not None
         now = self._clock()
         self._stepped_at = now
+        self.broker.round_ended()
         acks = self.stats.acknowledged + self.stats.checkpoints
         if acks != self._acks or not delivery.pending_records:
             self._acks, self._acked_at = acks, now
