@@ -5,7 +5,8 @@ under callgrind; needs valgrind), scaling, observability, profile (text profiles
 path, written beside the results), json_parse (the strict parser against orjson and json),
 topic_check (the worker's topic check against listing every topic, on Apache Kafka),
 e2e_profile (py-spy's samples of callgate and the pass-through draining the e2e workload, per
-record and by part; needs py-spy and the right to attach to a process); none
+record and by part; needs py-spy and the right to attach to a process), tracing (what tracing
+costs a round, off and on, in instructions; `--baseline ROOT` counts another checkout's); none
 means core, memory, checkpoints and e2e. `--quick` runs a benchmark at a tiny size (the smoke
 tests use it; its figures mean nothing). `--broker` limits e2e to one broker (and picks
 e2e_profile's, Apache Kafka by default).
@@ -30,6 +31,7 @@ from benchmarks import (
     profile,
     scaling,
     topic_check,
+    tracing,
 )
 from benchmarks.common import RESULTS, native_build, write_results
 
@@ -99,6 +101,10 @@ def _topic_check(args: argparse.Namespace) -> dict[str, Any]:
     return topic_check.run(quick=args.quick, repeats=args.repeats or (1 if args.quick else 3))
 
 
+def _tracing(args: argparse.Namespace) -> dict[str, Any]:
+    return tracing.run(calls=80 if args.quick else tracing.CALLS, baseline=args.baseline)
+
+
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "core": _core,
     "memory": _memory,
@@ -111,6 +117,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "profile": _profile,
     "json_parse": _json_parse,
     "topic_check": _topic_check,
+    "tracing": _tracing,
 }
 DEFAULT = ("core", "memory", "checkpoints", "e2e")
 
@@ -122,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="repeats per measurement")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--broker", choices=e2e.BROKERS, default=None, help="e2e on this one")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="tracing: another checkout whose untraced rounds are counted too",
+    )
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:

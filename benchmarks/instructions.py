@@ -43,6 +43,8 @@ ROWS = tuple((label, chunks, "mixed") for label in workload.SCHEMAS for chunks i
 #: records per row at the smaller of the two sizes (the calls follow from the chunks per call)
 RECORDS = 8_000
 _COLLECTED = re.compile(r"Collected : (\d+)")
+#: callgrind with instrumentation off until the child turns it on (`_toggle`), no output file
+CALLGRIND = ("valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null")
 
 
 def child_run(contender: str, label: str, chunks: int, mix: str, calls: int) -> Prepare:
@@ -79,10 +81,7 @@ def _toggle(state: str) -> None:
 def _count(contender: str, label: str, chunks: int, mix: str, calls: int) -> int:
     """Instructions one child process executes while its instrumentation is on."""
     command = [
-        "valgrind",
-        "--tool=callgrind",
-        "--instr-atstart=no",
-        "--callgrind-out-file=/dev/null",
+        *CALLGRIND,
         sys.executable,
         "-m",
         "benchmarks.instructions",

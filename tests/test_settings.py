@@ -125,6 +125,18 @@ def test_level_names_are_read_in_any_case(level: str, data: st.DataObject) -> No
         Settings(log_level=spelt + "x")
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "url"),
+    [
+        ("http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"),
+        ("http://127.0.0.1:4318/", "http://127.0.0.1:4318/v1/traces"),
+        ("https://otel.example:443/custom/traces", "https://otel.example:443/custom/traces"),
+    ],
+)
+def test_spans_go_to_the_endpoint_or_its_traces_path(endpoint: str, url: str) -> None:
+    assert Settings(tracing={"endpoint": endpoint}).tracing.traces_url == url
+
+
 #: a wrong value for a setting in each section, and the message's words
 WRONG = [
     (("kafka", "group_id"), "bad group", "String should match pattern"),
@@ -134,6 +146,8 @@ WRONG = [
     (("limits", "max_event_bytes"), "1", "greater than or equal to 65536"),
     (("idempotency", "partitions"), "none", "valid integer"),
     (("log_level",), "LOUD", "Input should be"),
+    (("tracing", "endpoint"), "collector:4318", "is not an http:// or https:// URL"),
+    (("tracing", "sample_ratio"), "1.5", "less than or equal to 1"),
 ]
 
 

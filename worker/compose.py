@@ -9,17 +9,22 @@ Raises `ConfigError` / `SchemaLoadError` naming what is wrong, before anything r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from worker._native import Assembler
 from worker.adapters.decoder import Decoder
 from worker.core.idempotency import KeyStore
 from worker.core.pipeline import Gate, GateLimits
 from worker.core.processor import EventLimits, Processor
+from worker.errors import ConfigError
 from worker.metrics import Metrics
 from worker.plugins import load_plugins
 from worker.schemas.contract import ViolationLimits
 from worker.schemas.registry import SchemaRegistry
 from worker.settings import LimitSettings, Settings
+
+if TYPE_CHECKING:  # the otel extra: imported only when tracing is on
+    from worker.runtime.tracing import CallTracing
 
 
 def violation_limits(limits: LimitSettings) -> ViolationLimits:
@@ -145,3 +150,18 @@ def build_key_store(settings: Settings) -> KeyStore:
     """An empty store for one partition of the idempotency topic."""
     keys = settings.idempotency
     return KeyStore(max_keys=keys.max_keys, retention_ms=round(keys.retention_s * 1000))
+
+
+def build_tracing(settings: Settings) -> CallTracing | None:
+    """The calls' spans when `tracing.enabled`, exported to its endpoint; None (and nothing of
+    OpenTelemetry imported) when off. `ConfigError` when on without the otel extra."""
+    if not settings.tracing.enabled:
+        return None
+    try:
+        from worker.runtime.tracing import CallTracing  # noqa: PLC0415 (the optional extra)
+    except ImportError as exc:
+        raise ConfigError(
+            f"CALLGATE_TRACING__ENABLED needs OpenTelemetry ({exc.name} is missing): "
+            "pip install 'callgate[otel]'"
+        ) from None
+    return CallTracing.from_settings(settings)

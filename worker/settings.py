@@ -433,6 +433,45 @@ class ExecutorSettings(BaseModel):
         return f"{self.group_id}.executions"
 
 
+class TracingSettings(BaseModel):
+    """OpenTelemetry traces: a span per call and one for its gate, exported over OTLP/HTTP."""
+
+    model_config = _FROZEN
+
+    enabled: bool = Field(
+        False,
+        description="trace every call (needs the otel extra: pip install 'callgate[otel]'); "
+        "off, nothing of OpenTelemetry is imported",
+    )
+    endpoint: str = Field(
+        "http://127.0.0.1:4318",
+        description="the OTLP/HTTP endpoint of a collector; /v1/traces is added when the URL "
+        "has no path",
+    )
+    service_name: str = Field("callgate", min_length=1, description="the resource's service.name")
+    sample_ratio: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="share of the traces callgate starts that are sampled; a call whose record "
+        "carries a traceparent follows its sampled flag",
+    )
+    export_timeout_s: float = Field(10.0, gt=0, description="one export to the endpoint")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", value):
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        return value
+
+    @property
+    def traces_url(self) -> str:
+        """Where spans are sent: the endpoint, with /v1/traces when it names no path."""
+        path = self.endpoint.partition("://")[2].partition("/")[2]
+        return self.endpoint if path else f"{self.endpoint.rstrip('/')}/v1/traces"
+
+
 class Settings(BaseSettings):
     """All of callgate's configuration. `callgate run --help` lists every field."""
 
@@ -454,6 +493,7 @@ class Settings(BaseSettings):
     delivery: DeliverySettings = DeliverySettings()
     shadow: ShadowSettings = ShadowSettings()
     executor: ExecutorSettings = ExecutorSettings()
+    tracing: TracingSettings = TracingSettings()
     plugins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="more plugin modules by import path (the contracts directory's own "

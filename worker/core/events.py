@@ -30,6 +30,9 @@ from worker.model import CallKind, Code, Outcome, Phase, SchemaRef, Verdict, Vio
 log = logging.getLogger("callgate.events")
 
 Headers = list[tuple[str, bytes]]
+#: the W3C trace context header an outcome record carries when the worker traces (the gate
+#: span's), and a keyed call's request to its key's owner
+TRACEPARENT = "traceparent"
 
 #: The longest topic name Kafka allows (a check's input name is cut to it too).
 MAX_TOPIC_BYTES = 249

@@ -99,6 +99,11 @@ class Processor:
         emit = self.emit
         return [emit(call) for call in calls]
 
+    def assemble(self, topic: str, partition: int, records: Iterable[Any]) -> list[AssembledCall]:
+        """`feed` without judging: the calls the records close, each for `emit` (the shell's
+        traced rounds judge them one at a time, inside each call's spans)."""
+        return self.assembler.feed_records(topic, partition, records, self.decoder.decode)
+
     def flush(self) -> list[Emission]:
         """End of all input (offline): every open call ends `stream_ended`."""
         return [self.emit(call) for call in self.assembler.flush()]

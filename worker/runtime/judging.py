@@ -8,26 +8,34 @@ changes. The records go to the delivery (`worker.runtime.delivery`) as they are 
 its `Origin`; the metrics are updated from the outcomes here, once per call.
 
 A record a topic refuses for good is replaced by a bounded rejection naming the error
-(`substitute`), written to the rejected topic; one refused there has no place left.
+(`substitute`, which keeps the record's `traceparent` header), written to the rejected topic; one
+refused there has no place left.
+
+With tracing (`worker.runtime.tracing`), each call is judged inside its spans and its record
+carries the gate span's `traceparent`; without it, the rounds run exactly the untraced loop.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from worker.core.events import encode, record_headers, substitute_rejection
-from worker.core.processor import Processor, Route
+from worker.core.events import TRACEPARENT, Headers, encode, record_headers, substitute_rejection
+from worker.core.processor import Emission, Processor, Route
 from worker.metrics import Metrics
 from worker.model import Code, Outcome, Phase
 from worker.runtime.delivery import Judged, Kind, Origin, Partition, Stats
 from worker.runtime.keys import KeyOwners
 from worker.runtime.outbox import Record
 from worker.settings import Settings
+
+if TYPE_CHECKING:  # imported only when tracing is on (the otel extra)
+    from worker.runtime.tracing import CallTracing
 
 log = logging.getLogger("callgate.worker")
 
@@ -45,8 +53,10 @@ class Judge:
         *,
         requests_topic: str,
         keys_topic: str,
+        tracing: CallTracing | None = None,
     ) -> None:
         self._processor = processor
+        self._tracing = tracing
         self._owners = owners
         self._metrics = metrics
         self._stats = stats
@@ -93,7 +103,11 @@ class Judge:
     def _feed(
         self, round_id: int, where: Partition, fetched: list[Any], add: Callable[[Record], None]
     ) -> int:
-        """An input partition's records fed to the processor; its calls closed, as records."""
+        """An input partition's records fed to the processor; its calls closed, as records.
+        (The untraced loop is written out, not shared with the traced one: a call pays for
+        nothing of tracing while it is off; `benchmarks/tracing.py` counts it.)"""
+        if self._tracing is not None:
+            return self._feed_traced(self._tracing, round_id, where, fetched, add)
         self._metrics.add_records(len(fetched))
         made = 0
         for emission in self._processor.feed(where[0], where[1], fetched):
@@ -111,25 +125,69 @@ class Judge:
             # decides
             self._metrics.observe(emission.verdict, emission.call.tool)
             made += 1
-            compared = emission.shadow
-            if compared is not None:  # shadow mode: judged under the candidate contracts too
-                self._metrics.shadow(compared)
-                if self._shadow_topic is not None and compared.kind.is_flip:
-                    key = emission.call.call_id.encode()
-                    origin = Origin(Kind.SHADOW, where)
-                    add(
-                        Record(
-                            round_id,
-                            self._shadow_topic,
-                            key,
-                            compared.encode(),
-                            compared.headers(),
-                            origin=origin,
-                        )
-                    )
-                    made += 1
+            if emission.shadow is not None:
+                made += self._shadowed(round_id, where, emission, add)
         self._stats.emitted += made
         return made
+
+    def _feed_traced(
+        self,
+        tracing: CallTracing,
+        round_id: int,
+        where: Partition,
+        fetched: list[Any],
+        add: Callable[[Record], None],
+    ) -> int:
+        """`_feed` with each call judged inside its spans (`CallTracing.judge`)."""
+        self._metrics.add_records(len(fetched))
+        fed_ns = time.time_ns()
+        processor = self._processor
+
+        def deliver(emission: Emission, headers: Headers) -> int:
+            add(
+                Record(
+                    round_id,
+                    self._topic_of[emission.route],
+                    emission.key,
+                    emission.value,
+                    headers,
+                    origin=Origin(Kind.OUTPUT, where, emission),
+                )
+            )
+            self._metrics.observe(emission.verdict, emission.call.tool)
+            if emission.shadow is not None:
+                return 1 + self._shadowed(round_id, where, emission, add)
+            return 1
+
+        made = 0
+        for call in processor.assemble(where[0], where[1], fetched):
+            made += tracing.judge(processor.emit, call, fed_ns, deliver, fetched)
+        self._stats.emitted += made
+        return made
+
+    def _shadowed(
+        self, round_id: int, where: Partition, emission: Emission, add: Callable[[Record], None]
+    ) -> int:
+        """Shadow mode (the call judged under the candidate contracts too): counted, and a flip
+        written to the shadow topic when there is one. The records made."""
+        compared = emission.shadow
+        assert compared is not None
+        self._metrics.shadow(compared)
+        if self._shadow_topic is None or not compared.kind.is_flip:
+            return 0
+        key = emission.call.call_id.encode()
+        origin = Origin(Kind.SHADOW, where)
+        add(
+            Record(
+                round_id,
+                self._shadow_topic,
+                key,
+                compared.encode(),
+                compared.headers(),
+                origin=origin,
+            )
+        )
+        return 1
 
     def _decide_keys(
         self, round_id: int, partition: int, fetched: list[Any], add: Callable[[Record], None]
@@ -142,6 +200,8 @@ class Judge:
             schema = resolution.schema
             version = schema.version if schema is not None else None
             headers = record_headers(resolution.outcome, resolution.tool, version)
+            if self._tracing is not None:
+                headers = self._tracing.decided(resolution, decided.request, headers)
             add(
                 Record(
                     round_id,
@@ -191,12 +251,14 @@ class Judge:
         self._stats.substituted += 1
         self._metrics.event_substituted()
         version = substitute.schema.version if substitute.schema is not None else None
+        headers = record_headers(Outcome.REJECTED, call.tool, version)
+        traced = [(name, value) for name, value in record.headers if name == TRACEPARENT]
         return Record(
             record.round_id,
             self._rejected,
             call.call_id.encode(),
             value,
-            record_headers(Outcome.REJECTED, call.tool, version),
+            [*headers, *traced] if traced else headers,
             None,
             Origin(Kind.OUTPUT, origin.partition),
         )

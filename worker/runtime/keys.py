@@ -21,10 +21,12 @@ log = logging.getLogger("callgate.keys")
 
 @dataclass(frozen=True, slots=True)
 class Decided:
-    """One request decided: its resolution, and the changelog records (key, value or None)."""
+    """One request decided: its resolution, the changelog records (key, value or None), and
+    the request's record (its headers carry the call's trace)."""
 
     resolution: Resolution
     changes: list[tuple[bytes, bytes | None]]
+    request: Any
 
 
 class KeyOwners:
@@ -64,7 +66,7 @@ class KeyOwners:
                 (key.encode(), record.encode() if record is not None else None)
                 for key, record in resolution.changes
             ]
-            yield Decided(resolution, changes)
+            yield Decided(resolution, changes, request)
 
     def restore(self, partition: int, changelog: Iterable[Any]) -> None:
         """Rebuild a partition's store from its changelog records, in log order."""

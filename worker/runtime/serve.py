@@ -10,7 +10,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from worker.compose import build_key_store, build_metrics, build_processor
+from worker.compose import build_key_store, build_metrics, build_processor, build_tracing
 from worker.errors import InfrastructureError
 from worker.health import HealthServer
 from worker.runtime import broker_log
@@ -69,7 +69,10 @@ def serve(settings: Settings) -> int:
     """
     processor = build_processor(settings, candidate=settings.shadow.schemas)
     metrics = build_metrics(settings, processor)
-    worker = Worker(settings, processor, lambda: build_key_store(settings), metrics)
+    tracing = build_tracing(settings)
+    worker = Worker(
+        settings, processor, lambda: build_key_store(settings), metrics, tracing=tracing
+    )
     # always served: the probes need /healthz and /readyz even with metrics off (empty /metrics)
     exposed = metrics.registry if settings.metrics.enabled else CollectorRegistry()
     health = HealthServer(exposed, worker.readiness)
@@ -86,4 +89,6 @@ def serve(settings: Settings) -> int:
     finally:
         health.stop()
         broker_log.uninstall(repeats)
+        if tracing is not None:
+            tracing.shutdown()
     return 0

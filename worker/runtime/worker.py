@@ -27,6 +27,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiokafka import TopicPartition
 from aiokafka.errors import GroupAuthorizationFailedError, KafkaError, OffsetOutOfRangeError
@@ -54,6 +55,9 @@ from worker.runtime.topics import (
     state_topics_deleted,
 )
 from worker.settings import Settings
+
+if TYPE_CHECKING:  # the otel extra: imported only when tracing is on
+    from worker.runtime.tracing import CallTracing
 
 log = logging.getLogger("callgate.worker")
 
@@ -86,6 +90,7 @@ class Worker:
         kafka: Kafka | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        tracing: CallTracing | None = None,
     ) -> None:
         self.settings = settings
         self.processor = processor
@@ -114,6 +119,7 @@ class Worker:
             self.stats,
             requests_topic=self._requests,
             keys_topic=keys,
+            tracing=tracing,
         )
         self.state = State(
             self._kafka,
