@@ -125,6 +125,13 @@ def test_level_names_are_read_in_any_case(level: str, data: st.DataObject) -> No
         Settings(log_level=spelt + "x")
 
 
+@given(data=st.data())
+def test_the_log_format_is_read_in_any_case(data: st.DataObject) -> None:
+    for name in ("text", "json"):
+        spelt = "".join(data.draw(st.sampled_from([c.lower(), c.upper()]), label=c) for c in name)
+        assert Settings(log={"format": spelt}).log.format == name
+
+
 @pytest.mark.parametrize(
     ("endpoint", "url"),
     [
@@ -146,6 +153,7 @@ WRONG = [
     (("limits", "max_event_bytes"), "1", "greater than or equal to 65536"),
     (("idempotency", "partitions"), "none", "valid integer"),
     (("log_level",), "LOUD", "Input should be"),
+    (("log", "format"), "yaml", "Input should be 'text' or 'json'"),
     (("tracing", "endpoint"), "collector:4318", "is not an http:// or https:// URL"),
     (("tracing", "sample_ratio"), "1.5", "less than or equal to 1"),
 ]

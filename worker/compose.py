@@ -24,6 +24,7 @@ from worker.schemas.registry import SchemaRegistry
 from worker.settings import LimitSettings, Settings
 
 if TYPE_CHECKING:  # the otel extra: imported only when tracing is on
+    from worker.logs import SpanIds
     from worker.runtime.tracing import CallTracing
 
 
@@ -165,3 +166,15 @@ def build_tracing(settings: Settings) -> CallTracing | None:
             "pip install 'callgate[otel]'"
         ) from None
     return CallTracing.from_settings(settings)
+
+
+def log_span_ids(settings: Settings) -> SpanIds | None:
+    """What gives the log's JSON lines the active span's ids: with tracing on, OpenTelemetry's
+    current span; None when off (or the extra is missing, which `build_tracing` reports)."""
+    if not settings.tracing.enabled:
+        return None
+    try:
+        from worker.runtime.tracing import current_span_ids  # noqa: PLC0415 (the optional extra)
+    except ImportError:
+        return None
+    return current_span_ids

@@ -472,6 +472,21 @@ class TracingSettings(BaseModel):
         return self.endpoint if path else f"{self.endpoint.rstrip('/')}/v1/traces"
 
 
+class LogSettings(BaseModel):
+    model_config = _FROZEN
+
+    format: Literal["text", "json"] = Field(
+        "text",
+        description="text: one readable line per record; json: one JSON object per line (time, "
+        "level, logger, message; trace_id and span_id when a span is active; a call's ids)",
+    )
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _format_in_any_case(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+
 class Settings(BaseSettings):
     """All of callgate's configuration. `callgate run --help` lists every field."""
 
@@ -494,6 +509,7 @@ class Settings(BaseSettings):
     shadow: ShadowSettings = ShadowSettings()
     executor: ExecutorSettings = ExecutorSettings()
     tracing: TracingSettings = TracingSettings()
+    log: LogSettings = LogSettings()
     plugins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="more plugin modules by import path (the contracts directory's own "

@@ -69,6 +69,7 @@ from worker.adapters import (
     openai_responses,
 )
 from worker.errors import InputFormatError
+from worker.logs import record_fields
 from worker.model import MAX_DEPTH, ChunkKind, Code
 
 log = logging.getLogger("callgate.decoder")
@@ -243,6 +244,7 @@ class Decoder:
                 record.topic,
                 record.partition,
                 record.offset,
+                extra=record_fields(record.topic, record.partition, record.offset),
             )
             detail = f"{fmt}: callgate failed to decode this record ({type(exc).__name__})"
             return self._fail(record, fmt, stream_id, Code.INTERNAL_ERROR, detail)

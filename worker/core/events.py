@@ -25,6 +25,7 @@ import orjson
 
 from worker._native import AssembledCall, encode_event
 from worker.core.feedback import build_feedback
+from worker.logs import call_fields
 from worker.model import CallKind, Code, Outcome, Phase, SchemaRef, Verdict, Violation
 
 log = logging.getLogger("callgate.events")
@@ -83,6 +84,7 @@ def encode_written(
             call.event_id,
             len(event),
             max_bytes,
+            extra=call_fields(call),
         )
     return event, smallest
 

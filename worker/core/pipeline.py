@@ -43,6 +43,7 @@ from worker.core.canonical import request_digest
 from worker.core.feedback import MALFORMED_RECORD_MESSAGE, NO_ARGUMENTS, build_feedback
 from worker.core.repair import decode_double, strip_fence
 from worker.core.tool_output import RESULT_MEMBERS, check_tool_result
+from worker.logs import call_fields
 from worker.model import (
     CallKind,
     ChunkKind,
@@ -177,6 +178,7 @@ class Gate:
                 call.stream_id,
                 call.event_id,
                 self._phase,
+                extra=call_fields(call),
             )
             message = f"callgate failed while judging this call ({type(exc).__name__})"
             return self._rejected(
@@ -213,6 +215,7 @@ class Gate:
                     call.stream_id,
                     call.event_id,
                     detail,
+                    extra=call_fields(call),
                 )
                 detail = MALFORMED_RECORD_MESSAGE
             return self._rejected(call, phase, code, (Violation("", code, detail),), phases)

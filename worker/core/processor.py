@@ -36,6 +36,7 @@ from worker.core.events import (
 )
 from worker.core.flips import Comparison, judge_both
 from worker.core.pipeline import Gate
+from worker.logs import call_fields
 from worker.model import Code, Outcome, Verdict
 
 log = logging.getLogger("callgate.processor")
@@ -126,6 +127,7 @@ class Processor:
                 call.call_id,
                 call.stream_id,
                 call.event_id,
+                extra=call_fields(call),
             )
             failed = substitute_rejection(
                 judged,

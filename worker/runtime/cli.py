@@ -10,11 +10,12 @@ for any command that runs the worker (the demo's, in `callgate_demo`, too).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
+from worker import logs
+from worker.compose import log_span_ids
 from worker.errors import CallgateError, ConfigError, SchemaLoadError
 from worker.runtime.serve import serve
 from worker.settings import Settings, load_settings, setting_fields
@@ -59,13 +60,9 @@ def settings_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def load_and_log(settings_file: Path | None) -> Settings:
-    """The settings, loaded once, and logging to stderr at their level."""
+    """The settings, loaded once, and logging to stderr at their level, in their format."""
     settings = load_settings(settings_file)
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(settings.log_level, settings.log.format, span_ids=log_span_ids(settings))
     return settings
 
 

@@ -20,8 +20,9 @@ The call's outcome record carries, as its `traceparent` header, the context of t
 so an executor's span continues the trace (the event's `traceparent` field stays what the call
 carried). A keyed call's request to its key's owner carries it too; the owner's span
 `process <requests topic>` continues it with the decision, and the event's header names that
-span. Both spans are current while the call is judged. A record that could not be read is a
-call of its own with none of its fields read: its spans continue its `traceparent` header.
+span. Both spans are current while the call is judged, so a log line about the call has their
+trace and span ids (`worker.logs`). A record that could not be read is a call of its own with
+none of its fields read: its spans continue its `traceparent` header.
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ def traceparent_of(span: Span) -> bytes:
     """The W3C `traceparent` naming `span` (version 00)."""
     ctx = span.get_span_context()
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}".encode()
+
+
+def current_span_ids() -> tuple[str, str] | None:
+    """(trace id, span id) of the active span in lowercase hex, None when there is none (the
+    log's JSON lines carry them: `worker.logs`)."""
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
 
 
 def _record_at(fetched: Sequence[Any], offset: int) -> Sequence[tuple[str, bytes]]:
