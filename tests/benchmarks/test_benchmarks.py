@@ -358,3 +358,16 @@ def test_an_e2e_window_is_never_shorter_than_the_timestamps_resolution() -> None
     assert e2e._window([*stamped, SimpleNamespace(timestamp=2007)]) == 2.0
     with pytest.raises(RuntimeError, match="no records written"):
         e2e._window([])
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)
+def test_tracing_counts_its_cost_off_on_and_against_a_baseline(tmp_path: Path) -> None:
+    # the baseline is this same checkout: its untraced rounds count what `off` counts. Six
+    # interpreters start under valgrind: 8 minutes on this loaded 2-core machine
+    body = _run("tracing", tmp_path, "--baseline", str(ROOT), timeout=1180)
+    counts = body["instructions_per_call"]
+    assert set(counts) == {"off", "on", "before"}
+    assert all(n > 10_000 for n in counts.values())
+    assert body["off_over_before"] == pytest.approx(1.0, abs=0.005)
+    assert body["on_over_off"] > 1.0, "two spans a call cost something"
