@@ -268,7 +268,28 @@ def test_an_assembly_error_decides_the_call_with_its_detail(
         retryable=retryable,
     )
     assert verdict.violations == (Violation("", code.value, detail),)
-    assert list(verdict.phases_us) == [Phase.ASSEMBLY]
+    # a bound passed is judged in `limits`, after the channel: the phases up to it ran
+    ran = [Phase.ASSEMBLY, Phase.RESPONSE_CLASSIFICATION, Phase.LIMITS]
+    assert list(verdict.phases_us) == (ran if phase is Phase.LIMITS else [Phase.ASSEMBLY])
+
+
+@pytest.mark.parametrize("bound", [Code.TOO_LARGE, Code.TOO_MANY_CHUNKS])
+@pytest.mark.parametrize(
+    ("channel", "code"),
+    [
+        (ChunkKind.TEXT, Code.UNEXPECTED_CHANNEL),
+        (ChunkKind.REFUSAL, Code.REFUSAL),
+        (ChunkKind.ERROR, Code.MODEL_ERROR),
+    ],
+)
+def test_a_call_past_its_bounds_on_another_channel_is_judged_by_its_channel_first(
+    bound: Code, channel: ChunkKind, code: Code
+) -> None:
+    """The chain's order holds for the bounds the reassembler found: response_classification
+    decides before limits (the reference judge's generated traffic found it the other way)."""
+    past = call(b"", assembly_error=bound.value, assembly_detail="past", channel=channel)
+    verdict = GATE.judge(past)
+    assert (verdict.phase, verdict.code) == (Phase.RESPONSE_CLASSIFICATION, code)
 
 
 def test_a_malformed_records_detail_stays_in_the_operators_log(

@@ -100,6 +100,7 @@ class Call:
 class _Closed:
     pieces: list[dict[str, Any]]
     complete: bool
+    overflowed: bool = False
 
 
 def _late(closed: _Closed, env: dict[str, Any], seq: int | None) -> bool | None:
@@ -108,6 +109,11 @@ def _late(closed: _Closed, env: dict[str, Any], seq: int | None) -> bool | None:
     reuses the id. silent: "the tail" of an incomplete call is every piece that does not open
     a call afresh (numbered 0 and unlike the piece taken there, or unnumbered and naming its
     tool)."""
+    if closed.overflowed:
+        # the gate forgets the pieces of a call past its bounds: a retransmission of one is
+        # taken for a reused id (a second event for one call), a differing piece for a
+        # retransmission (issue 24 section 2: a retransmission is told however long the call)
+        raise Unmodeled("a piece of a call past its bounds, after its verdict (issue 24 s. 2)")
     if any(exact.equal(env, piece) for piece in closed.pieces):
         return None
     delta = env.get("delta", "")
@@ -127,6 +133,7 @@ def _late(closed: _Closed, env: dict[str, Any], seq: int | None) -> bool | None:
 @dataclass(frozen=True)
 class Limits:
     max_bytes: int
+    max_chunks: int
     max_depth: int
     max_id_bytes: int
 
@@ -184,7 +191,8 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
 
     def close(call: Call, outcome: str, code: str | None) -> None:
         del open_calls[(call.stream_id, call.call_id)]
-        closed[(call.stream_id, call.call_id)] = _Closed(call.pieces, call.reused)
+        overflowed = _overflow(call.deltas, limits) is not None
+        closed[(call.stream_id, call.call_id)] = _Closed(call.pieces, call.reused, overflowed)
         if call.reused:  # however it ends, a reused id is its own rejected call
             outcome, code = "rejected", "call_id_reused"
         events.append(Expected(call.stream_id, call.call_id, outcome, "assembly", code))
@@ -229,6 +237,8 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
         call.version = call.version if call.version is not None else env.get("tool_version")
         if seq is not None:
             if seq < call.next_seq:
+                if _overflow(call.deltas, limits) is not None:
+                    raise Unmodeled("a retransmission in a call past its bounds (issue 24 s. 2)")
                 taken = next((p for p in call.pieces if p.get("seq") == seq), None)
                 if taken is None:
                     raise Unmodeled("a reused id numbered back past its first piece")
@@ -251,11 +261,24 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
                 close(call, "rejected", "call_id_reused")
                 continue
             del open_calls[ident]
-            closed[ident] = _Closed(call.pieces, True)
+            closed[ident] = _Closed(call.pieces, True, _overflow(call.deltas, limits) is not None)
             events.append(verdict(call, contracts, limits))
     for call in list(open_calls.values()):
         close(call, "incomplete", "stream_ended")
     return sorted(events, key=Expected.sort_key)
+
+
+def _overflow(deltas: list[str], limits: Limits) -> str | None:
+    """The first bound a call's pieces passed, as they came: its bytes (UTF-8), or its
+    number of pieces (silent: which one when one piece passes both; bytes, taken first)."""
+    size = 0
+    for count, delta in enumerate(deltas, start=1):
+        size += len(delta.encode())
+        if size > limits.max_bytes:
+            return "too_large"
+        if count > limits.max_chunks:
+            return "too_many_chunks"
+    return None
 
 
 def verdict(call: Call, contracts: Contracts, limits: Limits) -> Expected:
@@ -265,17 +288,20 @@ def verdict(call: Call, contracts: Contracts, limits: Limits) -> Expected:
     if call.kind != "tool_call":
         # silent: the README names no code per channel; these are the event schema's codes
         return rejected("response_classification", _CHANNEL_CODES[call.kind])
+    overflow = _overflow(call.deltas, limits)
+    if overflow is not None:
+        return rejected("limits", overflow)
     text = "".join(call.deltas)
-    if len(text.encode()) > limits.max_bytes:
-        raise Unmodeled("a call past max_bytes")
     if exact.text_depth(text) > limits.max_depth:
         return rejected("limits", "too_deep")
     fenced = _FENCE.fullmatch(text.strip(" \t\n\r\f\v"))
     if fenced:
         text = fenced.group(1)
     try:
-        arguments = exact.read(text)
+        arguments = exact.read(text, plain_numbers=True)
     except exact.Fault as fault:
+        if fault.code == "not_plain":
+            raise Unmodeled("a number a double does not hold (issue 24 section 1)") from None
         return rejected("json_parse", fault.code)
     if not isinstance(arguments, dict):
         return rejected("json_parse", "root_not_object")

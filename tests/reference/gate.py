@@ -41,7 +41,7 @@ class RealGate:
         self.settings = load_settings(schemas={"dir": contracts}, limits=limits)
         self.registry = build_registry(self.settings)
         own = self.settings.limits
-        self.limits = Limits(own.max_bytes, own.max_depth, own.max_id_bytes)
+        self.limits = Limits(own.max_bytes, own.max_chunks, own.max_depth, own.max_id_bytes)
         self.contracts = Contracts(
             {
                 tool: {v: exact.read(json.dumps(s)) for v, s in versions.items()}

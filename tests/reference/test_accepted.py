@@ -59,7 +59,7 @@ def test_every_accepted_call_is_valid_and_what_the_model_streamed(gate: RealGate
     repeat(lambda: _accepted_exactly(gate))
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(drawn=traffic.numbered_traffic(NUMBERS), cuts=st.lists(st.integers(0, 40), max_size=3))
 def _accepted_exactly(
     gate: RealGate,

@@ -23,7 +23,7 @@ def test_the_gate_decides_every_call_as_the_reference(gate: RealGate) -> None:
     repeat(lambda: _decided_alike(gate))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(records=traffic.traffic(), cuts=st.lists(st.integers(0, 40), max_size=3))
 def _decided_alike(gate: RealGate, records: list[bytes], cuts: list[int]) -> None:
     try:

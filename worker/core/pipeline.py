@@ -189,6 +189,27 @@ class Gate:
                 {_ASSEMBLY: call.assembly_us},
             )
 
+    def _assembly_rejection(
+        self, call: AssembledCall, code: Code, phase: Phase, phases: dict[str, int]
+    ) -> Verdict:
+        """The rejection of an error the reassembler found, in the phase its code belongs to."""
+        detail = call.assembly_detail or code.value
+        if code is Code.MALFORMED_RECORD:
+            # why a record is unreadable is the producer's text: the operator's log keeps it
+            # (bounded where it was made); the event and its feedback say a fixed thing
+            log.warning(
+                "malformed record %s[%s]@%s (stream %r, event %s): %s",
+                call.topic,
+                call.partition,
+                call.first_offset,
+                call.stream_id,
+                call.event_id,
+                detail,
+                extra=call_fields(call),
+            )
+            detail = MALFORMED_RECORD_MESSAGE
+        return self._rejected(call, phase, code, (Violation("", code, detail),), phases)
+
     def _judge(self, call: AssembledCall) -> Verdict:
         phases: dict[str, int] = {_ASSEMBLY: call.assembly_us}
         if call.incomplete is not None:
@@ -200,25 +221,14 @@ class Gate:
                 idempotency_key=call.idempotency_key,
                 phases_us=phases,
             )
+        bound = None  # a bound the call passed while it was assembled: judged in `limits`
         if call.assembly_error is not None:
             code = Code(call.assembly_error)
             phase = _ASSEMBLY_PHASES.get(code, _ASSEMBLY)
-            detail = call.assembly_detail or code.value
-            if code is Code.MALFORMED_RECORD:
-                # why a record is unreadable is the producer's text: the operator's log keeps
-                # it (bounded where it was made); the event and its feedback say a fixed thing
-                log.warning(
-                    "malformed record %s[%s]@%s (stream %r, event %s): %s",
-                    call.topic,
-                    call.partition,
-                    call.first_offset,
-                    call.stream_id,
-                    call.event_id,
-                    detail,
-                    extra=call_fields(call),
-                )
-                detail = MALFORMED_RECORD_MESSAGE
-            return self._rejected(call, phase, code, (Violation("", code, detail),), phases)
+            if phase is _LIMITS:
+                bound = code
+            else:
+                return self._assembly_rejection(call, code, phase, phases)
 
         started = perf_counter_ns()
         self._phase = _CLASSIFICATION
@@ -233,6 +243,9 @@ class Gate:
         kind = call.call_kind
         custom = kind == _CUSTOM
         self._phase = _LIMITS
+        if bound is not None:
+            phases[_LIMITS] = 0  # decided while the call was assembled
+            return self._assembly_rejection(call, bound, _LIMITS, phases)
         limits = self._limits
         text = call.arguments
         depth = None if custom else depth_over(text, limits.max_depth)
