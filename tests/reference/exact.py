@@ -176,14 +176,15 @@ class _Reader:
                 raise self.fail()
             start = self.at
             key = self.string()
-            if key in members:
-                raise Fault("duplicate_key", start)
             self.skip()
             if self.peek() != ":":
                 raise self.fail()
             self.at += 1
             self.skip()
-            members[key] = self.value(level + 1)
+            value = self.value(level + 1)
+            if key in members:  # a member twice: a fault once the second member is whole
+                raise Fault("duplicate_key", start)
+            members[key] = value
 
         self.items(level, "}", member)
         return members
