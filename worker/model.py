@@ -84,6 +84,7 @@ class Code(StrEnum):
     INVALID_JSON = "invalid_json"
     DUPLICATE_KEY = "duplicate_key"
     NON_FINITE_NUMBER = "non_finite_number"
+    INEXACT_NUMBER = "inexact_number"
     INVALID_UTF8 = "invalid_utf8"
     ROOT_NOT_OBJECT = "root_not_object"
     # schema_validation

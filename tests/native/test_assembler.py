@@ -301,9 +301,10 @@ def test_a_bad_record_is_its_own_call_and_ends_the_calls_it_could_belong_to() ->
             ]
         ),
     )
-    assert [(c.call_id, outcome(c)) for c in out] == [
-        ("record:t:0:1", "malformed_record"),
-        ("c", "stream_corrupt"),
+    # the rejection names the stream and call the envelope names
+    assert [(c.stream_id, c.call_id, outcome(c)) for c in out] == [
+        ("s", "c", "malformed_record"),
+        ("s", "c", "stream_corrupt"),
     ]
     assert "delta" in (out[0].assembly_detail or "")
 

@@ -4,15 +4,15 @@ JSONTestSuite decides the grammar: every `n_` case is rejected, every `y_` case 
 the value and the types `json.loads` gives (but for the ones that repeat a key), and each `i_`
 case has a decision with its reason. Generated texts check the rest: values `orjson` writes come
 back type for type, arbitrary bytes never raise, and a reference written here on top of
-`json.loads` (duplicates, the 64-bit range, NaN/Infinity, lone surrogates, depth, trailing text)
-gives the same outcome and the same JSON Pointer as the parser on texts that mix all of those.
-Hypothesis runs derandomized, so every run draws the same examples.
+`json.loads` (duplicates, the rule for numbers as `tests.support.numbers.admitted` writes it with
+`decimal`, NaN/Infinity, lone surrogates, depth, trailing text) gives the same outcome and the
+same JSON Pointer as the parser on texts that mix all of those. Hypothesis runs derandomized, so
+every run draws the same examples.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -23,30 +23,35 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.datafiles import data_files
+from tests.support.numbers import INEXACT, admitted, number_texts
 from worker._native import ParseError, depth_over, parse_json
 
 CASES = data_files("json-test-suite/test_parsing", "*.json", at_least=300)
-CODES = {"invalid_json", "duplicate_key", "non_finite_number", "invalid_utf8", "too_deep"}
+CODES = {
+    "invalid_json",
+    "duplicate_key",
+    "non_finite_number",
+    "inexact_number",
+    "invalid_utf8",
+    "too_deep",
+}
 DEPTH_CAP = 1024  # the deepest the parser ever goes, whatever max_depth says
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
 
 # Each implementation-defined case, decided: True = accepted, else the code it is rejected with.
 I_DECISIONS: dict[str, bool | str] = {
-    # underflow is rounding, as IEEE 754 says: the nearest double, 0.0
-    "i_number_double_huge_neg_exp.json": True,
-    "i_number_real_underflow.json": True,
-    # A number past the largest double would become infinity. The Python parser called that
-    # non_finite_number; the native one says invalid_json, as for an integer past 64 bits: the
-    # text is a JSON number (not the NaN/Infinity tokens), and it is refused for its range.
-    "i_number_huge_exp.json": "invalid_json",
-    "i_number_neg_int_huge_exp.json": "invalid_json",
-    "i_number_pos_double_huge_exp.json": "invalid_json",
-    "i_number_real_neg_overflow.json": "invalid_json",
-    "i_number_real_pos_overflow.json": "invalid_json",
-    # integers beyond 64 bits would silently become floats elsewhere: refused, never rounded
-    "i_number_too_big_neg_int.json": "invalid_json",
-    "i_number_too_big_pos_int.json": "invalid_json",
-    "i_number_very_big_negative_int.json": "invalid_json",
+    # A number means its exact value: below the smallest double, past the largest, or an integer
+    # past 64 bits, no double names it exactly (it would be judged as another value)
+    "i_number_double_huge_neg_exp.json": INEXACT,
+    "i_number_real_underflow.json": INEXACT,
+    "i_number_huge_exp.json": INEXACT,
+    "i_number_neg_int_huge_exp.json": INEXACT,
+    "i_number_pos_double_huge_exp.json": INEXACT,
+    "i_number_real_neg_overflow.json": INEXACT,
+    "i_number_real_pos_overflow.json": INEXACT,
+    "i_number_too_big_neg_int.json": INEXACT,
+    "i_number_too_big_pos_int.json": INEXACT,
+    "i_number_very_big_negative_int.json": INEXACT,
     # a lone surrogate escape is no character: no valid UTF-8 holds it
     "i_object_key_lone_2nd_surrogate.json": "invalid_utf8",
     "i_string_1st_surrogate_but_2nd_missing.json": "invalid_utf8",
@@ -137,7 +142,7 @@ def test_every_y_case_is_what_json_loads_reads_type_for_type(case: Path) -> None
         assert isinstance(result, ParseError)
         assert (result.code, result.path) == ("duplicate_key", "/a")
     else:
-        assert outcome(result) == ("ok", typed(json.loads(text.decode("utf-8"))))
+        assert outcome(result) == reference(text, DEPTH_CAP)
 
 
 def test_every_i_case_has_a_decision() -> None:
@@ -159,19 +164,35 @@ def test_each_i_case_is_decided_as_stated(case: Path) -> None:
 
 
 def test_integers_span_both_64_bit_ranges_and_stay_ints() -> None:
-    text = b"[18446744073709551615, -9223372036854775808, 9223372036854775808, -0, 1.0, 1e2]"
+    text = b"[18446744073709551615, -9223372036854775808, 9223372036854775808, -0, 1.0, 1e2, -0.0]"
     assert outcome(parse_json(text, 8)) == (
         "ok",
-        typed([2**64 - 1, -(2**63), 2**63, 0, 1.0, 100.0]),
+        typed([2**64 - 1, -(2**63), 2**63, 0, 1, 100, 0]),
     )
+
+
+@settings(FIXED, max_examples=1500)
+@given(number_texts())
+def test_a_number_is_its_exact_value_in_every_spelling(text: str) -> None:
+    """Numbers around the double and 64-bit boundaries, in every spelling, against the rule
+    written with `decimal`: the same int, the same float bit for bit, or `inexact_number`."""
+    expected = admitted(text)
+    result = parse_json(f'{{"n": {text}}}'.encode(), 8)
+    if expected is None:
+        assert isinstance(result, ParseError), (text, result)
+        assert (result.code, result.path) == (INEXACT, "/n")
+    else:
+        assert outcome(result) == ("ok", typed({"n": expected})), text
 
 
 @pytest.mark.parametrize(
     ("text", "code", "path"),
     [
-        (b'{"amount_minor": 18446744073709551616}', "invalid_json", "/amount_minor"),
-        (b"[-9223372036854775809]", "invalid_json", "/0"),
-        (b'{"x": [1e400]}', "invalid_json", "/x/0"),
+        (b'{"amount_minor": 18446744073709551616}', INEXACT, "/amount_minor"),
+        (b'{"amount_minor": 0.99999999999999999}', INEXACT, "/amount_minor"),
+        (b'{"amount_minor": 3e28}', INEXACT, "/amount_minor"),
+        (b"[-9223372036854775809]", INEXACT, "/0"),
+        (b'{"x": [1e400]}', INEXACT, "/x/0"),
         (b'{"n": NaN}', "non_finite_number", "/n"),
         (b"[-Infinity]", "non_finite_number", "/0"),
         (b'{"s": ["\\ud800"]}', "invalid_utf8", "/s/0"),
@@ -255,11 +276,39 @@ VALUES = st.recursive(
 )
 
 
+def _as_the_rule_reads(value: Any) -> Any:
+    """What the rule for numbers makes of a value orjson wrote: a float is the value of the text
+    orjson writes for it, its shortest form (so `5.374815076274517e+16` is the integer
+    53748150762745170, and a non-integral float is itself); `_Refused` when the rule refuses it."""
+    if isinstance(value, dict):
+        return {key: _as_the_rule_reads(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_the_rule_reads(item) for item in value]
+    if isinstance(value, float):
+        read = admitted(orjson.dumps(value).decode())
+        return _Refused(INEXACT) if read is None else read
+    return value
+
+
+def _refused(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(map(_refused, value.values()))
+    if isinstance(value, list):
+        return any(map(_refused, value))
+    return isinstance(value, _Refused)
+
+
 @settings(FIXED, max_examples=500)
 @given(VALUES)
 def test_what_orjson_writes_parses_back_equal_type_for_type(value: Any) -> None:
     text = orjson.dumps(value)
-    assert outcome(parse_json(text, DEPTH_CAP)) == ("ok", typed(value))
+    expected = _as_the_rule_reads(value)
+    result = parse_json(text, DEPTH_CAP)
+    if _refused(expected):
+        assert isinstance(result, ParseError)
+        assert result.code == INEXACT
+    else:
+        assert outcome(result) == ("ok", typed(expected))
 
 
 @settings(FIXED, max_examples=300)
@@ -268,12 +317,14 @@ def test_depth_over_measures_the_nesting_of_the_parsed_value(value: Any) -> None
     text = orjson.dumps(value)
     nesting = depth(value)
     assert depth_over(text, nesting) is None
-    assert not isinstance(parse_json(text, nesting), ParseError)
+    if not _refused(_as_the_rule_reads(value)):
+        assert not isinstance(parse_json(text, nesting), ParseError)
     if nesting > 0:
         assert depth_over(text, nesting - 1) == nesting
         cut = parse_json(text, nesting - 1)
         assert isinstance(cut, ParseError)
-        assert cut.code == "too_deep"
+        # a number the rule refuses may come first
+        assert cut.code in {"too_deep", INEXACT}
 
 
 # --- arbitrary bytes --------------------------------------------------------------------------
@@ -299,7 +350,9 @@ def test_any_bytes_give_a_value_or_a_parse_error_and_never_raise(text: bytes, li
         assert "(line " in result.message
     else:
         assert depth(result) <= limit
-        assert orjson.loads(text) == result  # anything strict JSON accepts, JSON accepts
+        # anything strict JSON accepts, JSON accepts: the same value (each number exactly)
+        orjson.loads(text)
+        assert reference(text, limit) == outcome(result)
     depth_over(text, limit)
 
 
@@ -321,22 +374,17 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _JSON_WHITESPACE = " \t\n\r"
 
 
-def _integer(text: str) -> int | _Refused:
-    if len(text.lstrip("-")) > 20:  # past 2**64 whatever the digits: also spares int()'s limit
-        return _Refused("invalid_json")
-    value = int(text)
-    return value if -(2**63) <= value <= 2**64 - 1 else _Refused("invalid_json")
-
-
-def _float(text: str) -> float | _Refused:
-    value = float(text)
-    return value if math.isfinite(value) else _Refused("invalid_json")
+def _number(text: str) -> int | float | _Refused:
+    if len(text.lstrip("-")) > 4000:  # spares int()'s limit: refused whatever the digits
+        return _Refused(INEXACT)
+    value = admitted(text)
+    return _Refused(INEXACT) if value is None else value
 
 
 _DECODER = json.JSONDecoder(
     object_pairs_hook=_Pairs,
-    parse_int=_integer,
-    parse_float=_float,
+    parse_int=_number,
+    parse_float=_number,
     parse_constant=lambda _: _Refused("non_finite_number"),
 )
 
@@ -425,8 +473,9 @@ IN_RANGE = st.one_of(
     st.integers(-(2**63), 2**64 - 1).map(str),
     st.floats(allow_nan=False, allow_infinity=False).map(repr),
     st.sampled_from(
-        ["-0", "-0.0", "1E+2", "0.5e-1", "9223372036854775808", "18446744073709551615", "1e-400"]
+        ["-0", "-0.0", "1E+2", "0.5e-1", "9223372036854775808", "18446744073709551615", "1e4"]
     ),
+    number_texts(),
 )
 REFUSED_NUMBERS = st.sampled_from(
     [
@@ -435,6 +484,9 @@ REFUSED_NUMBERS = st.sampled_from(
         "123456789012345678901234567890",
         "1e400",
         "-1e400",
+        "1e-400",
+        "0.99999999999999999",
+        "3e28",
         "NaN",
         "Infinity",
         "-Infinity",
@@ -536,8 +588,11 @@ def _dump_with_duplicate(node: Any, tokens: list[str], target: list[str], extra:
     return _dump(node)
 
 
-WITH_AN_OBJECT = st.dictionaries(POINTER_KEYS, VALUES, max_size=4) | st.lists(
-    st.dictionaries(POINTER_KEYS, VALUES, min_size=1, max_size=3), min_size=1, max_size=3
+#: values whose every number the rule takes (a refused number would be found before a duplicate)
+TAKEN_SCALARS = SCALARS.filter(lambda v: not _refused(_as_the_rule_reads(v)))
+TAKEN_VALUES = VALUES.filter(lambda v: not _refused(_as_the_rule_reads(v)))
+WITH_AN_OBJECT = st.dictionaries(POINTER_KEYS, TAKEN_VALUES, max_size=4) | st.lists(
+    st.dictionaries(POINTER_KEYS, TAKEN_VALUES, min_size=1, max_size=3), min_size=1, max_size=3
 )
 
 
@@ -550,7 +605,7 @@ def test_the_path_of_a_duplicate_names_the_repeated_member(value: Any, data: st.
         owner = owner[int(token)] if isinstance(owner, list) else owner[token]
     keys = sorted(owner)
     key = data.draw(st.sampled_from(keys) if keys else POINTER_KEYS, label="key")
-    member = f"{_dump(key)}:{_dump(data.draw(SCALARS, label='its value'))}"
+    member = f"{_dump(key)}:{_dump(data.draw(TAKEN_SCALARS, label='its value'))}"
     extra = member if key in owner else member + "," + member
     text = _dump_with_duplicate(value, [], target, extra).encode()
     result = parse_json(text, DEPTH_CAP)

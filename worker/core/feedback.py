@@ -39,6 +39,8 @@ _INSTRUCTIONS: Mapping[Code, str] = {
     "no trailing commas, comments, single quotes or text around it.",
     Code.DUPLICATE_KEY: "Send each property of an object once.",
     Code.NON_FINITE_NUMBER: "Use finite numbers only; NaN and Infinity are not allowed.",
+    Code.INEXACT_NUMBER: "Write each number exactly: an integer within 64 bits, or a decimal "
+    "of at most 17 significant digits as a 64-bit float prints it.",
     Code.INVALID_UTF8: "Send the arguments as valid UTF-8 text without lone surrogates.",
     Code.ROOT_NOT_OBJECT: "Send the arguments as a JSON object, not an array or a scalar.",
     Code.TOO_LARGE: "Send smaller arguments; the call exceeded the size limit.",

@@ -67,6 +67,7 @@ RETRYABLE = frozenset(
         Code.INVALID_JSON,
         Code.DUPLICATE_KEY,
         Code.NON_FINITE_NUMBER,
+        Code.INEXACT_NUMBER,
         Code.INVALID_UTF8,
         Code.ROOT_NOT_OBJECT,
         Code.TOO_LARGE,

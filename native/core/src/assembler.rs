@@ -14,8 +14,8 @@
 //!   `timeout`; a call whose next piece arrives `max_call_lifetime_ms` after its first is closed
 //!   `max_lifetime`. A stalled or paused partition does not age.
 //! - `seq` numbers a call's pieces from 0. A repeat is a retransmission, dropped and counted, but
-//!   only when it equals the piece already taken (else the call is `stream_corrupt`); a jump is a
-//!   `sequence_gap`. Pieces without `seq` are taken in record order.
+//!   only when it equals the piece already taken, its text and its `final` alike (else the call
+//!   is `stream_corrupt`); a jump is a `sequence_gap`. Pieces without `seq` are taken in record order.
 //! - A call ends complete with `final` (when the adapter sent the vendor's final text as
 //!   `expected`, it must equal the assembled text, else `stream_corrupt`), or incomplete: its
 //!   stream's end while open (`max_tokens`, `content_filter`, `stream_ended`), an `Abort` from
@@ -27,8 +27,8 @@
 //! - Past `max_call_bytes` or `max_call_chunks` the text is dropped and the call, when it ends,
 //!   is rejected `too_large` / `too_many_chunks`.
 //! - A closed call is remembered (`recently_closed` per partition, oldest forgotten first) with a
-//!   hash of each of its first pieces. A later piece under its id is a retransmission when it
-//!   equals a piece of that call (dropped, counted), a late piece of a call that ended incomplete
+//!   hash of each of its pieces, however many (text and `final`). A later piece under its id is a
+//!   retransmission when it equals a piece of that call (dropped, counted), a late piece of a call that ended incomplete
 //!   (dropped, counted: that call has its verdict), or else a new call reusing the id: it is
 //!   assembled as its own call, which is always rejected `call_id_reused`.
 //!
@@ -43,7 +43,7 @@ use std::sync::Arc;
 use hashlink::LinkedHashMap;
 use serde::{Deserialize, Serialize};
 use thin_vec::ThinVec;
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::origin::Origin;
 
@@ -51,9 +51,6 @@ use crate::origin::Origin;
 /// map, as hashlink's maps use) instead of std's SipHash, which was a tenth of the per-record
 /// cost.
 pub(crate) type Map<K, V> = hashbrown::HashMap<K, V>;
-
-/// Pieces of a closed call whose hashes are kept to tell retransmissions from reuse.
-const HASHED_PIECES: usize = 64;
 
 /// The bounds of the reassembler; every value comes from the settings.
 #[derive(Clone, Debug)]
@@ -913,6 +910,51 @@ impl<'a> PartitionFeed<'a> {
         }
     }
 
+    /// A piece of call `call_id` of `stream_id` could not be read: the call ends `stream_corrupt`
+    /// if open; if it is neither open nor remembered, it is remembered as a call that ended
+    /// incomplete with nothing taken, so its later pieces are never judged as a call without
+    /// this one (a numbered piece is dropped as the tail of a judged call, an unnumbered one
+    /// naming a tool is a reuse of its id).
+    pub fn break_call(
+        &mut self,
+        offset: i64,
+        stream_id: &str,
+        call_id: &str,
+        out: &mut Vec<Closed>,
+    ) {
+        self.touch(stream_id);
+        let key = CallKey {
+            stream_id: Arc::from(stream_id),
+            call_id: Arc::from(call_id),
+        };
+        if self.touch_last_offset(&key, offset) {
+            self.close(&key, Ending::Incomplete(Incomplete::StreamCorrupt), out);
+            return;
+        }
+        if self.part.closed.contains_key(&key) {
+            return;
+        }
+        let broken = ClosedCall {
+            complete: false,
+            chunks: 0,
+            hashes: Vec::new(),
+        };
+        self.remember(key, broken);
+    }
+
+    /// `key` closed as `closed` says: remembered, the oldest forgotten past the bound.
+    fn remember(&mut self, key: CallKey, closed: ClosedCall) {
+        let part = &mut *self.part;
+        part.closed.remove(&key);
+        if part.tracking {
+            part.newly_closed.push(key.clone());
+        }
+        part.closed.insert(key, closed);
+        if part.closed.len() > self.shared.limits.recently_closed {
+            part.closed.pop_front();
+        }
+    }
+
     fn stream_calls(&self, stream_id: &str) -> Vec<CallKey> {
         let Some((stream, state)) = self.part.streams.get_key_value(stream_id) else {
             return Vec::new();
@@ -1073,13 +1115,14 @@ impl<'a> PartitionFeed<'a> {
     }
 
     fn close(&mut self, key: &CallKey, ending: Ending, out: &mut Vec<Closed>) {
-        let recently_closed = self.shared.limits.recently_closed;
         let part = &mut *self.part;
         let Some(call) = part.remove_call(key) else {
             return;
         };
         *self.shared.open -= 1;
         *self.shared.buffered -= call.body.text().len();
+        // only a final piece completes a call: it is the last piece taken
+        let last_final = matches!(ending, Ending::Complete);
         let ending = match ending {
             _ if call.reused => Ending::Reused,
             Ending::Complete => match call.body.overflow() {
@@ -1094,17 +1137,12 @@ impl<'a> PartitionFeed<'a> {
                 Ending::Complete | Ending::Overflow(_) | Ending::Reused
             ),
             chunks: call.chunks,
-            hashes: piece_hashes(&call),
+            hashes: piece_hashes(&call, last_final),
         };
-        part.closed.remove(key);
-        part.closed.insert(key.clone(), remembered);
-        if part.closed.len() > recently_closed {
-            part.closed.pop_front();
-        }
         if part.tracking {
             part.removed.push(key.clone());
-            part.newly_closed.push(key.clone());
         }
+        self.remember(key.clone(), remembered);
         let (tool, tool_version) = match call.tool {
             Some(tool) => (tool.name.clone(), tool.version.clone()),
             None => (None, None),
@@ -1157,7 +1195,9 @@ impl Shared<'_> {
         }
         if let Some(seq) = piece.seq {
             if seq < call.next_seq {
-                if !call.repeats(seq, piece.delta.as_bytes()) {
+                // a piece taken into a call still open was not final: a copy that is final
+                // differs from it
+                if piece.is_final || !call.repeats(seq, piece.delta.as_bytes()) {
                     return Some(Ending::Incomplete(Incomplete::StreamCorrupt));
                 }
                 call.duplicates += 1;
@@ -1246,7 +1286,7 @@ enum Late {
 }
 
 fn late_piece(closed: &ClosedCall, piece: &CallPiece<'_>) -> Late {
-    let hash = xxh3_64(piece.delta.as_bytes());
+    let hash = piece_hash(piece.delta.as_bytes(), piece.is_final);
     match piece.seq {
         Some(seq) if seq < closed.chunks => match closed.hashes.get(seq as usize) {
             Some(known) if *known != hash => {
@@ -1271,13 +1311,29 @@ fn late_piece(closed: &ClosedCall, piece: &CallPiece<'_>) -> Late {
     }
 }
 
-fn piece_hashes(call: &OpenCall) -> Vec<u64> {
+/// What a closed call remembers of one piece: its text and whether it was final (a copy that
+/// differs in either is not the piece taken).
+fn piece_hash(delta: &[u8], is_final: bool) -> u64 {
+    if is_final {
+        xxh3_64_with_seed(delta, 1)
+    } else {
+        xxh3_64(delta)
+    }
+}
+
+/// A hash of every piece the call's text holds, however many (8 bytes a piece, bounded like the
+/// call by `max_call_chunks`); the last one was final when `last_final`.
+fn piece_hashes(call: &OpenCall, last_final: bool) -> Vec<u64> {
     let text = call.body.text();
+    let pieces = call.pieces();
     let mut start = 0usize;
     call.bounds()
-        .take(HASHED_PIECES)
-        .map(|end| {
-            let hash = xxh3_64(&text[start..end as usize]);
+        .enumerate()
+        .map(|(index, end)| {
+            let hash = piece_hash(
+                &text[start..end as usize],
+                last_final && index + 1 == pieces,
+            );
             start = end as usize;
             hash
         })
@@ -1650,6 +1706,117 @@ mod tests {
             out[0].origin.as_deref().and_then(|o| o.caller.as_deref()),
             Some(r#"{"type":"program"}"#)
         );
+    }
+
+    /// Envelope texts fed one record each; the calls closed, with their endings and texts, and
+    /// the duplicates counted.
+    fn run_envelopes(records: &[String]) -> (Vec<(String, Ending, String)>, u64) {
+        let limits = Limits {
+            max_call_bytes: 1 << 20,
+            max_call_chunks: 4096,
+            max_open_calls: 100,
+            idle_timeout_ms: 1_000,
+            max_call_lifetime_ms: 10_000,
+            recently_closed: 100,
+        };
+        let mut assembler = Assembler::new(limits);
+        let scope: Scope = (Arc::from("t"), 0);
+        let mut out = Vec::new();
+        for (offset, text) in records.iter().enumerate() {
+            let offset = offset as i64;
+            assert!(assembler.begin_record(&scope, offset, Some(0), &mut out));
+            match crate::envelope::decode(text.as_bytes(), Default::default(), 64) {
+                Ok(piece) => assembler.feed(&scope, offset, piece, &mut out),
+                Err(bad) => {
+                    let mut feed = assembler.partition(&scope);
+                    crate::record::abort_unreadable(&mut feed, offset, None, bad, &mut out);
+                }
+            }
+        }
+        for (_, mut closed) in assembler.flush() {
+            out.append(&mut closed);
+        }
+        let duplicates = assembler.counters.duplicate_chunks;
+        let calls = out
+            .into_iter()
+            .map(|c| {
+                let text = String::from_utf8(c.text).unwrap();
+                (c.call_id.to_string(), c.ending, text)
+            })
+            .collect();
+        (calls, duplicates)
+    }
+
+    fn envelope(call: &str, seq: Option<u32>, delta: &str, last: bool) -> String {
+        let seq = seq.map_or(String::new(), |seq| format!(r#""seq":{seq},"#));
+        format!(
+            r#"{{"stream_id":"s","call_id":"{call}",{seq}"kind":"tool_call","tool":"t","delta":{delta:?},"final":{last}}}"#
+        )
+    }
+
+    #[test]
+    fn a_copy_that_differs_only_in_final_is_not_the_piece_taken() {
+        // open: the copy of seq 0 is final where the piece taken was not
+        let (calls, duplicates) = run_envelopes(&[
+            envelope("a", Some(0), "{", false),
+            envelope("a", Some(0), "{", true),
+            envelope("a", Some(1), "}", true),
+        ]);
+        assert_eq!(calls[0].1, Ending::Incomplete(Incomplete::StreamCorrupt));
+        assert_eq!(duplicates, 0);
+        // closed: an exact copy of the final piece is a retransmission, a copy that is not
+        // final opens a call of its own, a reuse of the id; numbered or not
+        for seq in [Some(1), None] {
+            let (calls, duplicates) = run_envelopes(&[
+                envelope("a", seq.map(|_| 0), "{", false),
+                envelope("a", seq, "}", true),
+                envelope("a", seq, "}", true),
+                envelope("a", seq, "}", false),
+            ]);
+            assert_eq!(calls[0].1, Ending::Complete);
+            assert_eq!(duplicates, 1, "{seq:?}");
+            assert_eq!(calls.len(), 2, "{calls:?}");
+            assert_eq!(calls[1].1, Ending::Reused, "{calls:?}");
+        }
+    }
+
+    #[test]
+    fn a_copy_of_any_piece_of_a_long_call_is_a_retransmission() {
+        for pieces in [2usize, 64, 65, 75, 300] {
+            let mut records: Vec<String> = (0..pieces)
+                .map(|n| envelope("a", None, &format!("p{n},"), n + 1 == pieces))
+                .collect();
+            let mut copies = records.clone();
+            records.append(&mut copies);
+            let (calls, duplicates) = run_envelopes(&records);
+            assert_eq!(calls.len(), 1, "{pieces}: {calls:?}");
+            assert_eq!(calls[0].1, Ending::Complete);
+            assert_eq!(duplicates, pieces as u64);
+        }
+    }
+
+    #[test]
+    fn an_unreadable_piece_ends_its_call_open_or_not_yet() {
+        let bad = r#"{"stream_id":"s","call_id":"a","kind":"tool_call","delta":"1","delta":"1"}"#;
+        // open: ended
+        let (calls, _) = run_envelopes(&[
+            envelope("a", None, "{\"n\":1", false),
+            bad.to_owned(),
+            envelope("a", None, "}", true),
+        ]);
+        assert_eq!(calls[0].1, Ending::Incomplete(Incomplete::StreamCorrupt));
+        assert!(calls.iter().all(|c| c.1 != Ending::Complete), "{calls:?}");
+        // not yet open: its later pieces never make a call that is judged complete
+        for seq in [None, Some(1)] {
+            let (calls, _) = run_envelopes(&[
+                bad.to_owned(),
+                envelope("a", seq, "{}", true),
+                envelope("b", None, "{}", true),
+            ]);
+            let a: Vec<_> = calls.iter().filter(|c| c.0 == "a").collect();
+            assert!(a.iter().all(|c| c.1 != Ending::Complete), "{calls:?}");
+            assert!(calls.iter().any(|c| c.0 == "b" && c.1 == Ending::Complete));
+        }
     }
 
     /// What an open call costs beyond its text and ids (issue 13: 300 bytes in all).

@@ -139,17 +139,93 @@ pub fn decode_with<'a>(
     max_id_bytes: usize,
     tape: &mut Vec<u8>,
 ) -> Result<Piece<'a>, Malformed> {
+    let unreadable = |message: String| {
+        let (stream_id, call_id) = readable_ids(text, max_id_bytes);
+        Malformed {
+            message,
+            stream_id,
+            call_id,
+        }
+    };
+    if headers
+        .traceparent
+        .is_some_and(|tp| tp.len() > max_id_bytes)
+    {
+        return Err(unreadable(format!(
+            "header 'traceparent' is longer than {max_id_bytes} bytes"
+        )));
+    }
     let mut values = Values::default();
-    read_fields(text, tape, &mut values).map_err(|message| Malformed {
-        message,
-        stream_id: None,
-        call_id: None,
-    })?;
+    read_fields(text, tape, &mut values).map_err(unreadable)?;
     Fields {
         values: &mut values,
         max_id_bytes,
     }
     .piece(headers)
+}
+
+/// The `stream_id` and `call_id` a record that cannot be decoded still names: read from its
+/// top-level members as far as the text can be read, each a non-empty string within
+/// `max_id_bytes` given once (or twice alike). Whatever else is wrong with the record, a piece
+/// that names its stream ends that stream's calls (and is rejected under its call), on every
+/// path: keyed, unkeyed and offline alike.
+pub fn readable_ids(text: &[u8], max_id_bytes: usize) -> (Option<String>, Option<String>) {
+    /// Nothing read yet, one value, or values that disagree (or are not identifiers).
+    enum Seen {
+        None,
+        One(String),
+        Unusable,
+    }
+    impl Seen {
+        fn add(&mut self, value: Option<&str>, max_id_bytes: usize) {
+            *self = match (std::mem::replace(self, Seen::Unusable), value) {
+                (Seen::None, Some(v)) if !v.is_empty() && v.len() <= max_id_bytes => {
+                    Seen::One(v.to_owned())
+                }
+                (Seen::One(known), Some(v)) if known == v => Seen::One(known),
+                _ => Seen::Unusable,
+            };
+        }
+        fn get(self) -> Option<String> {
+            match self {
+                Seen::One(value) => Some(value),
+                _ => None,
+            }
+        }
+    }
+    let (mut stream, mut call) = (Seen::None, Seen::None);
+    let mut jiter = Jiter::new(text);
+    if jiter.peek().ok() == Some(Peek::Object) {
+        let mut key = jiter.known_object().ok().flatten().map(str::to_owned);
+        while let Some(name) = key {
+            let seen = match name.as_str() {
+                "stream_id" => &mut stream,
+                "call_id" => &mut call,
+                _ => {
+                    if jiter.next_skip().is_err() {
+                        break;
+                    }
+                    key = jiter.next_key().ok().flatten().map(str::to_owned);
+                    continue;
+                }
+            };
+            match jiter.peek() {
+                Ok(Peek::String) => match jiter.known_str() {
+                    Ok(value) => seen.add(Some(value), max_id_bytes),
+                    Err(_) => break,
+                },
+                Ok(_) => {
+                    seen.add(None, max_id_bytes);
+                    if jiter.next_skip().is_err() {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+            key = jiter.next_key().ok().flatten().map(str::to_owned);
+        }
+    }
+    (stream.get(), call.get())
 }
 
 type Values<'a> = [Option<Value<'a>>; Field::COUNT];
@@ -269,6 +345,19 @@ fn check_strict<'j>(jiter: &mut Jiter<'j>, text: &'j [u8]) -> Result<(), String>
     json::check_value(jiter, text, MAX_FIELD_DEPTH).map_err(|failure| failure.message)
 }
 
+/// An envelope's fields besides its stream, call and kind, checked.
+struct Common<'a> {
+    seq: Option<u32>,
+    delta: Cow<'a, str>,
+    is_final: bool,
+    tool: Option<Cow<'a, str>>,
+    tool_version: Option<Cow<'a, str>>,
+    idempotency_key: Option<Cow<'a, str>>,
+    principal: Option<Cow<'a, str>>,
+    trace: Option<Box<Trace>>,
+    finish: Option<Finish>,
+}
+
 struct Fields<'v, 'a> {
     values: &'v mut Values<'a>,
     max_id_bytes: usize,
@@ -296,25 +385,14 @@ impl<'a> Fields<'_, 'a> {
         }
     }
 
-    /// A non-empty string field; `channel` names the envelope in the message (None: any).
-    fn required_id(
-        &mut self,
-        field: Field,
-        channel: Option<Channel>,
-    ) -> Result<Cow<'a, str>, String> {
-        match self.id(field) {
-            Ok(Some(s)) if !s.is_empty() => Ok(s),
-            Ok(_) => {
-                let what = match channel {
-                    Some(channel) => format!("a '{}' envelope", channel.as_str()),
-                    None => "envelope".to_owned(),
-                };
-                Err(format!(
-                    "{what} needs a non-empty string {:?}",
-                    field.name()
-                ))
-            }
-            Err(e) => Err(e),
+    /// A non-empty string field.
+    fn required_id(&mut self, field: Field) -> Result<Cow<'a, str>, String> {
+        match self.id(field)? {
+            Some(s) if !s.is_empty() => Ok(s),
+            _ => Err(format!(
+                "envelope needs a non-empty string {:?}",
+                field.name()
+            )),
         }
     }
 
@@ -324,103 +402,62 @@ impl<'a> Fields<'_, 'a> {
             stream_id: stream.map(str::to_owned),
             call_id: call.map(str::to_owned),
         };
-        let stream_id = self
-            .required_id(Field::StreamId, None)
-            .map_err(|m| fail(m, None, None))?;
+        // the call is named whenever its id can be read, whatever else is wrong
+        let call_id = self.id(Field::CallId);
+        let stream_id = match self.required_id(Field::StreamId) {
+            Ok(stream_id) => stream_id,
+            Err(message) => return Err(fail(message, None, None)),
+        };
         let stream = Some(&*stream_id);
+        let readable_call = call_id.as_ref().ok().and_then(|c| c.as_deref());
+        let readable_call = readable_call.filter(|c| !c.is_empty());
         let bad_kind = || format!("envelope 'kind' must be one of {KINDS}");
         let kind = match self.take(Field::Kind) {
             Value::Str(kind) if kind == "end" => None,
             Value::Str(kind) => match Channel::parse(&kind) {
-                Some(Channel::McpResult) | None => return Err(fail(bad_kind(), stream, None)),
+                Some(Channel::McpResult) | None => {
+                    return Err(fail(bad_kind(), stream, readable_call))
+                }
                 Some(channel) => Some(channel),
             },
-            _ => return Err(fail(bad_kind(), stream, None)),
+            _ => return Err(fail(bad_kind(), stream, readable_call)),
         };
-        let trace = self
-            .trace(headers.traceparent)
-            .map_err(|m| fail(m, stream, None))?;
+        // every known field is checked on every kind of envelope, used or not
+        let fields = self
+            .common(headers)
+            .map_err(|m| fail(m, stream, readable_call))?;
         let Some(channel) = kind else {
-            let finish = match self.take(Field::FinishReason) {
-                Value::Null => None,
-                Value::Str(name) if Finish::parse(&name).is_some() => Finish::parse(&name),
-                _ => {
-                    let names = Finish::NAMES.map(|n| format!("'{n}'")).join(", ");
-                    return Err(fail(
-                        format!("'finish_reason' must be one of [{names}]"),
-                        stream,
-                        None,
-                    ));
-                }
-            };
-            return Ok(Piece::End { stream_id, finish });
+            call_id.map_err(|m| fail(m, stream, None))?;
+            return Ok(Piece::End {
+                stream_id,
+                finish: fields.finish,
+            });
         };
-        let call_id = self
-            .required_id(Field::CallId, Some(channel))
-            .map_err(|m| fail(m, stream, None))?;
-        let call = Some(&*call_id);
-        let seq = match self.take(Field::Seq) {
-            Value::Null => None,
-            Value::Int(seq) if (0..=i64::from(u32::MAX)).contains(&seq) => Some(seq as u32),
-            _ => {
-                return Err(fail(
-                    "envelope field 'seq' must be an integer >= 0".to_owned(),
-                    stream,
-                    call,
-                ))
-            }
-        };
-        let delta = match self.take(Field::Delta) {
-            Value::Null => Cow::Borrowed(""),
-            Value::Str(delta) => delta,
-            _ => {
-                return Err(fail(
-                    "envelope field 'delta' must be a string".to_owned(),
-                    stream,
-                    call,
-                ))
-            }
-        };
-        let is_final = match self.take(Field::Final) {
-            Value::Null => false,
-            Value::Bool(b) => b,
-            _ => {
-                return Err(fail(
-                    "envelope field 'final' must be true or false".to_owned(),
-                    stream,
-                    call,
-                ))
-            }
-        };
-        let tool = self.id(Field::Tool).map_err(|m| fail(m, stream, call))?;
-        let tool_version = match self.take(Field::ToolVersion) {
-            Value::Null => None,
-            Value::Int(v) => Some(Cow::Owned(v.to_string())),
-            Value::Str(v) if v.len() <= self.max_id_bytes => Some(v),
-            Value::Str(_) => {
+        let call_id = match call_id {
+            Ok(Some(call_id)) if !call_id.is_empty() => call_id,
+            Ok(_) => {
                 return Err(fail(
                     format!(
-                        "envelope field 'tool_version' is longer than {} bytes",
-                        self.max_id_bytes
+                        "a '{}' envelope needs a non-empty string \"call_id\"",
+                        channel.as_str()
                     ),
                     stream,
-                    call,
+                    None,
                 ))
             }
-            _ => {
-                return Err(fail(
-                    "envelope field 'tool_version' must be a string, an integer or null".to_owned(),
-                    stream,
-                    call,
-                ))
-            }
+            Err(message) => return Err(fail(message, stream, None)),
         };
-        let idempotency_key = self
-            .id(Field::IdempotencyKey)
-            .map_err(|m| fail(m, stream, call))?;
-        let principal = self
-            .principal(headers.principal)
-            .map_err(|m| fail(m, stream, call))?;
+        let Common {
+            seq,
+            delta,
+            is_final,
+            tool,
+            tool_version,
+            idempotency_key,
+            trace,
+            principal,
+            finish: _,
+        } = fields;
         Ok(Piece::Call(CallPiece {
             stream_id,
             call_id,
@@ -437,6 +474,64 @@ impl<'a> Fields<'_, 'a> {
             opens: true,
             origin: None,
         }))
+    }
+
+    /// The fields besides the stream, call and kind, each checked for its type and bound.
+    fn common(&mut self, headers: RecordHeaders<'_>) -> Result<Common<'a>, String> {
+        let finish = match self.take(Field::FinishReason) {
+            Value::Null => None,
+            Value::Str(name) if Finish::parse(&name).is_some() => Finish::parse(&name),
+            _ => {
+                let names = Finish::NAMES.map(|n| format!("'{n}'")).join(", ");
+                return Err(format!("'finish_reason' must be one of [{names}]"));
+            }
+        };
+        let seq = match self.take(Field::Seq) {
+            Value::Null => None,
+            Value::Int(seq) if (0..=i64::from(u32::MAX)).contains(&seq) => Some(seq as u32),
+            _ => return Err("envelope field 'seq' must be an integer >= 0".to_owned()),
+        };
+        let delta = match self.take(Field::Delta) {
+            Value::Null => Cow::Borrowed(""),
+            Value::Str(delta) => delta,
+            _ => return Err("envelope field 'delta' must be a string".to_owned()),
+        };
+        let is_final = match self.take(Field::Final) {
+            Value::Null => false,
+            Value::Bool(b) => b,
+            _ => return Err("envelope field 'final' must be true or false".to_owned()),
+        };
+        let tool = self.id(Field::Tool)?;
+        let tool_version = match self.take(Field::ToolVersion) {
+            Value::Null => None,
+            Value::Int(v) => Some(Cow::Owned(v.to_string())),
+            Value::Str(v) if v.len() <= self.max_id_bytes => Some(v),
+            Value::Str(_) => {
+                return Err(format!(
+                    "envelope field 'tool_version' is longer than {} bytes",
+                    self.max_id_bytes
+                ))
+            }
+            _ => {
+                return Err(
+                    "envelope field 'tool_version' must be a string, an integer or null".to_owned(),
+                )
+            }
+        };
+        let idempotency_key = self.id(Field::IdempotencyKey)?;
+        let principal = self.principal(headers.principal)?;
+        let trace = self.trace(headers.traceparent)?;
+        Ok(Common {
+            seq,
+            delta,
+            is_final,
+            tool,
+            tool_version,
+            idempotency_key,
+            principal,
+            trace,
+            finish,
+        })
     }
 
     /// The envelope's `principal`, or its record's header; both, only when they are the same.
@@ -510,12 +605,94 @@ mod tests {
     }
 
     #[test]
-    fn a_duplicate_field_is_malformed_and_names_nothing_it_cannot_trust() {
+    fn a_record_that_cannot_be_read_names_the_stream_and_call_it_can_read() {
         let bad = malformed(
             r#"{"stream_id":"s","call_id":"c","kind":"tool_call","delta":"a","delta":"b"}"#,
         );
         assert_eq!(bad.message, "envelope has the field \"delta\" twice");
-        assert_eq!(bad.stream_id, None);
+        assert_eq!(
+            (bad.stream_id.as_deref(), bad.call_id.as_deref()),
+            (Some("s"), Some("c"))
+        );
+        // read as far as the text goes; an id given twice alike is still one id
+        let bad = malformed(r#"{"call_id":"c","stream_id":"s","stream_id":"s","delta":"x"#);
+        assert_eq!(
+            (bad.stream_id.as_deref(), bad.call_id.as_deref()),
+            (Some("s"), Some("c"))
+        );
+        // ids that disagree, or are not ids, name nothing
+        let long = format!(
+            r#"{{"x":{{"a":1,"a":2}},"stream_id":"{}"}}"#,
+            "s".repeat(65)
+        );
+        for text in [
+            &br#"{"stream_id":"s","stream_id":"t","call_id":"c","call_id":1}"#[..],
+            br#"{"stream_id":"","call_id":["c"],"x":{"a":1,"a":2}}"#,
+            long.as_bytes(),
+            br#"["s"]"#,
+            b"{\"stream_id\":\"\xff\"}",
+        ] {
+            let bad = decode(text, RecordHeaders::default(), 64).expect_err("malformed");
+            assert_eq!((bad.stream_id, bad.call_id), (None, None), "{text:?}");
+        }
+        // a bad header too
+        let bad = decode(
+            br#"{"stream_id":"s","call_id":"c","kind":"tool_call"}"#,
+            RecordHeaders {
+                traceparent: Some(&"0".repeat(65)),
+                ..RecordHeaders::default()
+            },
+            64,
+        )
+        .expect_err("traceparent too long");
+        assert_eq!(
+            (bad.stream_id.as_deref(), bad.call_id.as_deref()),
+            (Some("s"), Some("c"))
+        );
+    }
+
+    #[test]
+    fn every_known_field_is_checked_on_every_kind() {
+        let end = r#"{"stream_id":"s","kind":"end","finish_reason":"stop""#;
+        for field in [
+            r#""seq":1e400"#,
+            r#""seq":-1"#,
+            r#""final":"yes""#,
+            r#""delta":7"#,
+            r#""call_id":["x"]"#,
+            r#""tool":false"#,
+            r#""tool_version":1.5"#,
+            r#""idempotency_key":{}"#,
+            r#""attempt":0"#,
+            r#""trace_id":1"#,
+            r#""principal":5"#,
+        ] {
+            let bad = malformed(&format!("{end},{field}}}"));
+            assert_eq!(bad.stream_id.as_deref(), Some("s"), "{field}");
+            let bad = malformed(&format!(
+                r#"{{"stream_id":"s","call_id":"c","kind":"tool_call",{field}}}"#
+            ));
+            assert_eq!(bad.stream_id.as_deref(), Some("s"), "{field}");
+        }
+        let bad =
+            malformed(r#"{"stream_id":"s","call_id":"c","kind":"text","finish_reason":1e400}"#);
+        assert_eq!(bad.call_id.as_deref(), Some("c"));
+        // each of its type: taken
+        decode(
+            br#"{"stream_id":"s","kind":"end","seq":3,"final":true,"delta":"","call_id":"c","tool":"t","tool_version":2}"#,
+            RecordHeaders::default(),
+            64,
+        )
+        .expect("an end whose fields are each of their type");
+    }
+
+    #[test]
+    fn a_bad_kind_names_the_call() {
+        let bad = malformed(r#"{"stream_id":"s","call_id":"c","kind":"tool"}"#);
+        assert_eq!(
+            (bad.stream_id.as_deref(), bad.call_id.as_deref()),
+            (Some("s"), Some("c"))
+        );
     }
 
     #[test]
@@ -634,8 +811,8 @@ mod tests {
     fn an_unknown_field_is_held_to_the_strict_json_rules() {
         for (value, what) in [
             ("\"\\udc00\"", "lone UTF-16 surrogate"),
-            ("[18446744073709551616]", "outside the 64-bit range"),
-            ("{\"n\":1e400}", "too large for a 64-bit float"),
+            ("[18446744073709551616]", "neither a 64-bit integer"),
+            ("{\"n\":1e400}", "neither a 64-bit integer"),
             ("[NaN]", "NaN and Infinity"),
         ] {
             let bad = malformed(&format!(

@@ -14,7 +14,9 @@
 //! ```
 //!
 //! `arguments` and `requires_approval` only on accepted events; `arguments` is embedded as the
-//! JSON text it was validated as (or re-encoded by a version adapter), never re-serialized here.
+//! JSON text it was validated as (or re-encoded by a version adapter) without its insignificant
+//! whitespace: its strings and number texts as they came, never re-serialized here, and the event
+//! one line.
 //! `call_kind` only for a call that is not a plain function call, `caller` (embedded as the
 //! adapter gave it, a JSON object) only for a call the model did not make itself, `principal`
 //! and the trace fields only when set. [`encode`] returns None when the event would exceed the byte
@@ -122,6 +124,35 @@ impl Writer {
     /// Already-encoded JSON, or null.
     fn raw_or_null(&mut self, json: Option<&[u8]>) {
         self.raw(json.unwrap_or(b"null"));
+    }
+
+    /// A JSON text without its insignificant whitespace: strings (their escapes too) and
+    /// number texts are copied as they are, so the value is the one that was judged, and the
+    /// event stays one line whatever layout the model streamed.
+    fn compact_or_null(&mut self, json: Option<&[u8]>) {
+        let Some(json) = json else {
+            return self.raw(b"null");
+        };
+        let (mut in_string, mut escaped) = (false, false);
+        // json[start..i] is copied as one run
+        let mut start = 0;
+        for (i, &byte) in json.iter().enumerate() {
+            if in_string {
+                if escaped {
+                    escaped = false;
+                } else if byte == b'\\' {
+                    escaped = true;
+                } else if byte == b'"' {
+                    in_string = false;
+                }
+            } else if byte == b'"' {
+                in_string = true;
+            } else if matches!(byte, b' ' | b'\t' | b'\n' | b'\r') {
+                self.raw(&json[start..i]);
+                start = i + 1;
+            }
+        }
+        self.raw(&json[start..]);
     }
 }
 
@@ -316,7 +347,7 @@ pub fn encode(call: &Call<'_>, verdict: &Verdict<'_>, max_bytes: usize) -> Optio
     w.raw(b"}}");
     if verdict.outcome == "accepted" {
         w.key("arguments", false);
-        w.raw_or_null(verdict.arguments_json);
+        w.compact_or_null(verdict.arguments_json);
         w.key("requires_approval", false);
         w.boolean(verdict.requires_approval);
     }
@@ -500,6 +531,28 @@ mod tests {
         assert!(!String::from_utf8(plain)
             .expect("UTF-8")
             .contains("principal"));
+    }
+
+    #[test]
+    fn arguments_are_embedded_without_insignificant_whitespace() {
+        let pretty = b"{\n  \"a b\" : [ 1.50e+3 ,\t-0.0 ],\r\n  \"s\": \" x\\\" \\\\\" }\n";
+        let verdict = Verdict {
+            arguments_json: Some(pretty),
+            ..verdict("accepted")
+        };
+        let event = String::from_utf8(encode(&call(), &verdict, 1 << 20).expect("fits")).unwrap();
+        assert!(!event.contains('\n'), "{event}");
+        assert!(
+            event.contains(r#""arguments":{"a b":[1.50e+3,-0.0],"s":" x\" \\"},"#),
+            "{event}"
+        );
+        // every value the parser reads back is the one that was judged
+        let embedded = event.split(r#""arguments":"#).nth(1).unwrap();
+        let embedded = &embedded[..embedded.find(r#","requires_approval""#).unwrap()];
+        assert_eq!(
+            crate::value::parse_value(embedded.as_bytes(), 8),
+            crate::value::parse_value(pretty, 8)
+        );
     }
 
     #[test]

@@ -9,9 +9,16 @@
 //! another reader is going through (the envelope's fields it does not read): one rule, one place.
 //!
 //! Strict means: any JSON value at the root and only whitespace after it; no duplicate key in any
-//! object; no `NaN`/`Infinity`; no number a double cannot hold; integers only within
-//! [-2^63, 2^64-1] (always an `int`, never a float); UTF-8 only, with no lone surrogate escape;
-//! no byte-order mark. A rejection is a [`Failure`]: a code, a message that says what and where
+//! object; no `NaN`/`Infinity`; every number one exact value (below); UTF-8 only, with no lone
+//! surrogate escape; no byte-order mark.
+//!
+//! A number means one thing, its exact decimal value, however it is spelt (digits, a fraction,
+//! an exponent, trailing zeros): an integer value within [-2^63, 2^64-1] is that integer (an
+//! `int`, `1e4` and `10000.0` alike); any other value is taken only when it is the shortest
+//! round-trip decimal of a finite double (as Python's `repr` writes it, ties to even), and is that
+//! double, which names it exactly. Everything else (`0.99999999999999999`, `3e28`, `1e400`,
+//! `1e-400`, an integer past 64 bits) is refused, `inexact_number`: judged as a double it would
+//! be another value than the text that is passed on. A rejection is a [`Failure`]: a code, a message that says what and where
 //! (line, column) without echoing the text, and the JSON Pointer (RFC 6901) of the offending
 //! member or element.
 
@@ -28,7 +35,8 @@ use smallvec::SmallVec;
 /// keeps and on the recursion of anything that later walks the value.
 pub const DEPTH_CAP: usize = 1024;
 
-const INTEGER_RANGE: &str = "an integer is outside the 64-bit range and would lose precision";
+const INEXACT: &str =
+    "a number is neither a 64-bit integer nor the shortest form of a double: it would change value";
 
 /// Why a text is rejected: the `code` of a `ParseError` (the Python face's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -36,15 +44,17 @@ pub enum Code {
     InvalidJson,
     DuplicateKey,
     NonFiniteNumber,
+    InexactNumber,
     InvalidUtf8,
     TooDeep,
 }
 
 impl Code {
-    pub const ALL: [Code; 5] = [
+    pub const ALL: [Code; 6] = [
         Code::InvalidJson,
         Code::DuplicateKey,
         Code::NonFiniteNumber,
+        Code::InexactNumber,
         Code::InvalidUtf8,
         Code::TooDeep,
     ];
@@ -59,6 +69,7 @@ impl Code {
             Code::InvalidJson => "invalid_json",
             Code::DuplicateKey => "duplicate_key",
             Code::NonFiniteNumber => "non_finite_number",
+            Code::InexactNumber => "inexact_number",
             Code::InvalidUtf8 => "invalid_utf8",
             Code::TooDeep => "too_deep",
         }
@@ -401,33 +412,31 @@ impl<'j, 'p, B: Builder> Parser<'j, 'p, B> {
         }
         match self.jiter.known_number(peek) {
             Ok(NumberAny::Int(NumberInt::Int(value))) => Ok(self.builder.int(value)),
-            Ok(NumberAny::Float(value)) if value.is_finite() => Ok(self.builder.float(value)),
-            Ok(NumberAny::Float(_)) => {
-                let what = "a number is too large for a 64-bit float";
-                Err(self.failure(Code::InvalidJson, what, start, true))
+            Ok(_) => {
+                let end = self.jiter.current_index();
+                self.exact(start, end)
             }
             Err(error) if is(&error, &JsonErrorType::NumberOutOfRange) => {
-                self.wide_integer(peek, start)
+                match self.jiter.known_number_bytes(peek) {
+                    Ok(_) => {
+                        let end = self.jiter.current_index();
+                        self.exact(start, end)
+                    }
+                    Err(_) => Err(self.failure(Code::InexactNumber, INEXACT, start, true)),
+                }
             }
             Err(error) => Err(self.jiter_failure(&error, true)),
         }
     }
 
-    /// A number jiter does not hold in an `i64`: an integer in (i64::MAX, u64::MAX], or refused.
+    /// A number that is not a plain `i64`: its exact value, by the rule for numbers.
     #[cold]
-    fn wide_integer(&mut self, peek: Peek, start: usize) -> Step<B::Value> {
-        let unsigned = match self.jiter.known_number_bytes(peek) {
-            Ok(digits) => std::str::from_utf8(digits)
-                .ok()
-                .and_then(|digits| digits.parse::<u64>().ok()),
-            Err(_) => {
-                let what = "a number has more digits than a JSON number may have here";
-                return Err(self.failure(Code::InvalidJson, what, start, true));
-            }
-        };
-        match unsigned {
-            Some(value) => Ok(self.builder.uint(value)),
-            None => Err(self.failure(Code::InvalidJson, INTEGER_RANGE, start, true)),
+    fn exact(&mut self, start: usize, end: usize) -> Step<B::Value> {
+        match exact_number(&self.data[start..end]) {
+            Some(Exact::Int(value)) => Ok(self.builder.int(value)),
+            Some(Exact::Uint(value)) => Ok(self.builder.uint(value)),
+            Some(Exact::Float(value)) => Ok(self.builder.float(value)),
+            None => Err(self.failure(Code::InexactNumber, INEXACT, start, true)),
         }
     }
 
@@ -501,6 +510,183 @@ impl<'j, 'p, B: Builder> Parser<'j, 'p, B> {
     }
 }
 
+/// The value a JSON number text stands for, when the rule for numbers takes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Exact {
+    Int(i64),
+    /// above `i64::MAX`
+    Uint(u64),
+    /// never integral, and always the double whose shortest form the text is
+    Float(f64),
+}
+
+/// A number text as `digits * 10^exponent`, digits without leading or trailing zeros (empty for
+/// zero), the exponent saturated far past any value the rule takes.
+struct Decimal {
+    negative: bool,
+    digits: Vec<u8>,
+    exponent: i64,
+}
+
+impl Decimal {
+    /// `text` is a JSON number (the parser checked its grammar).
+    fn of(text: &[u8]) -> Decimal {
+        let negative = text.first() == Some(&b'-');
+        let body = if negative { &text[1..] } else { text };
+        let mantissa_end = body
+            .iter()
+            .position(|b| matches!(b, b'e' | b'E'))
+            .unwrap_or(body.len());
+        let (mantissa, exponent_text) = body.split_at(mantissa_end);
+        let mut exponent: i64 = 0;
+        if let Some((_, written)) = exponent_text.split_first() {
+            let (sign, digits) = match written.first() {
+                Some(b'-') => (-1, &written[1..]),
+                Some(b'+') => (1, &written[1..]),
+                _ => (1, written),
+            };
+            for digit in digits {
+                exponent = (exponent * 10 + i64::from(digit - b'0')).min(1 << 40);
+            }
+            exponent *= sign;
+        }
+        let mut digits = Vec::with_capacity(mantissa.len());
+        for &byte in mantissa {
+            match byte {
+                b'.' => {}
+                digit => digits.push(digit - b'0'),
+            }
+        }
+        let fraction = mantissa
+            .iter()
+            .position(|&b| b == b'.')
+            .map_or(0, |dot| mantissa.len() - dot - 1);
+        exponent -= fraction as i64;
+        let leading = digits.iter().take_while(|&&d| d == 0).count();
+        digits.drain(..leading);
+        while digits.last() == Some(&0) {
+            digits.pop();
+            exponent += 1;
+        }
+        Decimal {
+            negative,
+            digits,
+            exponent,
+        }
+    }
+}
+
+/// The rule for numbers (module docs): the value `text` stands for, or None when it is refused.
+pub fn exact_number(text: &[u8]) -> Option<Exact> {
+    let Decimal {
+        negative,
+        digits,
+        exponent,
+    } = Decimal::of(text);
+    if digits.is_empty() {
+        return Some(Exact::Int(0));
+    }
+    let count = digits.len() as i64;
+    if exponent >= 0 {
+        // an integer: within 64 bits it has at most 20 digits
+        if count + exponent > 20 {
+            return None;
+        }
+        let mut magnitude: u128 = 0;
+        for &digit in &digits {
+            magnitude = magnitude * 10 + u128::from(digit);
+        }
+        magnitude *= 10u128.pow(exponent as u32);
+        return if negative {
+            (magnitude <= 1u128 << 63).then(|| Exact::Int((-(magnitude as i128)) as i64))
+        } else if magnitude <= i64::MAX as u128 {
+            Some(Exact::Int(magnitude as i64))
+        } else {
+            u64::try_from(magnitude).ok().map(Exact::Uint)
+        };
+    }
+    // not an integer: a double's shortest form has at most 17 digits, and no double is below
+    // 5e-324
+    if count > 17 || count + exponent < -400 {
+        return None;
+    }
+    let text = std::str::from_utf8(text).ok()?;
+    let double: f64 = text.parse().ok()?;
+    let (shortest, at) = shortest_digits(double.abs())?;
+    let mantissa = digits.iter().fold(0u64, |n, &d| n * 10 + u64::from(d));
+    (mantissa == shortest && exponent == at).then_some(Exact::Float(double))
+}
+
+/// A finite, non-integral double as the shortest decimal the rule for numbers reads back as it
+/// (its `shortest_digits`), e.g. `-1e-1`; None for any other double.
+pub fn shortest_text(double: f64) -> Option<String> {
+    if double.fract() == 0.0 {
+        return None;
+    }
+    let (digits, exponent) = shortest_digits(double.abs())?;
+    let sign = if double < 0.0 { "-" } else { "" };
+    Some(format!("{sign}{digits}e{exponent}"))
+}
+
+/// The shortest decimal `digits * 10^exponent` (digits without trailing zeros) that reads back as
+/// the finite, positive, non-integral `double`, as Python's `repr` chooses it: of two equally
+/// short and equally near, the even one (Rust's formatting takes the upper).
+fn shortest_digits(double: f64) -> Option<(u64, i64)> {
+    if !double.is_finite() || double == 0.0 {
+        return None;
+    }
+    let written = format!("{double:e}");
+    let (mantissa, exponent) = written.split_once('e')?;
+    let exponent: i64 = exponent.parse().ok()?;
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let at = exponent - (digits.len() as i64 - 1);
+    let shortest: u64 = digits.parse().ok()?;
+    // a tie: the double lies exactly halfway between `shortest` and a neighbour of as many
+    // digits; its exact value, odd_part * 10^-k, then has one digit more, ending in 5
+    let Some((odd_part, k)) = exact_fraction(double) else {
+        return Some((shortest, at));
+    };
+    if at - 1 != -k || odd_part % 10 != 5 {
+        return Some((shortest, at));
+    }
+    let below = u64::try_from(odd_part / 10).ok()?;
+    let even = if below % 2 == 0 { below } else { below + 1 };
+    if even == shortest || even == 0 {
+        return Some((shortest, at));
+    }
+    // the even neighbour reads back as the same double (it is as near as `shortest`)
+    let candidate: f64 = format!("{even}e{at}").parse().ok()?;
+    Some(if candidate == double {
+        (even, at)
+    } else {
+        (shortest, at)
+    })
+}
+
+/// A positive non-integral double's exact value as `odd_part * 10^-k`, `odd_part` not a
+/// multiple of 10, when it has at most 38 digits (else None: no tie of a 17-digit form).
+fn exact_fraction(double: f64) -> Option<(u128, i64)> {
+    let bits = double.to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as i64;
+    let fraction = bits & ((1u64 << 52) - 1);
+    let (mut mantissa, mut power) = if biased == 0 {
+        (fraction, -1074)
+    } else {
+        (fraction | (1u64 << 52), biased - 1075)
+    };
+    let zeros = mantissa.trailing_zeros();
+    mantissa >>= zeros;
+    power += i64::from(zeros);
+    if power >= 0 {
+        return None;
+    }
+    // mantissa * 2^power = mantissa * 5^-power * 10^power
+    let k = -power;
+    let five = 5u128.checked_pow(u32::try_from(k).ok()?)?;
+    let odd_part = u128::from(mantissa).checked_mul(five)?;
+    Some((odd_part, k))
+}
+
 fn is(error: &JiterError, kind: &JsonErrorType) -> bool {
     matches!(&error.error_type, JiterErrorType::JsonError(found) if found == kind)
 }
@@ -526,7 +712,7 @@ fn describe(kind: &JsonErrorType) -> (Code, &'static str) {
         E::ExpectedSomeValue => "expected a JSON value",
         E::InvalidEscape => "a string has an invalid escape",
         E::InvalidNumber => "a number is malformed",
-        E::NumberOutOfRange => INTEGER_RANGE,
+        E::NumberOutOfRange => return (Code::InexactNumber, INEXACT),
         E::ControlCharacterWhileParsingString => "a string holds an unescaped control character",
         E::KeyMustBeAString => "an object key must be a string",
         E::TrailingComma => "a trailing comma",
@@ -707,8 +893,8 @@ mod tests {
         );
         assert_eq!(ok("0"), Value::Int(0));
         assert_eq!(ok("-0"), Value::Int(0));
-        assert_eq!(ok("-0.0"), Value::Float(-0.0));
-        assert_eq!(ok("1E2"), Value::Float(100.0));
+        assert_eq!(ok("-0.0"), Value::Int(0));
+        assert_eq!(ok("1E2"), Value::Int(100));
         assert_eq!(
             ok(r#""a\"\\\/\b\f\n\r\tz""#),
             Value::Str("a\"\\/\u{8}\u{c}\n\r\tz".into())
@@ -726,21 +912,63 @@ mod tests {
             "123456789012345678901234",
         ] {
             let failure = err(text.as_bytes());
-            assert_eq!(failure.code, Code::InvalidJson);
-            assert!(failure.message.starts_with(INTEGER_RANGE), "{failure:?}");
+            assert_eq!(failure.code, Code::InexactNumber);
+            assert!(failure.message.starts_with(INEXACT), "{failure:?}");
         }
         let long = "9".repeat(5000);
-        assert_eq!(err(long.as_bytes()).code, Code::InvalidJson);
+        assert_eq!(err(long.as_bytes()).code, Code::InexactNumber);
     }
 
     #[test]
-    fn floats_must_fit_a_double() {
-        assert_eq!(ok("1e-400"), Value::Float(0.0));
-        assert_eq!(ok("1.7976931348623157e308"), Value::Float(f64::MAX));
-        for text in ["1e400", "-1e400", "[123.456e789]"] {
+    fn a_number_is_its_exact_value_in_every_spelling() {
+        // integers, however spelt
+        for text in [
+            "10000",
+            "1e4",
+            "1E+4",
+            "10000.0",
+            "1.0e4",
+            "100.00e2",
+            "100000e-1",
+        ] {
+            assert_eq!(ok(text), Value::Int(10_000), "{text}");
+        }
+        assert_eq!(ok("1.8446744073709551615e19"), Value::Int(u64::MAX.into()));
+        assert_eq!(ok("-9.223372036854775808E18"), Value::Int(i64::MIN.into()));
+        // the shortest form of a double is that double
+        for (text, double) in [
+            ("0.1", 0.1),
+            ("0.10", 0.1),
+            ("1e-1", 0.1),
+            ("-2.5", -2.5),
+            ("5e-324", 5e-324),
+            ("8796093022208.688", 8_796_093_022_208.688),
+            ("8796093022208.062", 8_796_093_022_208.062),
+        ] {
+            assert_eq!(ok(text), Value::Float(double), "{text}");
+        }
+        // anything else would be judged as another value than the text passed on
+        for text in [
+            "0.99999999999999999",
+            "99999999.99999999999",
+            "1.00000000000000000001",
+            "3e28",
+            "3E+28",
+            "1e300",
+            "1.7976931348623157e308",
+            "1e400",
+            "-1e400",
+            "[123.456e789]",
+            "1e-400",
+            "[123e-10000000]",
+            "0.30000000000000001",
+            // a tie of two 16-digit forms: the even one is the double's (Python's repr)
+            "8796093022208.687",
+            "8796093022208.063",
+            "18446744073709551615.5",
+        ] {
             let failure = err(text.as_bytes());
-            assert_eq!(failure.code, Code::InvalidJson, "{text}");
-            assert!(failure.message.contains("64-bit float"), "{failure:?}");
+            assert_eq!(failure.code, Code::InexactNumber, "{text}");
         }
     }
 
@@ -1008,7 +1236,7 @@ mod tests {
 
     #[test]
     fn check_value_is_as_strict_as_parse() {
-        let cases: [(&[u8], Code, &str); 9] = [
+        let cases: [(&[u8], Code, &str); 10] = [
             (br#"{"a": {"b": 1, "b": 2}}"#, Code::DuplicateKey, "/a/b"),
             (
                 br#"[0, {"k~/": 1, "k~/": 1}]"#,
@@ -1017,8 +1245,9 @@ mod tests {
             ),
             (br#"{"s": "\udc00"}"#, Code::InvalidUtf8, "/s"),
             (b"[\"\xff\"]", Code::InvalidUtf8, "/0"),
-            (b"99999999999999999999", Code::InvalidJson, ""),
-            (b"[1e400]", Code::InvalidJson, "/0"),
+            (b"99999999999999999999", Code::InexactNumber, ""),
+            (b"[1e400]", Code::InexactNumber, "/0"),
+            (b"[0.10000000000000001]", Code::InexactNumber, "/0"),
             (b"[NaN]", Code::NonFiniteNumber, "/0"),
             (br#"{"a": 1,}"#, Code::InvalidJson, ""),
             (b"[[[]]]", Code::TooDeep, "/0/0"),

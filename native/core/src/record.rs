@@ -1,11 +1,14 @@
 //! A record that cannot be read becomes a call of its own, rejected `malformed_record` (or the
-//! code its adapter names): its stream is the record's key (cut to the identifier bound), its call
-//! id and event id name the record's place, and its detail is cut to the detail bound. An
-//! envelope that cannot be read ends every call it could belong to ([`abort_unreadable`]).
+//! code its adapter names): its stream and call are the ones it names when they could be read
+//! (an envelope's `stream_id` and `call_id`, so the agent waiting for that call hears of it),
+//! else its stream is the record's key (cut to the identifier bound) and its call id names the
+//! record's place; its event id always names the record's place (no other event has it), and its
+//! detail is cut to the detail bound. An envelope that cannot be read ends every call it could
+//! belong to ([`abort_unreadable`]).
 
 use std::borrow::Cow;
 
-use crate::assembler::{Closed, PartitionFeed, Piece, Scope};
+use crate::assembler::{Closed, PartitionFeed, Scope};
 use crate::envelope::Malformed;
 use crate::event::record_event_id;
 
@@ -21,27 +24,36 @@ pub struct RecordCall {
     pub detail: String,
 }
 
-/// The call of the unreadable record at `offset` of `scope`, with key `key`.
+/// The call of the unreadable record at `offset` of `scope`, with key `key`, naming the stream
+/// and call it could be read to name (`named`, each within `max_id_bytes`).
 pub fn record_call(
     scope: &Scope,
     offset: i64,
     key: Option<&[u8]>,
+    named: (Option<&str>, Option<&str>),
     detail: &str,
     max_id_bytes: usize,
     max_detail_bytes: usize,
 ) -> RecordCall {
-    let stream = String::from_utf8_lossy(key.unwrap_or_default());
+    let stream = match named.0 {
+        Some(stream) => Cow::Borrowed(stream),
+        None => String::from_utf8_lossy(key.unwrap_or_default()),
+    };
     RecordCall {
         stream_id: cut(&stream, max_id_bytes).to_owned(),
-        call_id: format!("record:{}:{}:{}", scope.0, scope.1, offset),
+        call_id: match named.1 {
+            Some(call) if named.0.is_some() => cut(call, max_id_bytes).to_owned(),
+            _ => format!("record:{}:{}:{}", scope.0, scope.1, offset),
+        },
         event_id: record_event_id(&scope.0, scope.1, offset),
         detail: cut(detail, max_detail_bytes).to_owned(),
     }
 }
 
 /// Ends, `stream_corrupt`, every call the unreadable envelope `bad` at `offset` could belong to:
-/// the call it names, else every call of the stream it names, else of the stream its record's
-/// key names. The calls it closes go to `closed`.
+/// the call it names (open, or not yet: then its later pieces are never taken as a call of their
+/// own; see `PartitionFeed::break_call`), else every call of the stream it names, else of the
+/// stream its record's key names. The calls it closes go to `closed`.
 pub fn abort_unreadable(
     feed: &mut PartitionFeed<'_>,
     offset: i64,
@@ -50,14 +62,7 @@ pub fn abort_unreadable(
     closed: &mut Vec<Closed>,
 ) {
     match (bad.stream_id, bad.call_id) {
-        (Some(stream), Some(call)) => feed.feed(
-            offset,
-            &mut Piece::Abort {
-                stream_id: Cow::Owned(stream),
-                call_id: Cow::Owned(call),
-            },
-            closed,
-        ),
+        (Some(stream), Some(call)) => feed.break_call(offset, &stream, &call, closed),
         (Some(stream), None) => feed.abort_stream(offset, &stream, closed),
         (None, _) => {
             if let Some(stream) = key.and_then(|k| std::str::from_utf8(k).ok()) {
@@ -88,7 +93,7 @@ mod tests {
     #[test]
     fn identifiers_and_detail_are_cut_at_a_character_boundary() {
         let scope = (Arc::from("in"), 3);
-        let call = record_call(&scope, 7, Some("aé".as_bytes()), "déjà", 2, 3);
+        let call = record_call(&scope, 7, Some("aé".as_bytes()), (None, None), "déjà", 2, 3);
         assert_eq!(call.stream_id, "a");
         assert_eq!(call.detail, "d\u{e9}");
         assert_eq!(call.call_id, "record:in:3:7");
@@ -98,9 +103,30 @@ mod tests {
 
     #[test]
     fn a_key_that_is_not_utf8_is_read_lossily() {
-        let call = record_call(&(Arc::from("t"), 0), 0, Some(b"\xffk"), "", 64, 64);
+        let call = record_call(
+            &(Arc::from("t"), 0),
+            0,
+            Some(b"\xffk"),
+            (None, None),
+            "",
+            64,
+            64,
+        );
         assert_eq!(call.stream_id, "\u{fffd}k");
-        let none = record_call(&(Arc::from("t"), 0), 0, None, "", 64, 64);
+        let none = record_call(&(Arc::from("t"), 0), 0, None, (None, None), "", 64, 64);
         assert_eq!(none.stream_id, "");
+    }
+
+    #[test]
+    fn a_record_is_named_by_the_stream_and_call_it_names() {
+        let scope = (Arc::from("t"), 0);
+        let named = record_call(&scope, 5, Some(b"k"), (Some("s"), Some("c")), "", 64, 64);
+        assert_eq!((&*named.stream_id, &*named.call_id), ("s", "c"));
+        assert_eq!(named.event_id, record_event_id("t", 0, 5));
+        let stream_only = record_call(&scope, 5, Some(b"k"), (Some("s"), None), "", 64, 64);
+        assert_eq!(
+            (&*stream_only.stream_id, &*stream_only.call_id),
+            ("s", "record:t:0:5")
+        );
     }
 }

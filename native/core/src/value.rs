@@ -30,8 +30,8 @@ impl Value {
         }
     }
 
-    /// Compact JSON text that parses back to this value (floats in Rust's shortest round-trip
-    /// form, always with a `.` or an exponent so they stay floats).
+    /// Compact JSON text that parses back to this value (a float as the shortest decimal the
+    /// rule for numbers reads back as it, with an exponent).
     pub fn to_json(&self) -> String {
         let mut out = String::new();
         self.write_json(&mut out);
@@ -45,9 +45,13 @@ impl Value {
             Value::Int(value) => {
                 let _ = write!(out, "{value}");
             }
-            Value::Float(value) => {
-                let _ = write!(out, "{value:?}");
-            }
+            Value::Float(value) => match crate::json::shortest_text(*value) {
+                Some(text) => out.push_str(&text),
+                // never parsed: a float is never integral or infinite (the rule for numbers)
+                None => {
+                    let _ = write!(out, "{value:?}");
+                }
+            },
             Value::Str(value) => write_string(value, out),
             Value::Array(items) => {
                 out.push('[');

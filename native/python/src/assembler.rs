@@ -274,13 +274,22 @@ impl Batch<'_, '_> {
         )
     }
 
-    /// A record that could not be read: a rejected call of its own.
-    fn malformed(&self, offset: i64, key: Option<&[u8]>, code: &str, detail: &str) -> PyResult<()> {
+    /// A record that could not be read: a rejected call of its own, under the stream and call
+    /// it names (`named`) when they could be read.
+    fn malformed(
+        &self,
+        offset: i64,
+        key: Option<&[u8]>,
+        named: (Option<&str>, Option<&str>),
+        code: &str,
+        detail: &str,
+    ) -> PyResult<()> {
         let (py, scope) = (self.py, self.scope);
         let call = record_call(
             scope,
             offset,
             key,
+            named,
             detail,
             self.max_id_bytes,
             self.max_detail_bytes,
@@ -294,7 +303,9 @@ impl Batch<'_, '_> {
         for item in fed {
             match item {
                 Fed::Piece(mut piece) => self.feed.feed(offset, &mut piece, &mut self.closed),
-                Fed::Malformed { code, detail } => self.malformed(offset, key, &code, &detail)?,
+                Fed::Malformed { code, detail } => {
+                    self.malformed(offset, key, (None, None), &code, &detail)?
+                }
             }
         }
         self.emit()
@@ -306,7 +317,8 @@ impl Batch<'_, '_> {
         key: Option<&[u8]>,
         bad: Malformed,
     ) -> PyResult<()> {
-        self.malformed(offset, key, MALFORMED_RECORD, &bad.message)?;
+        let named = (bad.stream_id.as_deref(), bad.call_id.as_deref());
+        self.malformed(offset, key, named, MALFORMED_RECORD, &bad.message)?;
         record::abort_unreadable(&mut self.feed, offset, key, bad, &mut self.closed);
         self.emit()
     }
@@ -433,18 +445,17 @@ impl Assembler {
                 .into_iter()
                 .map(|envelope| {
                     let (value, traceparent, principal) = envelope?;
-                    let refused = |message: String| Malformed {
-                        message,
-                        stream_id: None,
-                        call_id: None,
-                    };
-                    let principal = principal.map(std::str::from_utf8).transpose();
-                    Some(match (traceparent, principal) {
-                        (Some(tp), _) if tp.len() > max_id_bytes => Err(refused(format!(
-                            "header 'traceparent' is longer than {max_id_bytes} bytes"
-                        ))),
-                        (_, Err(_)) => Err(refused("header 'principal' is not UTF-8".to_owned())),
-                        (traceparent, Ok(principal)) => {
+                    Some(match principal.map(std::str::from_utf8).transpose() {
+                        Err(_) => {
+                            // named as any record that cannot be read (the core's one rule)
+                            let (stream_id, call_id) = envelope::readable_ids(value, max_id_bytes);
+                            Err(Malformed {
+                                message: "header 'principal' is not UTF-8".to_owned(),
+                                stream_id,
+                                call_id,
+                            })
+                        }
+                        Ok(principal) => {
                             let headers = envelope::RecordHeaders {
                                 traceparent,
                                 principal,

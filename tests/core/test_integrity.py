@@ -1,0 +1,311 @@
+"""What is accepted is exactly what was validated, on every path (issue 24, sections 1-8).
+
+Each class of hostile input is generated and goes through the processor (`Processor.feed`, what
+`callgate check` and the Kafka worker both run, one event encoder), keyed and unkeyed:
+
+- a number means one thing: numbers around the double and 64-bit boundaries, in every spelling,
+  judged on both engines against the rule written with `decimal` (`tests.support.numbers`);
+  the event passes on exactly the value judged;
+- a retransmission either equals the piece taken (its text and `final`) or the call is never
+  accepted, however long the call;
+- a piece that cannot be read ends every call it could belong to, keyed or not, and its
+  rejection names the stream and call it names; every known field of every envelope is checked;
+- accepted arguments are embedded without insignificant whitespace, whatever layout the model
+  streamed: every event is one line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support.numbers import INEXACT, admitted, exact, number_texts
+from worker.check import FileRecord
+from worker.compose import build_processor, build_registry
+from worker.core.processor import Emission, Processor
+from worker.settings import Settings
+
+FIXED = settings(derandomize=True, deadline=None, print_blob=True, max_examples=200)
+TOPIC = "model-output"
+ENGINES = ["fastjsonschema", "jsonschema-rs"]
+#: a contract whose numbers are each judged by one keyword
+NUMBERS_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "amount_minor": {"type": "integer", "minimum": 1, "maximum": 100000000},
+        "ratio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "step": {"type": "number", "multipleOf": 0.01},
+    },
+    "additionalProperties": False,
+}
+FIELD_RULES = {
+    "amount_minor": lambda v: v.denominator == 1 and 1 <= v <= 100000000,
+    "ratio": lambda v: 0 < v <= 1,
+    "step": lambda v: (v / Fraction(1, 100)).denominator == 1,
+}
+
+
+def _processor(tmp: Path, engine: str) -> Processor:
+    (tmp / "numbers").mkdir(exist_ok=True)
+    (tmp / "numbers" / "check.v1.schema.json").write_text(json.dumps(NUMBERS_SCHEMA))
+    (tmp / "weather").mkdir(exist_ok=True)
+    (tmp / "weather" / "get_weather.v1.schema.json").write_text(
+        json.dumps({"type": "object", "properties": {"city": {"type": "string"}}})
+    )
+    settings_ = Settings(schemas={"dir": tmp, "engine": engine})
+    return build_processor(settings_, build_registry(settings_))
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine_processor(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Any:
+    tmp = tmp_path_factory.mktemp(request.param)
+    return lambda: _processor(tmp, request.param)
+
+
+def records(values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> list[FileRecord]:
+    return [
+        FileRecord(TOPIC, 0, offset, 1_000 + offset, key, value, ())
+        for offset, (value, key) in enumerate(zip(values, keys, strict=True))
+    ]
+
+
+def feed(p: Processor, values: Sequence[bytes | None], *, keyed: bool) -> list[dict[str, Any]]:
+    """The events of `values` fed as one partition (keyed by their stream id, or not), read
+    with every number as an exact decimal; each event's bytes under `_raw`."""
+    keys = [_stream_of(v) if keyed else None for v in values]
+    out: list[Emission] = p.feed(TOPIC, 0, records(values, keys))
+    events = []
+    for emission in out:
+        assert b"\n" not in emission.value  # one line, whatever the input held
+        event = json.loads(emission.value, parse_float=Decimal, parse_int=Decimal)
+        event["_raw"] = emission.value
+        events.append(event)
+    return events
+
+
+def _stream_of(value: bytes | None) -> bytes | None:
+    try:
+        stream = orjson.loads(value or b"").get("stream_id")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return stream.encode() if isinstance(stream, str) else None
+
+
+def envelope(call: str, delta: str, *, seq: int | None = None, **fields: Any) -> bytes:
+    body: dict[str, Any] = {"stream_id": "s", "call_id": call, "kind": "tool_call", "delta": delta}
+    if seq is not None:
+        body["seq"] = seq
+    body.update(fields)
+    return orjson.dumps(body)
+
+
+def weather_call(text: str, pieces: int, *, numbered: bool) -> list[bytes]:
+    """`text` as a get_weather call `c` of `pieces` envelopes (numbered or not), the last final."""
+    size = -(-len(text) // pieces)
+    deltas = [text[n * size : (n + 1) * size] for n in range(pieces)]
+    return [
+        envelope(
+            "c",
+            delta,
+            seq=n if numbered else None,
+            final=n == len(deltas) - 1,
+            **({"tool": "get_weather", "tool_version": "1"} if n == 0 else {}),
+        )
+        for n, delta in enumerate(deltas)
+    ]
+
+
+# --- 1. a number means one thing --------------------------------------------------------------
+
+
+@FIXED
+@given(field=st.sampled_from(sorted(FIELD_RULES)), text=number_texts())
+def test_a_number_is_judged_as_its_exact_value_and_passed_on_as_judged(
+    engine_processor: Any, field: str, text: str
+) -> None:
+    arguments = f'{{"{field}": {text}}}'
+    (event,) = feed(
+        engine_processor(),
+        [envelope("c", arguments, tool="numbers.check", tool_version="1", final=True)],
+        keyed=False,
+    )
+    value = admitted(text)
+    if value is None:
+        assert (event["outcome"], event["error_code"]) == ("rejected", INEXACT), text
+        return
+    expected = "accepted" if FIELD_RULES[field](exact(value)) else "rejected"
+    assert event["outcome"] == expected, (text, event["violations"])
+    if expected == "accepted":
+        # the text passed on is the value judged, digit for digit
+        assert event["arguments"] == {field: Decimal(text)}
+        assert f'"arguments":{{"{field}":{text}}}'.encode() in event["_raw"]
+        assert exact(value) == Fraction(Decimal(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["0.99999999999999999", "99999999.99999999999", "3e28", "1e28", "1e300", "3E+28", "1e-400"],
+)
+def test_the_issue_numbers_are_refused_on_both_engines(engine_processor: Any, text: str) -> None:
+    (event,) = feed(
+        engine_processor(),
+        [envelope("c", f'{{"amount_minor": {text}}}', tool="numbers.check", final=True)],
+        keyed=True,
+    )
+    assert (event["outcome"], event["error_code"]) == ("rejected", INEXACT)
+
+
+# --- 2. a retransmission equals the piece taken, however long the call ------------------------
+
+
+@FIXED
+@given(
+    pieces=st.integers(2, 150),
+    copied=st.integers(0, 10**6),
+    keyed=st.booleans(),
+    numbered=st.booleans(),
+)
+def test_a_verbatim_copy_of_any_piece_is_dropped_however_long_the_call(
+    engine_processor: Any, pieces: int, copied: int, keyed: bool, numbered: bool
+) -> None:
+    text = '{"city":"' + "".join(chr(ord("a") + n % 26) for n in range(pieces)) + '"}'
+    values = weather_call(text, pieces, numbered=numbered)
+    values.append(values[copied % len(values)])  # after the call closed
+    out = feed(engine_processor(), values, keyed=keyed)
+    assert [(e["call_id"], e["outcome"]) for e in out] == [("c", "accepted")]
+    assert out[0]["arguments"] == json.loads(text)
+
+
+@FIXED
+@given(at=st.integers(0, 3), keyed=st.booleans(), numbered=st.booleans(), after=st.booleans())
+def test_a_copy_that_differs_only_in_final_is_never_an_equal_duplicate(
+    engine_processor: Any, at: int, keyed: bool, numbered: bool, after: bool
+) -> None:
+    values = weather_call('{"city":"Oslo"}', 4, numbered=numbered)  # {"ci, ty":, "Os, lo"}
+    flipped = orjson.loads(values[at])
+    flipped["final"] = not flipped["final"]
+    copy = orjson.dumps(flipped)
+    if after:
+        values.append(copy)
+    else:
+        values.insert(at + 1, copy)
+    out = feed(engine_processor(), values, keyed=keyed)
+    if after or at == 3:
+        # the call had its verdict; the copy is no retransmission of it: a call of its own,
+        # never accepted
+        assert out[0]["outcome"] == "accepted"
+        assert all(e["outcome"] != "accepted" for e in out[1:])
+    elif not numbered and at < 3:
+        # unnumbered pieces are taken in order: a final copy ends the call with other text,
+        # which is then judged as text (here `{"ci` is no JSON); it is never accepted whole
+        assert all(e.get("arguments") != {"city": "Oslo"} for e in out)
+    else:
+        assert all(e["outcome"] != "accepted" for e in out), out
+
+
+# --- 3. a piece that cannot be read ends every call it could belong to ------------------------
+
+#: ways one piece of a call cannot be read, each keeping its stream and call id readable
+BROKEN = [
+    lambda d: d.replace(b'"delta":', b'"delta":"x","delta":', 1),  # a field twice
+    lambda d: d.replace(b'"kind":"tool_call"', b'"kind":"tool_call","final":"yes"', 1),
+    lambda d: d.replace(b'"kind":"tool_call"', b'"kind":"tool_call","seq":1e400', 1),
+    lambda d: d.replace(b'"kind":"tool_call"', b'"kind":"tool_call","tool":false', 1),
+    lambda d: d.replace(b'"kind":"tool_call"', b'"kind":"tool_call","finish_reason":7', 1),
+    lambda d: d.replace(
+        b'"kind":"tool_call"', b'"kind":"tool_call","tool_version":"' + b"v" * 300 + b'"', 1
+    ),
+    lambda d: d.replace(b'"kind":"tool_call"', b'"kind":"tool_call","x":{"a":1,"a":2}', 1),
+    lambda d: d.replace(b'"kind":"tool_call"', b'"kind":"tool_call","x":0.10000000000000001', 1),
+    lambda d: d.replace(b'"kind":"tool_call"', b'"kind":"tool"', 1),
+    lambda d: d[:-1],  # cut short, after its ids
+]
+
+
+@FIXED
+@given(
+    pieces=st.integers(2, 8),
+    broken_at=st.integers(0, 10**6),
+    how=st.integers(0, len(BROKEN) - 1),
+    numbered=st.booleans(),
+)
+def test_an_unreadable_piece_ends_its_call_keyed_or_not_and_is_named(
+    engine_processor: Any, pieces: int, broken_at: int, how: int, numbered: bool
+) -> None:
+    text = '{"city":"' + "o" * pieces * 3 + '"}'
+    values = weather_call(text, pieces, numbered=numbered)
+    at = broken_at % len(values)
+    values[at] = BROKEN[how](values[at])
+    runs = [feed(engine_processor(), values, keyed=keyed) for keyed in (False, True)]
+    # keyed and unkeyed input decide alike (check feeds envelopes unkeyed, producers may key)
+    assert [_decided(e) for e in runs[0]] == [_decided(e) for e in runs[1]]
+    for out in runs:
+        assert all(e["outcome"] != "accepted" for e in out), out
+        rejected = [e for e in out if e["error_code"] == "malformed_record"]
+        assert len(rejected) == 1
+        assert (rejected[0]["stream_id"], rejected[0]["call_id"]) == ("s", "c")
+        assert len({e["event_id"] for e in out}) == len(out)
+
+
+def _decided(event: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        event["event_id"],
+        event["call_id"],
+        event["outcome"],
+        event["error_code"],
+        event["reason"],
+    )
+
+
+@pytest.mark.parametrize(
+    "field", ['"seq":1e400', '"final":"yes"', '"delta":7', '"call_id":["x"]', '"tool":false']
+)
+def test_an_end_with_a_field_of_the_wrong_type_is_malformed_and_ends_its_stream(
+    engine_processor: Any, field: str
+) -> None:
+    opened = envelope("c", '{"city":"Oslo"', tool="get_weather", tool_version="1")
+    bad_end = b'{"stream_id":"s","kind":"end","finish_reason":"stop",' + field.encode() + b"}"
+    out = feed(engine_processor(), [opened, bad_end], keyed=False)
+    (bad,) = (e for e in out if e["error_code"] == "malformed_record")
+    assert bad["stream_id"] == "s"
+    (call,) = (e for e in out if e["call_id"] == "c")
+    assert (call["outcome"], call["reason"]) == ("incomplete", "stream_corrupt")
+
+
+# --- 8. output framing ------------------------------------------------------------------------
+
+CITY = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
+LAYOUT = st.sampled_from(["", " ", "\n", "\n  ", "\t", "\r\n", " \n\t "])
+
+
+@FIXED
+@given(
+    city=CITY,
+    layouts=st.lists(LAYOUT, min_size=6, max_size=6),
+    pieces=st.integers(1, 5),
+    keyed=st.booleans(),
+)
+def test_accepted_arguments_are_one_line_however_the_model_laid_them_out(
+    engine_processor: Any, city: str, layouts: list[str], pieces: int, keyed: bool
+) -> None:
+    a, b, c, d, e, f = layouts
+    city_text = json.dumps(city)  # escapes as this writer writes them
+    text = f'{a}{{{b}"city"{c}:{d}{city_text}{e}}}{f}'
+    values = weather_call(text, pieces, numbered=False)
+    (event,) = feed(engine_processor(), values, keyed=keyed)
+    assert event["outcome"] == "accepted"
+    assert event["arguments"] == {"city": city}
+    # no whitespace around the structure, the string's own text (its escapes) as it came
+    assert b'"arguments":{"city":' + city_text.encode() + b"}," in event["_raw"]
