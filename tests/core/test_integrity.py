@@ -7,7 +7,7 @@ Each class of hostile input is generated and goes through the processor (`Proces
   judged on both engines against the rule written with `decimal` (`tests.support.numbers`);
   the event passes on exactly the value judged;
 - a retransmission either equals the piece taken (its text and `final`) or the call is never
-  accepted, however long the call;
+  accepted, however long the call; after an envelope stream's `end` nothing more on it is taken;
 - a piece that cannot be read ends every call it could belong to, keyed or not, and its
   rejection names the stream and call it names; every known field of every envelope is checked;
 - accepted arguments are embedded without insignificant whitespace, whatever layout the model
@@ -111,13 +111,13 @@ def envelope(call: str, delta: str, *, seq: int | None = None, **fields: Any) ->
     return orjson.dumps(body)
 
 
-def weather_call(text: str, pieces: int, *, numbered: bool) -> list[bytes]:
-    """`text` as a get_weather call `c` of `pieces` envelopes (numbered or not), the last final."""
+def weather_call(text: str, pieces: int, *, numbered: bool, call: str = "c") -> list[bytes]:
+    """`text` as a get_weather call of `pieces` envelopes (numbered or not), the last final."""
     size = -(-len(text) // pieces)
     deltas = [text[n * size : (n + 1) * size] for n in range(pieces)]
     return [
         envelope(
-            "c",
+            call,
             delta,
             seq=n if numbered else None,
             final=n == len(deltas) - 1,
@@ -213,6 +213,31 @@ def test_a_copy_that_differs_only_in_final_is_never_an_equal_duplicate(
         assert all(e.get("arguments") != {"city": "Oslo"} for e in out)
     else:
         assert all(e["outcome"] != "accepted" for e in out), out
+
+
+@FIXED
+@given(
+    before=st.integers(0, 2),
+    numbered=st.booleans(),
+    keyed=st.booleans(),
+    finish=st.sampled_from([None, "stop", "length"]),
+)
+def test_after_an_envelope_streams_end_nothing_more_on_it_is_taken(
+    engine_processor: Any, before: int, numbered: bool, keyed: bool, finish: str | None
+) -> None:
+    values = [
+        value
+        for n in range(before)
+        for value in weather_call('{"city":"Oslo"}', 2, numbered=numbered, call=f"b{n}")
+    ]
+    values.append(orjson.dumps({"stream_id": "s", "kind": "end", "finish_reason": finish}))
+    values += weather_call('{"city":"Oslo"}', 2, numbered=numbered)
+    out = feed(engine_processor(), values, keyed=keyed)
+    assert [e["call_id"] for e in out if e["outcome"] == "accepted"] == [
+        f"b{n}" for n in range(before)
+    ]
+    (late,) = (e for e in out if e["call_id"] == "c")
+    assert (late["stream_id"], late["error_code"]) == ("s", "malformed_record")
 
 
 # --- 3. a piece that cannot be read ends every call it could belong to ------------------------

@@ -45,6 +45,7 @@ use serde::{Deserialize, Serialize};
 use thin_vec::ThinVec;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
+use crate::envelope::Malformed;
 use crate::origin::Origin;
 
 /// The assembler's hash map of partitions: hashbrown's default hasher (foldhash, seeded per
@@ -910,6 +911,54 @@ impl<'a> PartitionFeed<'a> {
         }
     }
 
+    /// One canonical envelope's piece, as [`feed`](Self::feed) takes it, but a stream ends once:
+    /// its `end` is remembered (with the closed calls, as a call of no id), and after it a piece
+    /// of a call the stream did not hold is refused (the caller rejects it as a record that
+    /// cannot be placed, naming its stream and call). A copy of a piece of a call it held is
+    /// judged as any late piece (a retransmission is dropped).
+    pub fn feed_envelope(
+        &mut self,
+        offset: i64,
+        piece: &mut Piece<'_>,
+        out: &mut Vec<Closed>,
+    ) -> Result<(), Malformed> {
+        if let Piece::Call(call) = piece {
+            if self.has_ended(&call.stream_id) && !self.remembers(&call.stream_id, &call.call_id) {
+                return Err(Malformed {
+                    message: "the stream ended: nothing more on it is taken".to_owned(),
+                    stream_id: Some(call.stream_id.to_string()),
+                    call_id: Some(call.call_id.to_string()),
+                });
+            }
+        }
+        self.feed(offset, piece, out);
+        if let Piece::End { stream_id, .. } = piece {
+            let ended = CallKey {
+                stream_id: Arc::from(&**stream_id),
+                call_id: Arc::from(""),
+            };
+            let remembered = ClosedCall {
+                complete: true,
+                chunks: 0,
+                hashes: Vec::new(),
+            };
+            self.remember(ended, remembered);
+        }
+        Ok(())
+    }
+
+    fn has_ended(&self, stream_id: &str) -> bool {
+        self.remembers(stream_id, "")
+    }
+
+    fn remembers(&self, stream_id: &str, call_id: &str) -> bool {
+        let key = CallKey {
+            stream_id: Arc::from(stream_id),
+            call_id: Arc::from(call_id),
+        };
+        self.part.closed.contains_key(&key)
+    }
+
     /// A piece of call `call_id` of `stream_id` could not be read: the call ends `stream_corrupt`
     /// if open; if it is neither open nor remembered, it is remembered as a call that ended
     /// incomplete with nothing taken, so its later pieces are never judged as a call without
@@ -1725,12 +1774,11 @@ mod tests {
         for (offset, text) in records.iter().enumerate() {
             let offset = offset as i64;
             assert!(assembler.begin_record(&scope, offset, Some(0), &mut out));
-            match crate::envelope::decode(text.as_bytes(), Default::default(), 64) {
-                Ok(piece) => assembler.feed(&scope, offset, piece, &mut out),
-                Err(bad) => {
-                    let mut feed = assembler.partition(&scope);
-                    crate::record::abort_unreadable(&mut feed, offset, None, bad, &mut out);
-                }
+            let mut feed = assembler.partition(&scope);
+            let fed = crate::envelope::decode(text.as_bytes(), Default::default(), 64)
+                .and_then(|mut piece| feed.feed_envelope(offset, &mut piece, &mut out));
+            if let Err(bad) = fed {
+                crate::record::abort_unreadable(&mut feed, offset, None, bad, &mut out);
             }
         }
         for (_, mut closed) in assembler.flush() {
@@ -1817,6 +1865,32 @@ mod tests {
             assert!(a.iter().all(|c| c.1 != Ending::Complete), "{calls:?}");
             assert!(calls.iter().any(|c| c.0 == "b" && c.1 == Ending::Complete));
         }
+    }
+
+    #[test]
+    fn an_envelope_stream_ends_once() {
+        let end = r#"{"stream_id":"s","kind":"end","finish_reason":"stop"}"#.to_owned();
+        let (calls, duplicates) = run_envelopes(&[
+            envelope("a", Some(0), "{}", true),
+            end.clone(),
+            // a copy of a piece it held is still a retransmission
+            envelope("a", Some(0), "{}", true),
+            // a call it did not hold is never taken, numbered or not
+            envelope("b", None, "{}", true),
+            envelope("b", None, "{}", true),
+            envelope("c", Some(0), "{", false),
+            envelope("c", Some(1), "}", true),
+            end,
+        ]);
+        assert_eq!(duplicates, 1);
+        assert!(
+            calls.iter().all(|c| c.0 == "a" || c.1 != Ending::Complete),
+            "{calls:?}"
+        );
+        assert_eq!(
+            calls[0],
+            ("a".to_owned(), Ending::Complete, "{}".to_owned())
+        );
     }
 
     /// What an open call costs beyond its text and ids (issue 13: 300 bytes in all).

@@ -494,8 +494,13 @@ impl Assembler {
             }
             match (&record.format, decoded) {
                 (None, Some(Ok(piece))) => {
-                    batch.feed.feed(record.offset, piece, &mut batch.closed);
-                    batch.emit()?;
+                    match batch
+                        .feed
+                        .feed_envelope(record.offset, piece, &mut batch.closed)
+                    {
+                        Ok(()) => batch.emit()?,
+                        Err(bad) => batch.feed_malformed_envelope(record.offset, key, bad)?,
+                    }
                 }
                 (None, Some(Err(bad))) => {
                     batch.feed_malformed_envelope(record.offset, key, bad.clone())?
