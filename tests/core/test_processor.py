@@ -231,7 +231,7 @@ def test_an_idle_call_times_out_by_record_time_only() -> None:
     p, rec = new_processor(), Partition()
     assert p.feed(TOPIC, 0, [rec(envelope("r1", "slow", 0, "{", tool="get_weather"))]) == []
     # other traffic just inside the idle time: nothing closes
-    assert p.feed(TOPIC, 0, [rec(end("r2"), after_ms=IDLE_MS - 1)]) == []
+    assert p.feed(TOPIC, 0, [rec(end("r3"), after_ms=IDLE_MS - 1)]) == []
     # a record past the idle time closes it, before that record is read
     out = p.feed(
         TOPIC,

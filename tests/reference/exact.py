@@ -6,8 +6,9 @@ fault in document order, numbers kept as exact `Decimal`s (never a double), and 
 check done by the `jsonschema` package on those exact values (integers and bounds compared as
 decimals, `multipleOf` as an exact remainder).
 
-Faults, as the README names them: `invalid_json` (not RFC 8259 JSON, a number a double cannot
-hold, an integer outside [-2^63, 2^64-1]), `duplicate_key` (a key twice in one object, at any
+Faults, as the README names them: `invalid_json` (not RFC 8259 JSON), `inexact_number` (a number
+that is neither an integer within [-2^63, 2^64-1] nor the shortest decimal of a double),
+`duplicate_key` (a key twice in one object, at any
 depth), `non_finite_number` (NaN, Infinity), `invalid_utf8` (bytes that are not UTF-8, a lone
 surrogate escape). Nesting deeper than the bound is `too_deep`.
 """
@@ -254,10 +255,18 @@ class _Reader:
             raise Fault("not_plain", start)
         if not self.bounded:
             return value
-        if EXACT.abs(value) > _DOUBLE_MAX:
-            raise Fault("invalid_json", start)
-        if EXACT.remainder(value, 1) == 0 and not _INT_MIN <= int(value) <= _INT_MAX:
-            raise Fault("invalid_json", start)
+        # README, "Strict JSON everywhere": an integer value within 64 bits however spelt, else
+        # only the shortest decimal that reads back as a double (Python's repr), or inexact_number
+        if value.is_zero():
+            return value
+        if EXACT.abs(value) > _DOUBLE_MAX or value.adjusted() < -400:
+            raise Fault("inexact_number", start)
+        if EXACT.remainder(value, 1) == 0:
+            if not _INT_MIN <= int(value) <= _INT_MAX:
+                raise Fault("inexact_number", start)
+            return value
+        if Decimal(repr(float(value))) != value:
+            raise Fault("inexact_number", start)
         return value
 
 

@@ -1188,6 +1188,7 @@ impl<'a> PartitionFeed<'a> {
             chunks: call.chunks,
             hashes: piece_hashes(&call, last_final),
         };
+        let remembered = numbered_from(remembered, call.next_seq, self.shared.limits);
         if part.tracking {
             part.removed.push(key.clone());
         }
@@ -1387,6 +1388,23 @@ fn piece_hashes(call: &OpenCall, last_final: bool) -> Vec<u64> {
             hash
         })
         .collect()
+}
+
+/// A call whose pieces were numbered from `next_seq - chunks` (a reused id judged from the
+/// number it came with) remembered as numbered from 0, the places before it unlike any piece
+/// (a zero hash), so a copy of its piece is found at its own number; within `max_call_chunks`.
+fn numbered_from(closed: ClosedCall, next_seq: u32, limits: &Limits) -> ClosedCall {
+    let skipped = next_seq.saturating_sub(closed.chunks) as usize;
+    if skipped == 0 || skipped > limits.max_call_chunks as usize || closed.hashes.is_empty() {
+        return closed;
+    }
+    let mut hashes = vec![0; skipped];
+    hashes.extend(closed.hashes);
+    ClosedCall {
+        chunks: next_seq,
+        hashes,
+        ..closed
+    }
 }
 
 /// A piece that names another channel, tool, version, key, principal or origin than its call
@@ -1891,6 +1909,19 @@ mod tests {
             calls[0],
             ("a".to_owned(), Ending::Complete, "{}".to_owned())
         );
+    }
+
+    #[test]
+    fn a_copy_of_a_reused_ids_piece_is_found_at_its_own_number() {
+        let (calls, duplicates) = run_envelopes(&[
+            envelope("a", Some(0), "{}", true),
+            envelope("a", Some(5), "[]", true),
+            envelope("a", Some(5), "[]", true),
+            envelope("a", Some(2), "[]", true),
+        ]);
+        assert_eq!(duplicates, 1, "{calls:?}");
+        let endings: Vec<_> = calls.iter().map(|c| c.1.clone()).collect();
+        assert_eq!(endings, [Ending::Complete, Ending::Reused, Ending::Reused]);
     }
 
     /// What an open call costs beyond its text and ids (issue 13: 300 bytes in all).
