@@ -136,7 +136,7 @@ def test_a_keyed_duplicate_in_one_file_is_decided_in_process(tmp_path: Path) -> 
         "accepted",
         "pay-7",
     )
-    assert first["requires_approval"] is True
+    assert first["requires_approval"] is False  # refunds are the approved tool
     assert (again["outcome"], again["phase"], again["error_code"], again["duplicate_of"]) == (
         "rejected",
         "idempotency",

@@ -102,6 +102,8 @@ def test_the_series_operators_query_exist() -> None:
         "callgate_idempotency_decisions_total",
         "callgate_idempotency_keys",
         "callgate_idempotency_keys_limit",
+        "callgate_approvals_total",
+        "callgate_pending_approvals",
         "callgate_events_substituted_total",
         "callgate_events_dropped_total",
         "callgate_input_records_deleted_total",

@@ -32,12 +32,13 @@ import orjson
 from worker.adapters import mcp
 from worker.adapters.decoder import ENVELOPE
 from worker.adapters.input import Read, RecordFault, read_lines, read_records
+from worker.core.approval import PENDING_OUTCOME
 from worker.core.events import MAX_TOPIC_BYTES
 from worker.core.idempotency import KeyStore, resolve
 from worker.core.processor import Emission, Processor, Route
 from worker.detect import detect, peek
 from worker.errors import ConfigError
-from worker.model import Outcome
+from worker.model import Outcome, Phase
 
 log = logging.getLogger("callgate.check")
 
@@ -133,12 +134,16 @@ def run_check(
             outcome = verdict.outcome.value
             detail = verdict.code or verdict.reason or ""
             phase = verdict.phase or ""
+            if emission.route is Route.PENDING_APPROVAL:
+                outcome, phase = PENDING_OUTCOME, Phase.APPROVAL.value
             if emission.route is Route.IDEMPOTENCY:
                 resolution = resolve(keys, value, None, max_feedback_bytes)
                 value, outcome = resolution.event, resolution.outcome
                 if outcome == Outcome.REJECTED:
                     fields = orjson.loads(value)
                     phase, detail = fields["phase"], fields["error_code"]
+                elif resolution.pending:
+                    outcome, phase = PENDING_OUTCOME, Phase.APPROVAL.value
             tally[(outcome, phase, detail)] += 1
             out.write(value + b"\n")
     out.flush()
@@ -156,7 +161,10 @@ def format_summary(tally: Counter[tuple[str, str, str]]) -> str:
     by_outcome = Counter[str]()
     for (outcome, _, _), count in tally.items():
         by_outcome[outcome] += count
-    lines = [f"{total} calls: " + ", ".join(f"{by_outcome[o.value]} {o.value}" for o in Outcome)]
+    shown = [f"{by_outcome[o.value]} {o.value}" for o in Outcome]
+    if by_outcome[PENDING_OUTCOME]:  # only where some call waits for approval
+        shown.append(f"{by_outcome[PENDING_OUTCOME]} {PENDING_OUTCOME}")
+    lines = [f"{total} calls: " + ", ".join(shown)]
     rows = sorted(tally.items(), key=lambda item: (-item[1], item[0]))
     width = max((len(f"{p} / {d}") for (o, p, d), _ in rows if d), default=0)
     for (outcome, phase, detail), count in rows:

@@ -15,6 +15,7 @@ from worker.check import FAILED_ON, PASSED, feed_input, main_check, open_input, 
 from worker.compose import build_key_store, build_processor
 from worker.errors import CallgateError, ConfigError, InputFormatError
 from worker.replay import EXAMPLES, FLIPS_OVER, NO_FLIPS_OVER, Replay, exit_status, parse_time
+from worker.runtime.approve_cli import add_approval_commands
 from worker.runtime.cli import add_run_command
 from worker.runtime.history import Bound, Span, read_range
 from worker.runtime.topics_cli import add_topics_command
@@ -255,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_schemas_command(commands)
     add_run_command(commands)
     add_topics_command(commands)
+    add_approval_commands(commands)
     return parser
 
 

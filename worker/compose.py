@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from worker._native import Assembler
 from worker.adapters.decoder import Decoder
+from worker.core.approval import ApprovalStore
 from worker.core.idempotency import KeyStore
 from worker.core.pipeline import Gate, GateLimits
 from worker.core.processor import EventLimits, Processor
@@ -178,3 +179,13 @@ def log_span_ids(settings: Settings) -> SpanIds | None:
     except ImportError:
         return None
     return current_span_ids
+
+
+def build_approval_store(settings: Settings) -> ApprovalStore:
+    """An empty store for one partition of the pending-approval topic."""
+    approval = settings.approval
+    return ApprovalStore(
+        expiry_ms=round(approval.expiry_s * 1000),
+        retention_ms=round(approval.retention_s * 1000),
+        max_feedback_bytes=settings.limits.max_feedback_bytes,
+    )

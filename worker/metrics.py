@@ -50,6 +50,8 @@ UNKNOWN_TOOL = "_unknown"
 NO_TOOL = "_none"
 NO_LABEL = "_none"
 
+#: what an approval owner did: a call held, or a decision's ruling (`worker.core.approval.Ruling`)
+APPROVAL_RESULTS = ("held", "approved", "denied", "expired", "refused")
 #: the `kind` of a checkpoint: the whole state of a partition, or what changed since the last
 CHECKPOINT_KINDS = ("full", "delta")
 #: rejections of phase `assembly` with these codes are records that could not be read at all
@@ -288,6 +290,19 @@ class Metrics:
             "Idempotency keys remembered by this worker's key owners.",
             registry=registry,
         )
+        approvals = Counter(
+            PREFIX + "approvals",
+            "What this worker's approval owners did: calls held for approval, and decisions "
+            "approved, denied, expired or refused.",
+            ("result",),
+            registry=registry,
+        )
+        self._approvals = {result: approvals.labels(result) for result in APPROVAL_RESULTS}
+        self._pending_approvals = Gauge(
+            PREFIX + "pending_approvals",
+            "Calls waiting for a decision in the partitions this worker's approval owners hold.",
+            registry=registry,
+        )
         if max_idempotency_keys is not None:
             Gauge(
                 PREFIX + "idempotency_keys_limit",
@@ -334,14 +349,17 @@ class Metrics:
     def observe(self, verdict: Verdict, tool: str | None) -> None:
         """Count one judged call and record how long each of its phases took.
 
-        An accepted call pending its key's owner (`idempotency_digest` set) has its phases and
-        repairs recorded here; its outcome is counted by `decided`, once the owner decides.
+        An accepted call pending its key's owner (`idempotency_digest` set) or a person's
+        approval (`requires_approval`) has its phases and repairs recorded here; its outcome is
+        counted by `decided`, once the owner decides.
         """
         # Keys are the enum members themselves: a StrEnum hashes and compares as its str value,
         # while `.value` is a Python-level property that would triple this method's cost.
         hot = self._hot
         outcome = verdict.outcome
-        if outcome is not _ACCEPTED or verdict.idempotency_digest is None:
+        if outcome is not _ACCEPTED or (
+            verdict.idempotency_digest is None and not verdict.requires_approval
+        ):
             key = (outcome, NO_TOOL if tool is None else self.tool_labels.get(tool, UNKNOWN_TOOL))
             calls = hot.calls
             calls[key] = calls.get(key, 0) + 1
@@ -382,7 +400,7 @@ class Metrics:
     def decided(
         self, outcome: Outcome, tool: str | None, phase: Phase | None, code: Code | None
     ) -> None:
-        """Count a call whose outcome its idempotency key's owner decided."""
+        """Count a call whose outcome its idempotency key's owner, or its approval's, decided."""
         hot = self._hot
         key = (outcome, NO_TOOL if tool is None else self.tool_labels.get(tool, UNKNOWN_TOOL))
         hot.calls[key] = hot.calls.get(key, 0) + 1
@@ -437,6 +455,13 @@ class Metrics:
 
     def set_idempotency_keys(self, count: int) -> None:
         self._idempotency_keys.set(count)
+
+    def approval(self, result: str) -> None:
+        """Count what an approval owner did (one of `APPROVAL_RESULTS`)."""
+        self._approvals[result].inc()
+
+    def set_pending_approvals(self, count: int) -> None:
+        self._pending_approvals.set(count)
 
     def event_substituted(self) -> None:
         self._events_substituted.inc()

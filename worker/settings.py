@@ -195,6 +195,12 @@ class TopicSettings(BaseModel):
     accepted: str = "tool-calls.validated"
     rejected: str = "tool-calls.rejected"
     incomplete: str = "tool-calls.incomplete"
+    pending_approval: str = Field(
+        "tool-calls.pending-approval",
+        description="calls whose contract requires approval wait here (pending_approval events), "
+        "and the decisions on them (callgate approve|deny) are written here, keyed by event id; "
+        "the workers make it with CALLGATE_APPROVAL__PARTITIONS partitions",
+    )
     replication_factor: int = Field(
         1,
         ge=1,
@@ -345,6 +351,29 @@ class IdempotencySettings(BaseModel):
         7 * 24 * 3600.0, gt=0, description="how long a key is remembered (record time)"
     )
     partitions: int = Field(6, ge=1, description="partitions of the idempotency topics")
+
+
+class ApprovalSettings(BaseModel):
+    """Calls whose contract requires approval wait for a decision on the pending-approval topic,
+    held by the owner of their partition of it (`worker.core.approval`)."""
+
+    model_config = _FROZEN
+
+    expiry_s: float = Field(
+        24 * 3600.0,
+        gt=0,
+        description="how long a call waits for a decision (record time); after that it is "
+        "rejected approval_expired and a later decision is refused",
+    )
+    retention_s: float = Field(
+        7 * 24 * 3600.0,
+        gt=0,
+        description="how long a decided call is remembered (record time), so that a second "
+        "decision on it is refused and its pending event written again is ignored",
+    )
+    partitions: int = Field(
+        6, ge=1, description="partitions of the pending-approval topic and its changelog"
+    )
 
 
 class DeliverySettings(BaseModel):
@@ -504,6 +533,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     assembly: AssemblySettings = AssemblySettings()
     idempotency: IdempotencySettings = IdempotencySettings()
+    approval: ApprovalSettings = ApprovalSettings()
     retry: RetrySettings = RetrySettings()
     delivery: DeliverySettings = DeliverySettings()
     shadow: ShadowSettings = ShadowSettings()
@@ -537,12 +567,19 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _outputs_are_never_input(self) -> Settings:
-        never = re.compile(never_input(self.kafka.group_id, self.written_topics))
+        written = (*self.written_topics, self.topics.pending_approval)
+        never = re.compile(never_input(self.kafka.group_id, written))
         looped = [topic for topic in self.topics.input_topics if never.fullmatch(topic)]
         if looped:
             raise ValueError(
-                f"input topics {looped} are outcome topics, the shadow topic or the group's "
-                "own: each event would be judged again, for ever"
+                f"input topics {looped} are outcome topics, the shadow topic, the "
+                "pending-approval topic or the group's own: each event would be judged again, "
+                "for ever"
+            )
+        if self.topics.pending_approval in self.written_topics:
+            raise ValueError(
+                f"the pending-approval topic {self.topics.pending_approval!r} is an outcome or "
+                "the shadow topic: a call waiting for approval must never look executable"
             )
         return self
 

@@ -262,6 +262,29 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         ),
     ),
     (
+        "Approval",
+        (
+            Panel(
+                "Approvals/s by result",
+                "What the approval owners do: calls held for a person's approval, and decisions "
+                "approved, denied, expired, or refused (another fingerprint than the call's, "
+                "no such call, already decided: each refusal is a record on the "
+                "pending-approval topic saying why).",
+                (Query(_rate("callgate_approvals_total", BY_WORKER, "result"), "{{result}}"),),
+                unit="ops",
+                stack=True,
+                width=12,
+            ),
+            Panel(
+                "Calls pending approval",
+                "Calls waiting for a decision (callgate approve|deny) in all selected workers' "
+                "approval owners; each expires after CALLGATE_APPROVAL__EXPIRY_S.",
+                (Query(f"sum(callgate_pending_approvals{{{BY_WORKER}}})", "pending"),),
+                width=12,
+            ),
+        ),
+    ),
+    (
         "Delivery and dropped input",
         (
             Panel(

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker._native import AssembledCall
+from worker.core.canonical import request_digest
 from worker.core.events import encode, idempotency_request
 from worker.core.idempotency import Change, Decision, KeyRecord, KeyStore, resolve
 from worker.model import Code, Outcome, SchemaRef, Verdict
@@ -287,13 +288,15 @@ def test_the_last_entry_of_a_key_wins_on_restore() -> None:
 # --- resolve: the owner's answer to one request ----------------------------------------------
 
 
-def request(key: str, digest: bytes, call_id: str, *, arguments: bytes = b"{}") -> bytes:
+def request(
+    key: str, digest: bytes, call_id: str, *, arguments: bytes = b"{}", approval: bool = False
+) -> bytes:
     call = AssembledCall("stream", call_id, "create_payment", arguments, topic="in")
     verdict = Verdict(
         Outcome.ACCEPTED,
         schema=REF,
         arguments_json=arguments,
-        requires_approval=True,
+        requires_approval=approval,
         idempotency_key=key,
         idempotency_digest=digest,
     )
@@ -317,6 +320,22 @@ def test_the_first_request_is_accepted_as_it_was_sent() -> None:
     )
     first_event_id = event_of(resolution.event)["event_id"]
     assert resolution.changes == [("k", KeyRecord(A, first_event_id, 100))]
+    assert not resolution.pending
+
+
+def test_a_first_request_that_requires_approval_is_held_not_accepted() -> None:
+    """Its key is remembered as any first's, and its event is the pending one."""
+    value = request("k", A, "c1", arguments=b'{"amount_minor": 5}', approval=True)
+    resolution = resolve(store(), value, 100, MAX_FEEDBACK)
+    assert (resolution.decision, resolution.outcome, resolution.pending) == (
+        Decision.FIRST,
+        Outcome.ACCEPTED,
+        True,
+    )
+    event = event_of(resolution.event)
+    assert (event["outcome"], event["phase"]) == ("pending_approval", "approval")
+    assert event["approval"]["fingerprint"] == request_digest(REF, {"amount_minor": 5}).hex()
+    assert resolution.event_id == event["event_id"]
 
 
 @pytest.mark.parametrize(

@@ -678,7 +678,16 @@ def test_an_adapter_whose_result_is_not_json_is_adapter_error() -> None:
 
 
 def test_approval_comes_from_the_contract() -> None:
-    assert accepted(GATE.judge(pay(payment())), PAYMENT).requires_approval is True
+    assert accepted(GATE.judge(pay(payment())), PAYMENT).requires_approval is False
+    refund = {
+        "payment_id": "pay_1",
+        "amount_minor": 100,
+        "currency": "EUR",
+        "reason": None,
+        "idempotency_key": "refund-1",
+    }
+    verdict = GATE.judge(call(orjson.dumps(refund), "refund_payment"))
+    assert accepted(verdict, SchemaRef("payments.refund_payment", "1")).requires_approval is True
     weather = accepted(GATE.judge(call('{"city": "Oslo", "units": "celsius"}')), WEATHER_V1)
     assert weather.requires_approval is False
 

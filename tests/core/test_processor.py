@@ -350,7 +350,7 @@ def test_a_keyed_call_goes_to_its_keys_owner_who_accepts_the_first() -> None:
         "c1",
         "pay-1",
     )
-    assert event["requires_approval"] is True
+    assert event["requires_approval"] is False
     assert event["arguments"] == payment_args()
     assert resolution.event == request.event
 

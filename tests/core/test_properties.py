@@ -159,5 +159,5 @@ def test_an_accepted_payment_always_has_a_key_and_its_digest(
     if verdict.outcome is Outcome.ACCEPTED:
         assert verdict.idempotency_key == value["idempotency_key"]
         assert verdict.idempotency_digest is not None
-        assert verdict.requires_approval is True
+        assert verdict.requires_approval is False
         assert verdict.arguments == value

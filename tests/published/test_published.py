@@ -205,6 +205,22 @@ def test_every_producer_is_checked_where_the_product_calls_it() -> None:
     event = published_model.parse_event(accepted)
     assert isinstance(event, published_model.Accepted)
     executing.encode_result(contract.conflict_result(event))
+    refund = AssembledCall(
+        "s",
+        "refund",
+        "refund_payment",
+        orjson.dumps(
+            {
+                "payment_id": "pay_1",
+                "amount_minor": 100,
+                "currency": "EUR",
+                "reason": None,
+                "idempotency_key": "r1",
+            }
+        ),
+        first_offset=2,
+    )
+    assert resolve(keys, processor.emit(refund).value, 3, 4096).pending  # held for approval
     grown = published.calls - before
     for producer in published.PRODUCERS:
         assert grown[f"{producer.module}.{producer.name}"] >= 1, producer

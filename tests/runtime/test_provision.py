@@ -16,7 +16,7 @@ from worker._native import AssembledCall
 from worker.core.events import idempotency_request, record_headers, record_key
 from worker.model import Outcome, SchemaRef, Verdict
 from worker.runtime.provision import Role, acl_commands, grants, not_authorized, plan
-from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
+from worker.runtime.topics import approvals_topic, changelog_topic, keys_topic, requests_topic
 from worker.settings import Settings
 
 
@@ -29,6 +29,7 @@ def test_the_plan_names_every_topic_the_worker_reads_or_writes() -> None:
         kafka={"group_id": "gate"},
         topics={"input": "a,b", "accepted": "ok", "rejected": "no", "incomplete": "ok"},
         idempotency={"partitions": 4},
+        approval={"partitions": 5},
     )
     plans = {p.name: p for p in plan(conf, {"a": 3})}
     assert list(plans) == [
@@ -40,20 +41,27 @@ def test_the_plan_names_every_topic_the_worker_reads_or_writes() -> None:
         changelog_topic("gate", "b"),
         requests_topic("gate"),
         keys_topic("gate"),
+        "tool-calls.pending-approval",
+        approvals_topic("gate"),
     ]
     assert plans[changelog_topic("gate", "a")].partitions == 3  # one per input partition
     assert plans[changelog_topic("gate", "b")].partitions is None  # b's count not known yet
     assert plans[requests_topic("gate")].partitions == plans[keys_topic("gate")].partitions == 4
+    pending = plans["tool-calls.pending-approval"]
+    assert pending.partitions == plans[approvals_topic("gate")].partitions == 5
     compacted = {name for name, p in plans.items() if p.compacted}
     assert compacted == {
         changelog_topic("gate", "a"),
         changelog_topic("gate", "b"),
         keys_topic("gate"),
+        approvals_topic("gate"),
     }
     assert {p.role for p in plans.values() if p.created_by_worker} == {
         Role.CHANGELOG,
         Role.REQUESTS,
         Role.KEYS,
+        Role.PENDING,
+        Role.APPROVALS,
     }
 
 

@@ -40,6 +40,7 @@ def config_for(bootstrap: str) -> dict[str, Any]:
             "accepted": f"ok-{run}",
             "rejected": f"no-{run}",
             "incomplete": f"part-{run}",
+            "pending_approval": f"pending-{run}",
         },
         "idempotency": {"partitions": 3},
     }
@@ -77,14 +78,13 @@ def test_create_makes_every_topic_as_planned_and_check_passes(apache_kafka: Apac
     settings = Settings.model_validate(config)
     before = topics(config, "check")
     assert before.returncode == 1, before.stdout + before.stderr
-    assert (
-        before.stdout.count("- missing: ") == 7
-    )  # 1 input, 3 outcomes, 1 changelog, 2 idempotency
+    # 1 input, 3 outcomes, 1 changelog, 2 idempotency, 2 approval
+    assert before.stdout.count("- missing: ") == 9
 
     made = topics(config, "create", "--input-partitions", "4")
     assert made.returncode == 0, made.stdout + made.stderr
-    assert made.stdout.count("created ") == 7
-    assert f"all 7 topics serve group {settings.kafka.group_id}" in made.stdout
+    assert made.stdout.count("created ") == 9
+    assert f"all 9 topics serve group {settings.kafka.group_id}" in made.stdout
 
     async def read_back() -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
         kafka = Kafka(settings)
@@ -107,7 +107,7 @@ def test_create_makes_every_topic_as_planned_and_check_passes(apache_kafka: Apac
 
     again = topics(config, "check")
     assert again.returncode == 0, again.stdout
-    assert again.stdout.count("\nok ") + again.stdout.startswith("ok ") == 7
+    assert again.stdout.count("\nok ") + again.stdout.startswith("ok ") == 9
     # a second create makes nothing and still passes
     twice = topics(config, "create")
     assert twice.returncode == 0, twice.stdout + twice.stderr
@@ -144,12 +144,12 @@ def test_check_names_each_way_a_topic_cannot_serve(apache_kafka: ApacheKafka) ->
         assert len(block) == 2, (topic, report)
         assert words in block[1].split("\nok ")[0].split("\nPROBLEM ")[0], (topic, report)
     assert f"ok       {requests_topic(group)}" in report
-    assert "5 of 7 topics cannot serve" in report
+    assert "7 of 9 topics cannot serve" in report  # the approval topics missing too
     # create makes the missing one and leaves the others as they are: still failing
     fixed_one = topics(config, "create")
     assert fixed_one.returncode == 1
     assert f"created  {names['incomplete']}" in fixed_one.stdout
-    assert "4 of 7 topics cannot serve" in fixed_one.stdout
+    assert "4 of 9 topics cannot serve" in fixed_one.stdout
 
 
 def test_keys_must_have_as_many_partitions_as_their_requests(apache_kafka: ApacheKafka) -> None:

@@ -1375,7 +1375,9 @@ async def test_ready_while_fetches_are_answered_and_writes_acknowledged_within_t
     fake = consumer(worker)
     fake.wall = lambda: now[0]
     await run_until_idle(worker, broker)
-    assert worker.readiness() == (True, f"consuming {PARTITIONS + 2} partitions")
+    # the input's, the idempotency requests' and the pending-approval topic's partitions
+    owned = PARTITIONS + settings.idempotency.partitions + settings.approval.partitions
+    assert worker.readiness() == (True, f"consuming {owned} partitions")
     # the broker stops answering fetches: ready until the bound is passed
     fake.unanswered = True
     now[0] += 3
@@ -1385,7 +1387,7 @@ async def test_ready_while_fetches_are_answered_and_writes_acknowledged_within_t
     await worker.step()
     ready, reason = worker.readiness()
     assert not ready
-    assert reason.startswith(f"no fetch answered within 5 s for {PARTITIONS + 2} of")
+    assert reason.startswith(f"no fetch answered within 5 s for {owned} of")
     assert f"{INPUT}[0]" in reason
     fake.unanswered = False
     await worker.step()

@@ -332,7 +332,9 @@ async def test_a_pattern_that_matches_the_outcome_and_internal_topics_reads_only
         assigned = {topic for topic, _ in worker.assignment}
     finally:
         await worker.close()
-    assert assigned == {run.input, f"{run.group}-idempotency-requests"}
+    # and the topics whose partitions the group owns: the requests, the pending approvals
+    owned = {f"{run.group}-idempotency-requests", settings.topics.pending_approval}
+    assert assigned == {run.input, *owned}
     assert (worker.stats.records, worker.stats.events) == (12, 6)
     grouped = by_call(await run.events())
     assert sorted(grouped) == sorted(f"c{i}" for i in range(6))

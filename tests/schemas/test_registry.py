@@ -48,7 +48,12 @@ def shipped(request: pytest.FixtureRequest) -> SchemaRegistry:
 
 
 def test_the_shipped_contracts_load_with_their_names(shipped: SchemaRegistry) -> None:
-    assert shipped.tool_names() == {"get_weather", "create_payment", "weather.get_weather_data"}
+    assert shipped.tool_names() == {
+        "get_weather",
+        "create_payment",
+        "refund_payment",
+        "weather.get_weather_data",
+    }
     assert contract(shipped, "get_weather").ref.version == "2"  # newest without a version
     assert contract(shipped, "weather.get_weather", "v1").ref.version == "1"
     assert contract(shipped, "mcp.weather.get_weather_data").tool == "weather.get_weather_data"
@@ -112,8 +117,10 @@ def test_every_violation_is_reported_and_none_quotes_the_instance(shipped: Schem
 def test_payment_metadata_comes_from_x_callgate(shipped: SchemaRegistry) -> None:
     meta = contract(shipped, "create_payment").meta
     assert meta.side_effects
-    assert meta.requires_approval
+    assert not meta.requires_approval
     assert meta.idempotency is IdempotencyPolicy.REQUIRED
+    refund = contract(shipped, "refund_payment").meta
+    assert (refund.side_effects, refund.requires_approval) == (True, True)
     assert not contract(shipped, "get_weather").meta.side_effects
 
 

@@ -109,6 +109,8 @@ PRODUCERS: tuple[Producer, ...] = (
     Producer("worker.core.events", "idempotency_rejection", _first_is_event),
     # every tool result an executor writes
     Producer("callgate_executor.contract", "encode_result", _tool_result),
+    # a call held for approval (the approval owner's own events are checked by its tests)
+    Producer("worker.core.approval", "pending_event", _first_is_event),
 )
 
 _installed = False

@@ -66,6 +66,9 @@ _INSTRUCTIONS: Mapping[Code, str] = {
     "enabled.",
     Code.UNSUPPORTED_CALL_KIND: "This kind of tool call cannot pass the gate: no contract "
     "judges it. Use a function tool.",
+    Code.APPROVAL_DENIED: "A person denied this call; do not send it again.",
+    Code.APPROVAL_EXPIRED: "Nobody approved this call in time; ask the user before sending it "
+    "again.",
     Code.UNAUTHORIZED: "This call is not permitted. Do not retry it; tell the user it could not "
     "be made.",
 }

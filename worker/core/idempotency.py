@@ -30,6 +30,7 @@ from enum import StrEnum
 
 import orjson
 
+from worker.core.approval import pending_event
 from worker.core.events import idempotency_rejection, key_rejection, read_idempotency_request
 from worker.model import Code, Outcome, SchemaRef, Verdict
 
@@ -134,7 +135,9 @@ def rejection_code(decision: Decision) -> Code | None:
 
 @dataclass(frozen=True, slots=True)
 class Resolution:
-    """What the owner of a key emits for one request: the event, and the changes to write."""
+    """What the owner of a key emits for one request: the event, and the changes to write. An
+    accepted call whose contract requires approval is its pending event (`pending`), for the
+    pending-approval topic."""
 
     decision: Decision
     event: bytes
@@ -145,6 +148,8 @@ class Resolution:
     tool: str | None
     schema: SchemaRef | None
     changes: list[Change]
+    event_id: str = ""
+    pending: bool = False
 
 
 def resolve(
@@ -154,11 +159,24 @@ def resolve(
     found = read_idempotency_request(request)
     decision, record, changes = store.decide(found.key, found.digest, found.event_id, at_ms)
     event, outcome, code = found.event, Outcome.ACCEPTED, rejection_code(decision)
+    pending = False
     if code is not None:
         event, _ = idempotency_rejection(found.event, code, record.event_id, max_feedback_bytes)
         outcome = Outcome.REJECTED
+    elif orjson.loads(event).get("requires_approval") is True:
+        event, _ = pending_event(event)
+        pending = True
     return Resolution(
-        decision, event, outcome, code, found.call_id, found.tool, found.schema, changes
+        decision,
+        event,
+        outcome,
+        code,
+        found.call_id,
+        found.tool,
+        found.schema,
+        changes,
+        found.event_id,
+        pending,
     )
 
 

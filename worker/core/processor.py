@@ -9,6 +9,12 @@ reads a clock, a file or a setting, or does I/O.
 A partition's state (open calls and vendor streams) is written with `checkpoint` and rebuilt
 with `restore`; the runtime decides when, and where it is kept.
 
+A call the gate accepts whose contract requires approval is never an accepted event: it becomes
+its `pending_approval` event (`worker.core.approval`), routed to the pending-approval topic
+keyed by its event id (a keyed call goes to its key's owner first, which holds it the same way
+once its key is decided). One whose event could not take an approval's record once approved is
+an `event_too_large` rejection here.
+
 With a `shadow` gate (candidate contracts), every call is judged by it too and its emission
 carries the `Comparison` (`worker.core.flips`); the verdict, the event and where it goes are the
 main gate's alone.
@@ -26,6 +32,7 @@ import orjson
 
 from worker._native import AssembledCall, Assembler
 from worker.adapters.decoder import Decoder
+from worker.core.approval import APPROVAL_RESERVE, PENDING_OUTCOME, pending_event
 from worker.core.events import (
     Headers,
     encode_written,
@@ -43,12 +50,14 @@ log = logging.getLogger("callgate.processor")
 
 
 class Route(StrEnum):
-    """Where an emission goes: an outcome topic, or the owner of its idempotency key."""
+    """Where an emission goes: an outcome topic, the owner of its idempotency key, or the
+    pending-approval topic."""
 
     ACCEPTED = "accepted"
     REJECTED = "rejected"
     INCOMPLETE = "incomplete"
     IDEMPOTENCY = "idempotency"
+    PENDING_APPROVAL = "pending_approval"
 
 
 _ROUTES = {
@@ -121,6 +130,15 @@ class Processor:
             value, verdict = encode_written(
                 call, judged, limits.max_event_bytes, limits.max_feedback_bytes
             )
+            held = verdict.outcome is Outcome.ACCEPTED and verdict.requires_approval
+            if held and len(value) + APPROVAL_RESERVE > limits.max_event_bytes:
+                detail = f"the event with its approval would exceed {limits.max_event_bytes} bytes"
+                too_large = substitute_rejection(
+                    verdict, Code.EVENT_TOO_LARGE, detail, limits.max_feedback_bytes
+                )
+                value, verdict = encode_written(
+                    call, too_large, limits.max_event_bytes, limits.max_feedback_bytes
+                )
         except Exception:
             log.exception(
                 "internal error writing the event of call %r of stream %r (event %s)",
@@ -145,6 +163,11 @@ class Processor:
             key = verdict.idempotency_key.encode()
             return Emission(Route.IDEMPOTENCY, key, request, [], call, verdict, shadow)
         version = schema.version if schema is not None else None
+        if verdict.outcome is Outcome.ACCEPTED and verdict.requires_approval:
+            pending, _ = pending_event(value)
+            headers = record_headers(PENDING_OUTCOME, call.tool, version)
+            key = call.event_id.encode()
+            return Emission(Route.PENDING_APPROVAL, key, pending, headers, call, verdict, shadow)
         headers = record_headers(verdict.outcome, call.tool, version)
         route = _ROUTES[verdict.outcome]
         return Emission(route, record_key(call), value, headers, call, verdict, shadow)

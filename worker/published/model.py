@@ -182,12 +182,22 @@ class Decision(StrEnum):
     EXPIRE = "expire"
 
 
+class Refused(_Record):
+    """Why callgate refused a decision (`worker.core.approval.Refusal`; an open set)."""
+
+    code: str
+    message: str
+
+
 class ApprovalDecision(_Record):
+    """A decision on a call pending approval; with `refused`, callgate's refusal of one."""
+
     event_id: str
     fingerprint: str
     decision: Decision
     by: str
     reason: str | None = None
+    refused: Refused | None = None
 
 
 class ResultStatus(StrEnum):
@@ -237,6 +247,7 @@ __all__ = [
     "Metrics",
     "OutcomeEvent",
     "PendingApproval",
+    "Refused",
     "Rejected",
     "Repair",
     "ResultError",

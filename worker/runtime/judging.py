@@ -2,10 +2,13 @@
 
 Each input partition's records are fed to the processor (`worker.core.processor`); every call
 they close becomes one record: its outcome event, or (a call with an idempotency key that passed
-every other phase) a request to the owner of its key. Each idempotency-requests partition's
-records are decided by its owner (`worker.runtime.keys`) into outcome events and key-store
-changes. The records go to the delivery (`worker.runtime.delivery`) as they are made, each with
-its `Origin`; the metrics are updated from the outcomes here, once per call.
+every other phase) a request to the owner of its key, or (a call whose contract requires
+approval) its pending event. Each idempotency-requests partition's records are decided by its
+owner (`worker.runtime.keys`) into outcome events (or pending events) and key-store changes; each
+pending-approval partition's records are taken by its owner (`worker.runtime.approvals`): pending
+calls held, decisions ruled on into outcome events, refusal records and store changes. The
+records go to the delivery (`worker.runtime.delivery`) as they are made, each with its
+`Origin`; the metrics are updated from the outcomes here, once per call.
 
 A record a topic refuses for good is replaced by a bounded rejection naming the error
 (`substitute`, which keeps the record's `traceparent` header), written to the rejected topic; one
@@ -25,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
+from worker.core.approval import PENDING_OUTCOME, RECORD_HEADER, REFUSAL_RECORD, Ruling
 from worker.core.events import TRACEPARENT, Headers, encode, record_headers, substitute_rejection
 from worker.core.processor import Emission, Processor, Route
 from worker.metrics import Metrics
 from worker.model import Code, Outcome, Phase
+from worker.runtime.approvals import ApprovalOwners
 from worker.runtime.delivery import Judged, Kind, Origin, Partition, Stats
 from worker.runtime.keys import KeyOwners
 from worker.runtime.outbox import Record
@@ -51,13 +56,17 @@ class Judge:
         metrics: Metrics,
         stats: Stats,
         *,
+        approvals: ApprovalOwners,
         requests_topic: str,
         keys_topic: str,
         tracing: CallTracing | None = None,
+        approvals_topic: str,
     ) -> None:
         self._processor = processor
         self._tracing = tracing
         self._owners = owners
+        self._approvals = approvals
+        self._approvals_topic = approvals_topic
         self._metrics = metrics
         self._stats = stats
         self._limits = settings.limits
@@ -70,7 +79,9 @@ class Judge:
             Route.REJECTED: topics.rejected,
             Route.INCOMPLETE: topics.incomplete,
             Route.IDEMPOTENCY: requests_topic,
+            Route.PENDING_APPROVAL: topics.pending_approval,
         }
+        self._pending = topics.pending_approval
         self._dropped = (0, 0)  # the reassembler's dropped-chunk counts already reported
         self._shadow_topic = settings.shadow.topic
 
@@ -90,6 +101,9 @@ class Judge:
             judged.offsets[where] = fetched[-1].offset + 1
             if tp.topic == self._requests:
                 judged.records[where] = self._decide_keys(judged.id, tp.partition, fetched, add)
+                continue
+            if tp.topic == self._pending:
+                judged.records[where] = self._take_approvals(judged.id, tp.partition, fetched, add)
                 continue
             judged.records[where] = self._feed(judged.id, where, fetched, add)
         assembler = self._processor.assembler
@@ -199,14 +213,19 @@ class Judge:
             resolution = decided.resolution
             schema = resolution.schema
             version = schema.version if schema is not None else None
-            headers = record_headers(resolution.outcome, resolution.tool, version)
+            if resolution.pending:  # held for approval, keyed by its event id
+                headers = record_headers(PENDING_OUTCOME, resolution.tool, version)
+                topic, key = self._pending, resolution.event_id.encode()
+            else:
+                headers = record_headers(resolution.outcome, resolution.tool, version)
+                topic, key = self._topic_of[resolution.outcome], resolution.call_id.encode()
             if self._tracing is not None:
                 headers = self._tracing.decided(resolution, decided.request, headers)
             add(
                 Record(
                     round_id,
-                    self._topic_of[resolution.outcome],
-                    resolution.call_id.encode(),
+                    topic,
+                    key,
                     resolution.event,
                     headers,
                     None,
@@ -218,13 +237,86 @@ class Judge:
                 add(Record(round_id, self._keys, key, value, [], partition, origin))
             count += 1 + len(decided.changes)
             self._metrics.idempotency_decision(resolution.decision)
-            self._metrics.decided(
-                resolution.outcome,
-                resolution.tool,
-                Phase.IDEMPOTENCY if resolution.code is not None else None,
-                resolution.code,
-            )
+            if not resolution.pending:  # a call held for approval is counted once decided
+                self._metrics.decided(
+                    resolution.outcome,
+                    resolution.tool,
+                    Phase.IDEMPOTENCY if resolution.code is not None else None,
+                    resolution.code,
+                )
         self._metrics.set_idempotency_keys(len(self._owners))
+        return count
+
+    def _take_approvals(
+        self, round_id: int, partition: int, fetched: list[Any], add: Callable[[Record], None]
+    ) -> int:
+        """The owner's rulings on a pending-approval partition's records: outcome events of
+        calls decided, refusal records, store changes."""
+        where = (self._pending, partition)
+        count = 0
+        for taken in self._approvals.take(partition, fetched):
+            ruled = taken.ruled
+            if ruled is None:
+                self._metrics.approval("held")
+            else:
+                version = ruled.schema.version if ruled.schema is not None else None
+                if ruled.event is not None and ruled.outcome is not None:
+                    assert ruled.call_id is not None
+                    add(
+                        Record(
+                            round_id,
+                            self._topic_of[ruled.outcome],
+                            ruled.call_id.encode(),
+                            ruled.event,
+                            record_headers(ruled.outcome, ruled.tool, version),
+                            None,
+                            Origin(Kind.OUTPUT, where),
+                        )
+                    )
+                    count += 1
+                    self._metrics.decided(
+                        ruled.outcome,
+                        ruled.tool,
+                        Phase.APPROVAL if ruled.code is not None else None,
+                        ruled.code,
+                    )
+                if ruled.refusal_record is not None:
+                    key = ruled.event_id.encode() if ruled.event_id is not None else None
+                    refused = [(RECORD_HEADER, REFUSAL_RECORD.encode())]
+                    add(
+                        Record(
+                            round_id,
+                            self._pending,
+                            key,
+                            ruled.refusal_record,
+                            refused,
+                            partition,
+                            Origin(Kind.OUTPUT, where),
+                        )
+                    )
+                    count += 1
+                    log.warning(
+                        "%s[%d]: a decision on %s refused: %s",
+                        self._pending,
+                        partition,
+                        ruled.event_id,
+                        ruled.refusal,
+                    )
+                if ruled.detail is not None:
+                    log.error(
+                        "%s[%d]: a record that is no approval decision: %s",
+                        self._pending,
+                        partition,
+                        ruled.detail,
+                    )
+                self._metrics.approval(ruled.ruling.value)
+                if ruled.refusal is not None and ruled.ruling is not Ruling.REFUSED:
+                    self._metrics.approval(Ruling.REFUSED.value)
+            for key, value in taken.changes:
+                origin = Origin(Kind.KEY_CHANGE, where)
+                add(Record(round_id, self._approvals_topic, key, value, [], partition, origin))
+            count += len(taken.changes)
+        self._metrics.set_pending_approvals(len(self._approvals))
         return count
 
     def substitute(self, record: Record, error: KafkaError) -> Record | None:

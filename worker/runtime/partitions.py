@@ -9,17 +9,19 @@ the group assigns it again.
 
 Every input topic has a compacted changelog with a partition for each of the input's
 (`worker.runtime.topics`); the idempotency requests have the compacted key store
-`<group>-idempotency-keys`. Named inputs get their changelog at start; those an input pattern
+`<group>-idempotency-keys`, the pending-approval topic the compacted approvals store
+`<group>-approvals`. Named inputs get their changelog at start; those an input pattern
 matches, when first assigned, and again when a partition beyond their changelog's is (the input
 grew). Each state topic is watched from then on (`worker.runtime.topic_watch`: a state topic
 deleted stops the worker).
 
 `restore` reads the state of partitions assigned: an input partition's checkpoint (the chain of
 frames its owners wrote, `worker.runtime.checkpoints`) goes back into the processor, and the
-partition resumes right after the offset it reflects; an idempotency partition's store is
-rebuilt from its changelog, and resumes at its committed offset. A state that cannot be read
-stops the worker rather than have it judge without it. `checkpoint` writes the next frame of an
-input partition's state, under the writer id its owner drew when it restored it.
+partition resumes right after the offset it reflects; an idempotency or pending-approval
+partition's store is rebuilt from its changelog, and resumes at its committed offset. A state
+that cannot be read stops the worker rather than have it judge without it. `checkpoint` writes
+the next frame of an input partition's state, under the writer id its owner drew when it
+restored it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from aiokafka.errors import KafkaError
 from worker.core.processor import Processor
 from worker.errors import BrokerError, ConfigError, InfrastructureError, StateError
 from worker.metrics import Metrics
+from worker.runtime.approvals import ApprovalOwners
 from worker.runtime.checkpoints import ChangelogRecord, Writer, new_writer_id, restore
 from worker.runtime.delivery import Delivery, Lost, Partition
 from worker.runtime.fetcher import Fetcher
@@ -55,15 +58,25 @@ class State:
         topics: TopicWatch,
         metrics: Metrics,
         *,
+        approvals: ApprovalOwners,
         group: str,
         requests_topic: str,
         keys_topic: str,
         idempotency_partitions: int,
+        pending_topic: str,
+        approvals_topic: str,
+        approval_partitions: int,
         checkpoint_record_bytes: int,
     ) -> None:
         self._kafka = kafka
         self._processor = processor
         self._owners = owners
+        self._approvals = approvals
+        self._pending = pending_topic
+        self._approvals_topic = approvals_topic
+        self._approval_partitions = approval_partitions
+        #: the topics whose partitions have a store (not a checkpoint), and its changelog
+        self._stored = {requests_topic: keys_topic, pending_topic: approvals_topic}
         self._topics = topics
         self._metrics = metrics
         self._group = group
@@ -76,19 +89,23 @@ class State:
         #: each owned input partition's checkpoint writer
         self._writers: dict[Partition, Writer] = {}
         # the state topics: the keys', and each input's changelog once made sure of
-        topics.watch_state([keys_topic])
+        topics.watch_state([keys_topic, approvals_topic])
 
     def changelog(self, topic: str) -> str:
         """The changelog topic of an input topic."""
         return changelog_topic(self._group, topic)
 
     async def prepare(self, inputs: Iterable[str]) -> None:
-        """The idempotency topics, and the changelogs of the inputs named, made sure of."""
+        """The idempotency and approval topics, and the changelogs of the inputs named, made
+        sure of."""
         partitions = self._idempotency_partitions
+        approval = self._approval_partitions
         await self._kafka.ensure_topics(
             [
                 TopicSpec(self._requests, partitions, compacted=False),
                 TopicSpec(self._keys, partitions, compacted=True),
+                TopicSpec(self._pending, approval, compacted=False),
+                TopicSpec(self._approvals_topic, approval, compacted=True),
             ]
         )
         await self._ensure_changelogs(dict.fromkeys(inputs, 0))
@@ -120,11 +137,10 @@ class State:
         unprepared: dict[str, int] = {}  # input topic -> partitions its assignment shows
         for topic, partition in assigned:
             made = self._changelog_partitions.get(topic, 0)
-            if topic != self._requests and partition >= made:
+            if topic not in self._stored and partition >= made:
                 unprepared[topic] = max(unprepared.get(topic, 0), partition + 1)
         state_of = {
-            where: self._keys if where[0] == self._requests else self.changelog(where[0])
-            for where in assigned
+            where: self._stored.get(where[0]) or self.changelog(where[0]) for where in assigned
         }
         try:
             if unprepared:
@@ -137,6 +153,9 @@ class State:
                 records = logs.get((state_of[where], where[1]), [])
                 if where[0] == self._requests:
                     self._owners.restore(where[1], records)
+                    resume[where] = None
+                elif where[0] == self._pending:
+                    self._approvals.restore(where[1], records)
                     resume[where] = None
                 else:
                     resume[where] = self._restore_input(where, records)
@@ -157,6 +176,7 @@ class State:
                 "stops rather than judge their calls without it"
             ) from exc
         self._metrics.set_idempotency_keys(len(self._owners))
+        self._metrics.set_pending_approvals(len(self._approvals))
         return resume
 
     def _restore_input(self, where: Partition, records: list[Any]) -> int | None:
@@ -192,8 +212,9 @@ class State:
         return writer.frame(body, full=full, offset=offset), offset
 
     def is_input(self, where: Partition) -> bool:
-        """Whether the partition is an input's (else the idempotency requests')."""
-        return where[0] != self._requests
+        """Whether the partition is an input's (else the idempotency requests' or the
+        pending-approval topic's)."""
+        return where[0] not in self._stored
 
     def tombstones(self, where: Partition) -> list[ChangelogRecord]:
         """Once the partition's newest full frame is acknowledged: the older keys to delete."""
@@ -205,11 +226,14 @@ class State:
         for topic, partition in partitions:
             if topic == self._requests:
                 self._owners.drop(partition)
+            elif topic == self._pending:
+                self._approvals.drop(partition)
             else:
                 self._processor.drop(topic, partition)
                 self._writers.pop((topic, partition), None)
             self._metrics.forget_partition(topic, partition)
         self._metrics.set_idempotency_keys(len(self._owners))
+        self._metrics.set_pending_approvals(len(self._approvals))
 
 
 class Assignment:

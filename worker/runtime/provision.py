@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from worker.errors import BrokerError
-from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
+from worker.runtime.topics import approvals_topic, changelog_topic, keys_topic, requests_topic
 from worker.settings import LimitSettings, Settings
 
 
@@ -31,6 +31,8 @@ class Role(StrEnum):
     CHANGELOG = "changelog"
     REQUESTS = "idempotency requests"
     KEYS = "idempotency keys"
+    PENDING = "pending approval"
+    APPROVALS = "approvals"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +50,13 @@ class TopicPlan:
     @property
     def created_by_worker(self) -> bool:
         """The group's own topics: a worker makes them when missing; the others must exist."""
-        return self.role in (Role.CHANGELOG, Role.REQUESTS, Role.KEYS)
+        return self.role in (
+            Role.CHANGELOG,
+            Role.REQUESTS,
+            Role.KEYS,
+            Role.PENDING,
+            Role.APPROVALS,
+        )
 
 
 def record_overhead(limits: LimitSettings) -> int:
@@ -69,7 +77,7 @@ def record_overhead(limits: LimitSettings) -> int:
 def plan(settings: Settings, input_partitions: dict[str, int]) -> list[TopicPlan]:
     """The topics of the group: the inputs named (with the partitions given for each), the
     outcome topics (and the shadow topic), each input's changelog (as many partitions), the
-    idempotency topics."""
+    idempotency topics, the pending-approval topic and its changelog."""
     group = settings.kafka.group_id
     batch = settings.kafka.max_batch_bytes
     overhead = record_overhead(settings.limits)
@@ -90,6 +98,12 @@ def plan(settings: Settings, input_partitions: dict[str, int]) -> list[TopicPlan
     partitions = settings.idempotency.partitions
     plans.append(TopicPlan(requests_topic(group), Role.REQUESTS, partitions, False, event))
     plans.append(TopicPlan(keys_topic(group), Role.KEYS, partitions, True, batch))
+    approval = settings.approval.partitions
+    pending = settings.topics.pending_approval
+    plans.append(TopicPlan(pending, Role.PENDING, approval, False, event))
+    # a held call's changelog record holds its pending event and a little more
+    held = max(batch, settings.limits.max_event_bytes + 2 * overhead)
+    plans.append(TopicPlan(approvals_topic(group), Role.APPROVALS, approval, True, held))
     return plans
 
 
@@ -138,6 +152,7 @@ def grants(settings: Settings) -> list[Grant]:
         for name, why in (
             (requests_topic(group), "keyed calls waiting for their key's owner"),
             (keys_topic(group), "the keys each owner remembers"),
+            (approvals_topic(group), "the calls each approval owner holds and decided"),
         ):
             found.append(
                 Grant(
@@ -148,6 +163,16 @@ def grants(settings: Settings) -> list[Grant]:
                     f"{why}: read, write, create when missing, check cleanup.policy",
                 )
             )
+    found.append(
+        Grant(
+            "topic",
+            topics.pending_approval,
+            False,
+            ("Read", "Write", "Create", "DescribeConfigs"),
+            "calls pending approval and the decisions on them: write pending events, expire "
+            "decisions and refusals, read decisions, create when missing, check cleanup.policy",
+        )
+    )
     for name in dict.fromkeys((topics.accepted, topics.rejected, topics.incomplete)):
         found.append(Grant("topic", name, False, ("Write",), "write outcome events"))
     if settings.shadow.topic is not None:

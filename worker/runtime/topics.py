@@ -6,6 +6,9 @@
 - `<group>-idempotency-requests`: accepted calls waiting for their key's owner, keyed by the
   idempotency key; and `<group>-idempotency-keys`, compacted, co-partitioned with it: what each
   owner remembers.
+- the pending-approval topic (named in the settings: people write their decisions to it), keyed
+  by event id, read by the group like the requests; and `<group>-approvals`, compacted,
+  co-partitioned with it: the calls each owner holds and decided.
 
 A derived name longer than Kafka allows (249 characters) keeps its head and gets a digest.
 """
@@ -87,6 +90,10 @@ def keys_topic(group_id: str) -> str:
     return _bounded(f"{group_id}-idempotency-keys")
 
 
+def approvals_topic(group_id: str) -> str:
+    return _bounded(f"{group_id}-approvals")
+
+
 def never_input(group_id: str, outcome_topics: Iterable[str]) -> str:
     """A regex of the topics that are never input: the outcome topics and the group's own
     (read back, each event would be judged again and make another, for ever)."""
@@ -94,15 +101,25 @@ def never_input(group_id: str, outcome_topics: Iterable[str]) -> str:
     # a changelog's name, or its bounded form (head, dash, 16 hex digits, 249 in all)
     head = MAX_TOPIC_NAME - len(f"{group_id}-") - 17
     changelog = f"{group}.*-changelog" + (f"|{group}.{{{head}}}-[0-9a-f]{{16}}" if head > 0 else "")
-    exact = [*outcome_topics, requests_topic(group_id), keys_topic(group_id)]
+    exact = [
+        *outcome_topics,
+        requests_topic(group_id),
+        keys_topic(group_id),
+        approvals_topic(group_id),
+    ]
     return "|".join([*(re.escape(topic) for topic in sorted(exact)), changelog])
 
 
-def input_subscription(pattern: str, group_id: str, outcome_topics: Iterable[str]) -> str:
+def input_subscription(
+    pattern: str, group_id: str, outcome_topics: Iterable[str], owned: Iterable[str]
+) -> str:
     """The group consumer's subscription for an input pattern: the topics it matches but those
-    `never_input`, and the group's requests topic."""
-    never = never_input(group_id, outcome_topics)
-    return f"^(?!(?:{never})$)(?:{pattern})|^{re.escape(requests_topic(group_id))}$"
+    `never_input` (`outcome_topics` among them), and the topics whose partitions the group owns
+    (`owned`: the requests topic, the pending-approval topic)."""
+    owned = list(owned)
+    never = never_input(group_id, [*outcome_topics, *owned])
+    exact = "|".join(f"^{re.escape(topic)}$" for topic in owned)
+    return f"^(?!(?:{never})$)(?:{pattern})|{exact}"
 
 
 def state_topics_deleted(topics: Iterable[str]) -> StateError:

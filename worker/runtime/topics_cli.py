@@ -7,9 +7,10 @@
   names no topic: the changelogs of the topics it matches are made by the workers.
 - `check` verifies, without changing anything, every topic the settings need: present; as many
   partitions as the worker needs (a changelog as many as its input, the idempotency keys as many
-  as their requests); replicas; compacted where it holds state and never where a key may repeat
-  (a compacted outcome or requests topic would drop an event or a call sharing its key); a
-  `max.message.bytes` that takes the largest batch the worker writes there.
+  as their requests, the approvals as many as the pending-approval topic); replicas; compacted
+  where it holds state and never where a key may repeat (a compacted outcome, requests or
+  pending-approval topic would drop an event or a call sharing its key); a `max.message.bytes`
+  that takes the largest batch the worker writes there.
 - `acls` prints the least privileges of the worker's principal as `kafka-acls.sh` commands.
 
 Exit status: 0 every topic serves; 1 a topic is missing or cannot serve (each named, with what
@@ -75,6 +76,8 @@ def _judge(state: TopicState, settings: Settings, plans: dict[Role, list[TopicSt
         why = {
             Role.CHANGELOG: "one per input partition",
             Role.INPUT: "as --input-partitions asks",
+            Role.PENDING: "CALLGATE_APPROVAL__PARTITIONS",
+            Role.APPROVALS: "CALLGATE_APPROVAL__PARTITIONS",
         }.get(wanted.role, "CALLGATE_IDEMPOTENCY__PARTITIONS")
         state.problems.append(f"{layout.partitions} partitions; needs {wanted.partitions} ({why})")
     if wanted.role is Role.KEYS:
@@ -83,6 +86,14 @@ def _judge(state: TopicState, settings: Settings, plans: dict[Role, list[TopicSt
             state.problems.append(
                 f"{layout.partitions} partitions, fewer than the idempotency requests' "
                 f"{requests[0].partitions}: each requests partition keeps its keys in the "
+                "partition of the same number"
+            )
+    if wanted.role is Role.APPROVALS:
+        pending = [s.layout for s in plans[Role.PENDING] if s.layout is not None]
+        if pending and layout.partitions < pending[0].partitions:
+            state.problems.append(
+                f"{layout.partitions} partitions, fewer than the pending-approval topic's "
+                f"{pending[0].partitions}: each of its partitions keeps its calls in the "
                 "partition of the same number"
             )
     replicas = settings.topics.replication_factor
@@ -98,7 +109,8 @@ def _judge(state: TopicState, settings: Settings, plans: dict[Role, list[TopicSt
     elif wanted.role is not Role.INPUT and "compact" in config.get("cleanup.policy", ""):
         state.problems.append(
             f"cleanup.policy={config['cleanup.policy']}: compaction keeps one record per key, "
-            "and records of this topic may share a key (a call id, an idempotency key): it "
+            "and records of this topic may share a key (a call id, an idempotency key, an "
+            "event id): it "
             "must be delete"
         )
     limit = config.get("max.message.bytes")

@@ -18,6 +18,11 @@ offsets committed, its state dropped; an assigned partition's state is restored 
 resumes where that state ends. Written topics are checked (`topic_watch`): a deleted outcome
 topic rewinds every partition to its checkpoint and is waited for, a deleted state topic stops
 the worker.
+
+Calls pending approval: the group reads the pending-approval topic like the idempotency requests
+(`worker.runtime.approvals`), and the worker's wall clock (never the core's) says when a held
+call's expiry has passed: it then writes an `expire` decision for it to that topic, which the
+call's owner rules on by the decision's record time (`worker.core.approval`).
 """
 
 from __future__ import annotations
@@ -27,15 +32,18 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import GroupAuthorizationFailedError, KafkaError, OffsetOutOfRangeError
 
+from worker.compose import build_approval_store
+from worker.core.approval import CALLGATE, DECISION_RECORD, RECORD_HEADER, Decision, decision_record
 from worker.core.idempotency import KeyStore
 from worker.core.processor import Processor
 from worker.errors import BrokerError, CallgateError, InfrastructureError
 from worker.metrics import Metrics
+from worker.runtime.approvals import ApprovalOwners
 from worker.runtime.at_least_once import AtLeastOnce
 from worker.runtime.broker_log import BrokerState
 from worker.runtime.delivery import Context, Delivery, Partition, Stats
@@ -49,6 +57,7 @@ from worker.runtime.partitions import Assignment, State
 from worker.runtime.provision import not_authorized
 from worker.runtime.topic_watch import TopicWatch
 from worker.runtime.topics import (
+    approvals_topic,
     input_subscription,
     keys_topic,
     requests_topic,
@@ -101,25 +110,32 @@ class Worker:
         self._wall = wall  # what the consumer stamps its fetch answers with
         self._group = settings.kafka.group_id
         self._requests = requests_topic(self._group)
+        self._pending = settings.topics.pending_approval
+        self._expiry_checked = float("-inf")
+        self._expiry_producer: Any = None
         # the topics it writes outputs to (the shadow topic too): they must exist, never input
         self._outcome_topics = frozenset(settings.written_topics)
         self._topics = TopicWatch(
             self._kafka.missing_topics,
             clock,
             settings.kafka.topic_check_interval_ms / 1000,
-            written=[*sorted(self._outcome_topics), self._requests],
+            written=[*sorted(self._outcome_topics), self._requests, self._pending],
         )
         owners = KeyOwners(self._requests, new_key_store, settings.limits.max_feedback_bytes)
+        self.approvals = ApprovalOwners(self._pending, lambda: build_approval_store(settings))
         keys = keys_topic(self._group)
+        approvals = approvals_topic(self._group)
         self._judge = Judge(
             settings,
             processor,
             owners,
             metrics,
             self.stats,
+            approvals=self.approvals,
             requests_topic=self._requests,
             keys_topic=keys,
             tracing=tracing,
+            approvals_topic=approvals,
         )
         self.state = State(
             self._kafka,
@@ -127,10 +143,14 @@ class Worker:
             owners,
             self._topics,
             metrics,
+            approvals=self.approvals,
             group=self._group,
             requests_topic=self._requests,
             keys_topic=keys,
             idempotency_partitions=settings.idempotency.partitions,
+            pending_topic=self._pending,
+            approvals_topic=approvals,
+            approval_partitions=settings.approval.partitions,
             checkpoint_record_bytes=settings.delivery.checkpoint_record_bytes,
         )
         self._fetcher: Fetcher | None = None
@@ -245,11 +265,14 @@ class Worker:
         listener = Listener(self._on_revoked, self._on_assigned)
         consumer = self.fetcher.consumer
         topics = self.settings.topics
+        owned = [self._requests, self._pending]
         if topics.input_pattern:
-            pattern = input_subscription(topics.input_pattern, self._group, self._outcome_topics)
+            pattern = input_subscription(
+                topics.input_pattern, self._group, self._outcome_topics, owned
+            )
             consumer.subscribe(pattern=pattern, listener=listener)
         else:
-            consumer.subscribe(topics=[*topics.input_topics, self._requests], listener=listener)
+            consumer.subscribe(topics=[*topics.input_topics, *owned], listener=listener)
 
     def _not_authorized(self, error: KafkaError) -> BrokerError:
         """The grant the cluster found missing, named (`provision.not_authorized`)."""
@@ -326,6 +349,12 @@ class Worker:
         fetcher, self._fetcher = self._fetcher, None
         if fetcher is not None:
             await fetcher.close(timeout_s / 2)
+        producer, self._expiry_producer = self._expiry_producer, None
+        if producer is not None:
+            try:
+                await asyncio.wait_for(producer.stop(), timeout=max(0.1, timeout_s / 2))
+            except (TimeoutError, KafkaError) as exc:
+                log.warning("closing the expiry producer: %r", exc)
 
     # -- a round -------------------------------------------------------------------------------
 
@@ -373,6 +402,7 @@ class Worker:
             if self._clock() - self._lag_reported >= LAG_INTERVAL_S:
                 self._lag_reported = self._clock()
                 await fetcher.report_lag(assignment.owned)
+        await self._ask_expiries()
 
     def _observe_progress(self) -> None:
         """What readiness is decided from (between rounds, on the loop's thread)."""
@@ -412,6 +442,33 @@ class Worker:
             waited = now - self._acked_at
             return f"{pending} records written and none acknowledged for {waited:.0f} s"
         return None
+
+    async def _ask_expiries(self) -> None:
+        """Once a second: an `expire` decision for each held call whose expiry the wall clock
+        has passed (its owner rules on it by the record's time; one lost is asked again)."""
+        now = self._clock()
+        if now - self._expiry_checked < 1.0:
+            return
+        self._expiry_checked = now
+        due = self.approvals.due(round(self._wall() * 1000), again_after_ms=30_000)
+        if not due:
+            return
+        try:
+            if self._expiry_producer is None:
+                self._expiry_producer = self._kafka.producer()
+                await self._expiry_producer.start()
+            for partition, event_id, found in due:
+                value = decision_record(event_id, found, Decision.EXPIRE, CALLGATE)
+                await self._expiry_producer.send(
+                    self._pending,
+                    value,
+                    key=event_id.encode(),
+                    partition=partition,
+                    headers=[(RECORD_HEADER, DECISION_RECORD.encode())],
+                )
+            log.info("asked to expire %d calls pending approval", len(due))
+        except KafkaError as exc:  # asked again later: the calls stay pending until then
+            log.warning("cannot write expire decisions: %r", exc)
 
     async def _apply_check(self) -> None:
         """Act on a finished check (`worker.runtime.topic_watch`). A broker may acknowledge
