@@ -67,7 +67,7 @@ bench: $(STAMP)
 FUZZ_SECONDS ?= 60
 fuzz: $(STAMP)
 	cargo +nightly fuzz --version >/dev/null 2>&1 || cargo install --locked cargo-fuzz
-	for target in parse envelope assembler; do \
+	for target in parse envelope assembler early; do \
 		cargo +nightly fuzz run --fuzz-dir native/fuzz $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 	JUDGE_SECONDS=$(FUZZ_SECONDS) $(BIN)/pytest tests/reference -q

@@ -96,6 +96,7 @@ def test_the_series_operators_query_exist() -> None:
         "callgate_rebalances_total",
         "callgate_duplicate_chunks_total",
         "callgate_late_chunks_total",
+        "callgate_early_dropped_chunks_total",
         "callgate_poison_records_total",
         "callgate_checkpoints_total",
         "callgate_checkpoint_bytes_total",

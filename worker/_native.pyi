@@ -138,6 +138,8 @@ class AssembledCall:
     call_kind: Final[str]
     caller: Final[str | None]
     double_encoded: Final[bool]
+    early: Final[EarlyRejection | None]
+    early_offset: Final[int | None]
     def __init__(
         self,
         stream_id: str,
@@ -168,6 +170,46 @@ class AssembledCall:
         caller: str | None = None,
         double_encoded: bool = False,
         principal: str | None = None,
+        early: EarlyRejection | None = None,
+        early_offset: int | None = None,
+    ) -> None: ...
+
+@final
+class EarlySchema:
+    """One contract's early rules (see native/core/src/early.rs)."""
+
+    decides_anything: Final[bool]
+    def __init__(self, schema: bytes, draft: str) -> None: ...
+
+@final
+class EarlyRules:
+    """The early rules of every (tool, version) a call may name; None: no version named."""
+
+    def __init__(
+        self, entries: Sequence[tuple[str, str | None, EarlySchema]], max_depth: int
+    ) -> None: ...
+    def agreeing(self, other: EarlyRules) -> EarlyRules: ...
+    def __len__(self) -> int: ...
+
+@final
+class EarlyRejection:
+    """Why a call was rejected before its stream ended: `kind` `schema` (`path`, `keyword`,
+    `detail` the keyword's schema value as JSON), `root` (not an object) or `json` (`keyword`
+    the parse error's code, `pointer`, `detail` its message)."""
+
+    kind: Final[str]
+    path: Final[tuple[str | int, ...]]
+    pointer: Final[str]
+    keyword: Final[str]
+    detail: Final[str | None]
+    def __init__(
+        self,
+        kind: str,
+        keyword: str,
+        *,
+        path: tuple[str | int, ...] | None = None,
+        pointer: str = "",
+        detail: str | None = None,
     ) -> None: ...
 
 @final
@@ -185,6 +227,7 @@ class Assembler:
         idle_timeout_ms: int,
         max_call_lifetime_ms: int,
         recently_closed_per_partition: int,
+        early: EarlyRules | None = None,
     ) -> None: ...
     def feed_records(
         self,
@@ -218,6 +261,8 @@ class Assembler:
     def late_chunks(self) -> int: ...
     @property
     def stale_records(self) -> int: ...
+    @property
+    def early_dropped_chunks(self) -> int: ...
 
 # -- the verdict and its outcome event (native/core/src/event.rs, native/python/src/verdict.rs) ----
 

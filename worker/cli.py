@@ -76,7 +76,7 @@ def _replay(args: argparse.Namespace) -> int:
         raise ConfigError("the range starts at --since or at --from-offset, not both")
     if args.until is not None and args.to_offset is not None:
         raise ConfigError("the range ends at --until or at --to-offset, not both")
-    processor = build_processor(settings, candidate=args.schemas)
+    processor = build_processor(settings, candidate=args.schemas, early=False)
     assert processor.shadow is not None
     replay = Replay(
         build_key_store(settings),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker._native import Assembler
+from worker._native import Assembler, EarlyRules
 from worker.adapters.decoder import Decoder
 from worker.core.approval import ApprovalStore
 from worker.core.idempotency import KeyStore
@@ -74,11 +74,27 @@ def build_gate(settings: Settings, registry: SchemaRegistry) -> Gate:
             max_depth=limits.max_depth,
             max_feedback_bytes=limits.max_feedback_bytes,
             retry_budget=settings.retry.budget,
+            violations=violation_limits(limits),
         ),
     )
 
 
-def build_assembler(settings: Settings) -> Assembler:
+def build_early_rules(
+    settings: Settings, registry: SchemaRegistry, candidate: SchemaRegistry | None = None
+) -> EarlyRules | None:
+    """The early rules of the contracts, None when early verdicts are off. With candidate
+    contracts (shadow mode), only the tools both sets decide alike keep theirs: an early
+    verdict is then the candidate's too."""
+    if not settings.assembly.early_verdict:
+        return None
+    max_depth = settings.limits.max_depth
+    rules = registry.early_rules(max_depth)
+    if candidate is not None:
+        rules = rules.agreeing(candidate.early_rules(max_depth))
+    return rules
+
+
+def build_assembler(settings: Settings, early: EarlyRules | None = None) -> Assembler:
     limits = settings.limits
     assembly = settings.assembly
     return Assembler(
@@ -90,6 +106,7 @@ def build_assembler(settings: Settings) -> Assembler:
         idle_timeout_ms=round(assembly.idle_timeout_s * 1000),
         max_call_lifetime_ms=round(assembly.max_call_lifetime_s * 1000),
         recently_closed_per_partition=limits.recently_closed_per_partition,
+        early=early,
     )
 
 
@@ -111,18 +128,28 @@ def with_contracts(settings: Settings, directory: Path) -> Settings:
 
 
 def build_processor(
-    settings: Settings, registry: SchemaRegistry | None = None, *, candidate: Path | None = None
+    settings: Settings,
+    registry: SchemaRegistry | None = None,
+    *,
+    candidate: Path | None = None,
+    early: bool = True,
 ) -> Processor:
     """The processor; with `candidate`, every call is judged under those contracts (and their
-    plugins) too, the verdicts compared on each emission (`worker.core.flips`)."""
+    plugins) too, the verdicts compared on each emission (`worker.core.flips`). `early=False`
+    waits for every call's end whatever the settings say (a replay re-judges whole calls)."""
     limits = settings.limits
     registry = registry if registry is not None else build_registry(settings)
     shadow = None
     if candidate is not None:
         candidate_settings = with_contracts(settings, candidate)
         shadow = build_gate(candidate_settings, build_registry(candidate_settings))
+    rules = None
+    if early:
+        rules = build_early_rules(
+            settings, registry, shadow.registry if shadow is not None else None
+        )
     return Processor(
-        build_assembler(settings),
+        build_assembler(settings, rules),
         build_decoder(settings),
         build_gate(settings, registry),
         EventLimits(

@@ -253,6 +253,11 @@ class Metrics:
             "eviction, a gap...).",
             registry=registry,
         )
+        self._early_dropped_chunks = Counter(
+            PREFIX + "early_dropped_chunks",
+            "Chunks dropped unread because their call was already rejected early.",
+            registry=registry,
+        )
         poison_records = Counter(
             PREFIX + "poison_records",
             "Input records that could not be read at all, by code.",
@@ -437,12 +442,14 @@ class Metrics:
     def rebalance(self) -> None:
         self._rebalances.inc()
 
-    def add_dropped_chunks(self, duplicate: int, late: int) -> None:
+    def add_dropped_chunks(self, duplicate: int, late: int, early: int = 0) -> None:
         """Chunks the reassembler dropped since the last call (a counter never goes down)."""
         if duplicate > 0:
             self._duplicate_chunks.inc(duplicate)
         if late > 0:
             self._late_chunks.inc(late)
+        if early > 0:
+            self._early_dropped_chunks.inc(early)
 
     def checkpoint(self, nbytes: int, *, full: bool) -> None:
         count, size = self._checkpoints[full]

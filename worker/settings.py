@@ -337,6 +337,11 @@ class AssemblySettings(BaseModel):
         description="a call still open this long after its first chunk (record time) is "
         "incomplete max_lifetime",
     )
+    early_verdict: bool = Field(
+        True,
+        description="reject a call as soon as the chunks read prove its contract cannot accept "
+        "it (the README lists the keywords that decide early); its later chunks are dropped",
+    )
 
 
 class IdempotencySettings(BaseModel):

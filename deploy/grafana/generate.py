@@ -316,7 +316,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Dropped chunks/s",
                 "Duplicate: retransmissions of a piece already taken (producer retries, harmless). "
                 "Late: chunks of a call that already has its verdict (after a timeout, an "
-                "eviction, a gap): the producer is slower than the idle timeout.",
+                "eviction, a gap): the producer is slower than the idle timeout. Early: chunks "
+                "of a call already rejected early, dropped unread (what early verdicts save).",
                 (
                     Query(
                         _rate("callgate_duplicate_chunks_total", BY_WORKER, "instance"),
@@ -325,6 +326,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                     Query(
                         _rate("callgate_late_chunks_total", BY_WORKER, "instance"),
                         "late {{instance}}",
+                    ),
+                    Query(
+                        _rate("callgate_early_dropped_chunks_total", BY_WORKER, "instance"),
+                        "early {{instance}}",
                     ),
                 ),
                 unit="ops",

@@ -36,7 +36,12 @@ from worker.settings import Settings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
 SETTINGS = Settings(schemas={"dir": SCHEMAS})
-GATE_LIMITS = GateLimits(max_depth=32, max_feedback_bytes=4096, retry_budget=3)
+GATE_LIMITS = GateLimits(
+    max_depth=32,
+    max_feedback_bytes=4096,
+    retry_budget=3,
+    violations=LIMITS,
+)
 REFS = [SchemaRef("weather.get_weather", "1"), SchemaRef("weather.get_weather", "2"), None]
 
 # -- generated verdicts ---------------------------------------------------------------------------

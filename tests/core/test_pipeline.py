@@ -54,6 +54,7 @@ LIMITS = GateLimits(
     max_depth=SETTINGS.limits.max_depth,
     max_feedback_bytes=SETTINGS.limits.max_feedback_bytes,
     retry_budget=SETTINGS.retry.budget,
+    violations=violation_limits(SETTINGS.limits),
 )
 WEATHER_V1 = SchemaRef("weather.get_weather", "1")
 WEATHER_V2 = SchemaRef("weather.get_weather", "2")

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from tests.adapters import streamgen
 from tests.datafiles import SCHEMAS
 from worker.check import FileRecord
-from worker.compose import build_key_store, build_processor, build_registry
+from worker.compose import build_key_store, build_processor, build_registry, violation_limits
 from worker.core.events import read_idempotency_request
 from worker.core.idempotency import Decision, KeyStore, resolve
 from worker.core.pipeline import Gate, GateLimits
@@ -424,7 +424,9 @@ def test_an_accepted_call_whose_event_cannot_be_written_is_routed_as_its_rejecti
             Gate(
                 REGISTRY,
                 chosen,
-                GateLimits(limits.max_depth, MAX_FEEDBACK, SETTINGS.retry.budget),
+                GateLimits(
+                    limits.max_depth, MAX_FEEDBACK, SETTINGS.retry.budget, violation_limits(limits)
+                ),
             ),
             EventLimits(max_event_bytes=1_500, max_feedback_bytes=MAX_FEEDBACK),
         )
@@ -458,6 +460,7 @@ ARGUMENTS = [
     '{"city":"Zürich","units":"fahrenheit","days":3}',
     '{"city":1}',
     '{"city":"Oslo",}',
+    '{"city":"Oslo","units":"kelvin","days":3}',
     '```json\n{"city":"Oslo","units":"celsius"}\n```',
     '{"deep":' + "[" * 40 + "]" * 40 + "}",
 ]

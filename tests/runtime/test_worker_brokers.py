@@ -263,6 +263,42 @@ async def test_every_call_is_judged_once_and_checkpointed(run: Run) -> None:
     assert worker.stats.commits > 0
 
 
+def doomed(seq: int, delta: str, *, final: bool = False) -> tuple[bytes, bytes]:
+    """A chunk of a get_weather v2 call whose units become `kelvin` (its enum refuses it)."""
+    body: dict[str, Any] = {"stream_id": "doomed", "call_id": "c0", "seq": seq}
+    if seq == 0:
+        body |= {"tool": "get_weather", "tool_version": "2"}
+    return b"doomed", orjson.dumps(body | {"kind": "tool_call", "delta": delta, "final": final})
+
+
+async def test_a_doomed_call_is_rejected_before_its_stream_ends_and_only_once(run: Run) -> None:
+    """The stream's first two chunks alone get the call its event; its tail, produced after
+    the worker stopped, is dropped by the worker that resumes from the checkpoint."""
+    await run.produce([doomed(0, '{"city":"Oslo",'), doomed(1, '"units":"kel')], timestamp_ms=1_000)
+    worker = worker_for(run.settings())
+    await worker.start()
+    try:
+        await run_until(worker, judged(worker, 1))
+    finally:
+        await worker.close()
+    (event,) = await run.events()
+    assert (event["outcome"], event["early"], event["early_offset"]) == ("rejected", True, 1)
+    assert [(v["path"], v["keyword"]) for v in event["violations"]] == [("/units", "enum")]
+    await run.produce([doomed(2, 'vin"'), doomed(3, "}", final=True)], timestamp_ms=1_001)
+    successor = worker_for(run.settings())
+    await successor.start()
+
+    async def tail_read() -> bool:
+        return successor.idle() and await run.input_committed()
+
+    try:
+        await run_until(successor, tail_read)
+    finally:
+        await successor.close()
+    assert await run.events() == [event]
+    assert successor.processor.assembler.early_dropped_chunks == 2
+
+
 @pytest.mark.parametrize("given_as", ["a name", "two names", "a pattern"])
 async def test_a_stopped_worker_s_open_calls_are_finished_by_the_next(
     run: Run, given_as: str

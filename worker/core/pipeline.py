@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from worker._native import AssembledCall, ParseError, depth_over, parse_json
+from worker._native import AssembledCall, EarlyRejection, ParseError, depth_over, parse_json
 from worker.core.canonical import request_digest
 from worker.core.feedback import MALFORMED_RECORD_MESSAGE, NO_ARGUMENTS, build_feedback
 from worker.core.repair import decode_double, strip_fence
@@ -56,8 +56,16 @@ from worker.model import (
     Violation,
 )
 from worker.plugins import AuthorizationContext, Plugins, RuleContext
-from worker.schemas.contract import JUDGED_BY, Contract, IdempotencyPolicy, LookupFailure
+from worker.schemas.contract import (
+    JUDGED_BY,
+    Contract,
+    IdempotencyPolicy,
+    LookupFailure,
+    ViolationLimits,
+)
+from worker.schemas.messages import describe
 from worker.schemas.registry import SchemaRegistry
+from worker.schemas.report import bounded
 
 log = logging.getLogger("callgate.gate")
 
@@ -109,6 +117,7 @@ _CHANNEL_CODES: Mapping[str, Code] = {
     ChunkKind.TEXT: Code.UNEXPECTED_CHANNEL,
 }
 _PARSE_PHASES: Mapping[str, Phase] = {Code.TOO_DEEP: Phase.LIMITS}
+ROOT_NOT_OBJECT_MESSAGE = "the arguments must be a JSON object"
 
 
 # The enum members the chain names, as module names: on Python 3.11 `Phase.LIMITS` is looked up
@@ -153,6 +162,8 @@ class GateLimits:
     max_depth: int
     max_feedback_bytes: int
     retry_budget: int
+    #: how much a violation may say (an early one is bounded as the engines bound theirs)
+    violations: ViolationLimits
 
 
 class Gate:
@@ -223,6 +234,8 @@ class Gate:
                 phases_us=phases,
             )
         bound = None  # a bound the call passed while it was assembled: judged in `limits`
+        if call.early is not None:
+            return self._early(call, call.early, phases)
         if call.assembly_error is not None:
             code = Code(call.assembly_error)
             phase = _ASSEMBLY_PHASES.get(code, _ASSEMBLY)
@@ -285,7 +298,7 @@ class Gate:
                 violation = Violation(value.path, value.code, value.message)
                 phase = _PARSE_PHASES.get(code, _JSON_PARSE)
                 return self._rejected(call, phase, code, (violation,), phases, repairs=repairs)
-            violation = Violation("", "type", "the arguments must be a JSON object")
+            violation = Violation("", "type", ROOT_NOT_OBJECT_MESSAGE)
             return self._rejected(
                 call, _JSON_PARSE, Code.ROOT_NOT_OBJECT, (violation,), phases, repairs=repairs
             )
@@ -515,6 +528,32 @@ class Gate:
             if not allows:
                 return Code.UNAUTHORIZED, Violation("", "authorizer", f"{name} refused the call")
         return None
+
+    def _early(self, call: AssembledCall, early: EarlyRejection, phases: dict[str, int]) -> Verdict:
+        """The verdict the reassembler's early judge reached: the violation said as the final
+        judgement says it (`describe`, bounded like the engines' own)."""
+        if early.kind == "root":
+            violation = Violation("", "type", ROOT_NOT_OBJECT_MESSAGE)
+            return self._rejected(call, _JSON_PARSE, Code.ROOT_NOT_OBJECT, (violation,), phases)
+        if early.kind == "json":
+            code = Code(early.keyword)
+            violation = Violation(early.pointer, early.keyword, early.detail or code.value)
+            phase = _PARSE_PHASES.get(code, _JSON_PARSE)
+            return self._rejected(call, phase, code, (violation,), phases)
+        self._phase = _SCHEMA_VALIDATION
+        contract = self.registry.resolve(call.tool, call.tool_version) if call.tool else None
+        assert isinstance(contract, Contract), "early rules exist only for a resolved contract"
+        param = orjson.loads(early.detail) if early.detail is not None else None
+        message = describe(early.keyword, param)
+        violation = bounded(list(early.path), early.keyword, message, self._limits.violations)
+        return self._rejected(
+            call,
+            _SCHEMA_VALIDATION,
+            Code.SCHEMA_VIOLATION,
+            (violation,),
+            phases,
+            contract=contract,
+        )
 
     def _judge_tool_result(
         self,

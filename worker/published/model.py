@@ -117,6 +117,10 @@ class _Event(_Record):
     call_kind: str = "function_call"
     #: who made the call when the model did not (OpenAI programmatic tool calling)
     caller: dict[str, Any] | None = None
+    #: rejected before its stream ended (its later chunks dropped unread)
+    early: bool = False
+    #: with `early`: the input offset of the record whose chunk decided
+    early_offset: int | None = None
 
     @property
     def trace(self) -> TraceContext:

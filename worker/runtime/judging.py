@@ -82,7 +82,7 @@ class Judge:
             Route.PENDING_APPROVAL: topics.pending_approval,
         }
         self._pending = topics.pending_approval
-        self._dropped = (0, 0)  # the reassembler's dropped-chunk counts already reported
+        self._dropped = (0, 0, 0)  # the reassembler's dropped-chunk counts already reported
         self._shadow_topic = settings.shadow.topic
 
     def round(
@@ -109,9 +109,15 @@ class Judge:
         assembler = self._processor.assembler
         self._metrics.set_open_calls(assembler.open_calls)
         self._metrics.set_buffered_bytes(assembler.buffered_bytes)
-        duplicate, late = assembler.duplicate_chunks, assembler.late_chunks
-        self._metrics.add_dropped_chunks(duplicate - self._dropped[0], late - self._dropped[1])
-        self._dropped = (duplicate, late)
+        dropped = (
+            assembler.duplicate_chunks,
+            assembler.late_chunks,
+            assembler.early_dropped_chunks,
+        )
+        self._metrics.add_dropped_chunks(
+            *(now - was for now, was in zip(dropped, self._dropped, strict=True))
+        )
+        self._dropped = dropped
         return judged
 
     def _feed(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from worker._native import EarlySchema
 from worker.model import CallKind, Code, SchemaRef, Violation
 
 #: A compiled schema: returns the violations of an instance, at most `max_violations` of them,
@@ -97,6 +98,9 @@ class Contract:
     output_declared_names: frozenset[str] = frozenset()
     #: a custom tool's grammar (`x-callgate.format`), checked after the schema
     input_check: InputCheck | None = None
+    #: the input schema's keywords that decide a call before its stream ends
+    #: (`worker._native.EarlySchema`, compiled with the contract)
+    early: EarlySchema | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker._native import ParseError, parse_json
+import orjson
+
+from worker._native import EarlyRules, EarlySchema, ParseError, parse_json
 from worker.errors import SchemaLoadError
 from worker.model import CallKind, Code, SchemaRef
 from worker.schemas.contract import (
@@ -305,7 +307,17 @@ def compile_source(source: SchemaSource, engine: str, limits: ViolationLimits) -
         declared_names=declared,
         output_declared_names=_declared(source.output_schema),
         input_check=grammar,
+        early=early_schema(source.schema),
     )
+
+
+def early_schema(schema: Any) -> EarlySchema | None:
+    """The contract's early rules (the core decides which keywords it can decide early)."""
+    draft = draft_of(schema)
+    if not isinstance(schema, dict) or draft is None:
+        return None
+    early = EarlySchema(orjson.dumps(schema), draft.value)
+    return early if early.decides_anything else None
 
 
 def _declared(schema: Any) -> frozenset[str]:
@@ -383,6 +395,18 @@ class SchemaRegistry:
                 f"this tool has versions {sorted(entry.by_version, key=int)}",
             )
         return contract
+
+    def early_rules(self, max_depth: int) -> EarlyRules:
+        """The early rules of every (name, version) a call may name, resolved as `resolve`
+        resolves them (`None`: a call that names no version gets the newest)."""
+        entries: list[tuple[str, str | None, EarlySchema]] = []
+        for name, entry in self._by_name.items():
+            if entry.newest.early is not None:
+                entries.append((name, None, entry.newest.early))
+            for version, contract in entry.by_version.items():
+                if contract.early is not None:
+                    entries.append((name, version, contract.early))
+        return EarlyRules(entries, max_depth)
 
     def tool_names(self) -> frozenset[str]:
         return frozenset(entry.newest.tool for entry in self._by_name.values())

@@ -19,7 +19,9 @@
 //! one line.
 //! `call_kind` only for a call that is not a plain function call, `caller` (embedded as the
 //! adapter gave it, a JSON object) only for a call the model did not make itself, `principal`
-//! and the trace fields only when set. [`encode`] returns None when the event would exceed the byte
+//! and the trace fields only when set, `early` (true) and `early_offset` (the record whose chunk
+//! decided) only on a call rejected before its stream ended. [`encode`] returns None when the
+//! event would exceed the byte
 //! bound it is given: the caller decides what to send instead.
 //!
 //! [`encode`] writes it from plain borrowed fields ([`Call`], [`Verdict`]); the Python face reads
@@ -204,6 +206,8 @@ pub struct Call<'a> {
     pub caller: Option<&'a str>,
     /// Who the call is made for, as its records named it.
     pub principal: Option<&'a str>,
+    /// The offset of the record whose chunk decided an early verdict.
+    pub early_offset: Option<i64>,
 }
 
 /// The schema a call was judged against.
@@ -359,6 +363,12 @@ pub fn encode(call: &Call<'_>, verdict: &Verdict<'_>, max_bytes: usize) -> Optio
         w.key("caller", false);
         w.raw(caller.as_bytes());
     }
+    if let Some(offset) = call.early_offset {
+        w.key("early", false);
+        w.boolean(true);
+        w.key("early_offset", false);
+        w.int(offset);
+    }
     let trace = [
         ("principal", call.principal),
         ("trace_id", call.trace_id),
@@ -447,6 +457,7 @@ mod tests {
             call_kind: CallKind::Function,
             caller: None,
             principal: None,
+            early_offset: None,
         }
     }
 

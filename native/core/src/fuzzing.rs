@@ -15,6 +15,12 @@
 //! buffered-byte counts always equal what the partitions hold; a call that ends complete holds
 //! exactly the pieces it took, in order; and a partition written out (base or deltas) and
 //! restored at any point decides the rest of the script exactly as the original does.
+//!
+//! `early_check`: the bytes choose a schema in the keywords the early judge decides and a value,
+//! spelled with random whitespace and escapes, fed whole-prefix by byte and in random chunks: a
+//! value the keywords accept (by a reference of their JSON Schema meaning) is never rejected
+//! early, and an early rejection is only ever of a value the reference rejects
+//! (`tests/early_props.rs` runs it on 20 000 generated inputs).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -305,6 +311,357 @@ pub fn assembler_check(data: &[u8]) {
             assert_eq!(lines, expected, "restored after step {index}");
         }
     }
+}
+
+/// The early target's checks: the bytes choose a schema in the keywords the early judge decides
+/// and a value (mostly one the schema accepts), spelled with random whitespace and escapes and
+/// fed in random chunks. A value the schema accepts (by the reference below, the keywords'
+/// meaning in JSON Schema) is never rejected; a rejection of a schema keyword is only ever of a
+/// value the reference rejects too. True when the judge rejected the value.
+pub fn early_check(data: &[u8]) -> bool {
+    use crate::early::{Draft, EarlySchema, Judge, Rejection};
+    let mut source = Source { data, at: 0 };
+    let schema = gen_schema(&mut source, 0);
+    let value = gen_value(&mut source, &schema, 0);
+    let mut text = String::new();
+    spell(&mut source, &value, &mut text);
+    let compiled = EarlySchema::compile(schema.to_json().as_bytes(), Draft::Draft2020)
+        .expect("a generated schema compiles");
+    let compiled = Arc::new(compiled);
+    // the chain's own rule first: the arguments are an object
+    let object = matches!(value, Value::Object(_));
+    let valid = object && reference_valid(&schema, &value);
+    let bytes = text.as_bytes();
+    // byte by byte, and in the chunks the source chooses
+    let mut rejected = false;
+    for chunked in [false, true] {
+        let mut judge = Judge::new(compiled.clone(), 64);
+        let mut end = 0;
+        while end < bytes.len() {
+            let step = if chunked { 1 + source.below(8) } else { 1 };
+            end = (end + step).min(bytes.len());
+            while !text.is_char_boundary(end) {
+                end += 1;
+            }
+            if let Some(rejection) = judge.feed(&bytes[..end]) {
+                assert!(
+                    !valid,
+                    "{text} is valid under {} but rejected early at {end}: {rejection:?}",
+                    schema.to_json()
+                );
+                match rejection {
+                    Rejection::Schema { .. } => assert!(object, "{text}"),
+                    Rejection::RootNotObject => assert!(!object, "{text}"),
+                    Rejection::Json(failure) => panic!("{text} is JSON: {failure:?}"),
+                }
+                rejected = true;
+                break;
+            }
+        }
+    }
+    rejected
+}
+
+struct Source<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl Source<'_> {
+    fn byte(&mut self) -> u8 {
+        let byte = self.data.get(self.at).copied().unwrap_or(0);
+        self.at += 1;
+        byte
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        self.byte() as usize % n.max(1)
+    }
+}
+
+const WORDS: [&str; 6] = ["a", "ab", "b", "é", "\u{1F600}x", "a\"\\/"];
+
+fn gen_scalar(source: &mut Source<'_>) -> Value {
+    match source.below(6) {
+        0 => Value::Null,
+        1 => Value::Bool(source.byte().is_multiple_of(2)),
+        2 => Value::Int(source.byte() as i128 - 128),
+        3 => Value::Float((source.byte() as f64 - 128.0) / 4.0),
+        _ => Value::Str(WORDS[source.below(WORDS.len())].to_owned()),
+    }
+}
+
+fn gen_schema(source: &mut Source<'_>, depth: usize) -> Value {
+    let mut members: Vec<(String, Value)> = Vec::new();
+    let types = [
+        "null", "boolean", "integer", "number", "string", "array", "object",
+    ];
+    let flags = source.byte();
+    if flags & 1 != 0 {
+        let name = types[source.below(types.len())];
+        members.push(("type".into(), Value::Str(name.into())));
+    }
+    if flags & 2 != 0 {
+        let options = (0..1 + source.below(3))
+            .map(|_| gen_scalar(source))
+            .collect();
+        members.push(("enum".into(), Value::Array(options)));
+    }
+    if flags & 4 != 0 {
+        members.push(("maxLength".into(), Value::Int(source.below(4) as i128)));
+    }
+    if flags & 8 != 0 {
+        members.push(("maxItems".into(), Value::Int(source.below(3) as i128)));
+    }
+    if flags & 16 != 0 {
+        let keyword =
+            ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"][source.below(4)];
+        let bound = match gen_scalar(source) {
+            number @ (Value::Int(_) | Value::Float(_)) => number,
+            _ => Value::Int(0),
+        };
+        members.push((keyword.into(), bound));
+    }
+    if depth < 3 && flags & 32 != 0 {
+        members.push(("items".into(), gen_schema(source, depth + 1)));
+    }
+    if depth < 3 && flags & 64 != 0 {
+        let properties = (0..source.below(3))
+            .map(|n| {
+                (
+                    ["a", "b", "c\u{e9}"][n].to_owned(),
+                    gen_schema(source, depth + 1),
+                )
+            })
+            .collect();
+        members.push(("properties".into(), Value::Object(properties)));
+        if flags & 128 != 0 {
+            members.push(("additionalProperties".into(), Value::Bool(false)));
+        }
+    }
+    if depth == 0 {
+        members.retain(|(key, _)| !matches!(key.as_str(), "type" | "enum"));
+        members.push(("type".into(), Value::Str("object".into())));
+    }
+    Value::Object(members)
+}
+
+fn get<'v>(schema: &'v Value, name: &str) -> Option<&'v Value> {
+    match schema {
+        Value::Object(members) => members.iter().find(|(k, _)| k == name).map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+/// A value for `schema`, valid unless the source says otherwise (a quarter of the choices).
+fn gen_value(source: &mut Source<'_>, schema: &Value, depth: usize) -> Value {
+    let wild = source.below(4) == 0;
+    if let (false, Some(Value::Array(options))) = (wild, get(schema, "enum")) {
+        return options[source.below(options.len())].clone();
+    }
+    let kind = match (wild, get(schema, "type")) {
+        (false, Some(Value::Str(name))) => name.clone(),
+        _ => [
+            "null", "boolean", "integer", "number", "string", "array", "object",
+        ][source.below(7)]
+        .to_owned(),
+    };
+    match kind.as_str() {
+        "null" => Value::Null,
+        "boolean" => Value::Bool(source.byte().is_multiple_of(2)),
+        "integer" => Value::Int(source.byte() as i128 - 128),
+        "number" => Value::Float((source.byte() as f64 - 128.0) / 4.0),
+        "string" => {
+            let mut text = String::new();
+            let room = match (wild, get(schema, "maxLength")) {
+                (false, Some(Value::Int(max))) => *max as usize,
+                _ => 4,
+            };
+            for _ in 0..source.below(room + 1) {
+                text.push(['a', 'é', '"', '\u{1F600}', '\\', '\n'][source.below(6)]);
+            }
+            Value::Str(text)
+        }
+        "array" if depth < 4 => {
+            let room = match (wild, get(schema, "maxItems")) {
+                (false, Some(Value::Int(max))) => *max as usize,
+                _ => 3,
+            };
+            let items = get(schema, "items").cloned().unwrap_or(Value::Bool(true));
+            Value::Array(
+                (0..source.below(room + 1))
+                    .map(|_| gen_value(source, &items, depth + 1))
+                    .collect(),
+            )
+        }
+        "object" if depth < 4 => {
+            let mut members = Vec::new();
+            if let Some(Value::Object(properties)) = get(schema, "properties") {
+                for (name, sub) in properties {
+                    if source.below(3) != 0 {
+                        members.push((name.clone(), gen_value(source, sub, depth + 1)));
+                    }
+                }
+            }
+            if (wild || get(schema, "additionalProperties").is_none()) && source.below(3) == 0 {
+                members.push(("z\u{e9}".to_owned(), gen_scalar(source)));
+            }
+            Value::Object(members)
+        }
+        _ => Value::Null,
+    }
+}
+
+fn number_of(value: &Value) -> Option<f64> {
+    match value {
+        Value::Int(n) => Some(*n as f64),
+        Value::Float(f) => Some(*f),
+        _ => None,
+    }
+}
+
+fn json_equal(a: &Value, b: &Value) -> bool {
+    match (number_of(a), number_of(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// The supported keywords' meaning in JSON Schema (the generated numbers are exact in f64).
+fn reference_valid(schema: &Value, value: &Value) -> bool {
+    let kind_ok = match get(schema, "type") {
+        Some(Value::Str(name)) => match (name.as_str(), value) {
+            ("null", Value::Null) | ("boolean", Value::Bool(_)) => true,
+            ("integer", Value::Int(_)) => true,
+            ("integer", Value::Float(f)) => f.fract() == 0.0,
+            ("number", Value::Int(_) | Value::Float(_)) => true,
+            ("string", Value::Str(_)) | ("array", Value::Array(_)) => true,
+            ("object", Value::Object(_)) => true,
+            _ => false,
+        },
+        _ => true,
+    };
+    if !kind_ok {
+        return false;
+    }
+    if let Some(Value::Array(options)) = get(schema, "enum") {
+        if !options.iter().any(|option| json_equal(option, value)) {
+            return false;
+        }
+    }
+    if let (Some(Value::Int(max)), Value::Str(text)) = (get(schema, "maxLength"), value) {
+        if text.chars().count() as i128 > *max {
+            return false;
+        }
+    }
+    if let Value::Array(items) = value {
+        if let Some(Value::Int(max)) = get(schema, "maxItems") {
+            if items.len() as i128 > *max {
+                return false;
+            }
+        }
+        if let Some(sub) = get(schema, "items") {
+            if !items.iter().all(|item| reference_valid(sub, item)) {
+                return false;
+            }
+        }
+    }
+    if let Some(x) = number_of(value) {
+        for (keyword, ok) in [
+            ("minimum", &(|b: f64| x >= b) as &dyn Fn(f64) -> bool),
+            ("maximum", &|b: f64| x <= b),
+            ("exclusiveMinimum", &|b: f64| x > b),
+            ("exclusiveMaximum", &|b: f64| x < b),
+        ] {
+            if let Some(bound) = get(schema, keyword).and_then(number_of) {
+                if !ok(bound) {
+                    return false;
+                }
+            }
+        }
+    }
+    if let Value::Object(members) = value {
+        let properties = match get(schema, "properties") {
+            Some(Value::Object(properties)) => properties.as_slice(),
+            _ => &[],
+        };
+        let closed = matches!(
+            get(schema, "additionalProperties"),
+            Some(Value::Bool(false))
+        );
+        for (name, member) in members {
+            match properties.iter().find(|(known, _)| known == name) {
+                Some((_, sub)) if !reference_valid(sub, member) => return false,
+                Some(_) => {}
+                None if closed => return false,
+                None => {}
+            }
+        }
+    }
+    true
+}
+
+/// `value` as JSON text with random whitespace, and strings with random escapes.
+fn spell(source: &mut Source<'_>, value: &Value, out: &mut String) {
+    match value {
+        Value::Str(text) => spell_string(source, text, out),
+        Value::Array(items) => spell_list(source, "[]", items, out, |source, item, out| {
+            spell(source, item, out)
+        }),
+        Value::Object(members) => {
+            spell_list(source, "{}", members, out, |source, (key, member), out| {
+                spell_string(source, key, out);
+                space(source, out);
+                out.push(':');
+                spell(source, member, out);
+            })
+        }
+        Value::Float(f) if source.below(2) == 0 => out.push_str(&format!("{f:e}")),
+        other => out.push_str(&other.to_json()),
+    }
+}
+
+fn space(source: &mut Source<'_>, out: &mut String) {
+    if source.below(4) == 0 {
+        out.push([' ', '\n', '\t', '\r'][source.below(4)]);
+    }
+}
+
+/// A container's elements between its brackets, with commas and random whitespace.
+fn spell_list<T>(
+    source: &mut Source<'_>,
+    brackets: &str,
+    items: &[T],
+    out: &mut String,
+    each: impl Fn(&mut Source<'_>, &T, &mut String),
+) {
+    let (open, close) = brackets.split_at(1);
+    out.push_str(open);
+    for (n, item) in items.iter().enumerate() {
+        if n > 0 {
+            out.push(',');
+        }
+        space(source, out);
+        each(source, item, out);
+        space(source, out);
+    }
+    out.push_str(close);
+}
+
+fn spell_string(source: &mut Source<'_>, text: &str, out: &mut String) {
+    out.push('"');
+    for c in text.chars() {
+        let escape = source.below(3) == 0 || matches!(c, '"' | '\\' | '\n');
+        if !escape {
+            out.push(c);
+            continue;
+        }
+        let mut units = [0u16; 2];
+        for unit in c.encode_utf16(&mut units) {
+            out.push_str(&format!("\\u{unit:04x}"));
+        }
+    }
+    out.push('"');
 }
 
 #[cfg(test)]

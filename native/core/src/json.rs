@@ -38,6 +38,9 @@ pub const DEPTH_CAP: usize = 1024;
 const INEXACT: &str =
     "a number is neither a 64-bit integer nor the shortest form of a double: it would change value";
 
+/// What a failure says of a text that stops before its value ends (more text might mend it).
+pub const UNFINISHED: &str = "the text ends before the JSON value does";
+
 /// Why a text is rejected: the `code` of a `ParseError` (the Python face's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Code {
@@ -704,7 +707,7 @@ fn describe(kind: &JsonErrorType) -> (Code, &'static str) {
         E::EofWhileParsingList
         | E::EofWhileParsingObject
         | E::EofWhileParsingString
-        | E::EofWhileParsingValue => "the text ends before the JSON value does",
+        | E::EofWhileParsingValue => UNFINISHED,
         E::ExpectedColon => "expected `:` after an object key",
         E::ExpectedListCommaOrEnd => "expected `,` or `]` after an array element",
         E::ExpectedObjectCommaOrEnd => "expected `,` or `}` after an object member",

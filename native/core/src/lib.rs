@@ -6,6 +6,7 @@
 //!   ([`value`] is the pure-Rust one);
 //! - [`envelope`]: the canonical envelope, decoded in one pass;
 //! - [`chunk`]: an adapter's chunk, checked and turned into a reassembler piece;
+//! - [`early`]: the early judge, a call's verdict before its stream ends;
 //! - [`origin`]: what an adapter says of a call besides its text (its kind, its caller);
 //! - [`assembler`]: pieces of interleaved streams in, closed calls out;
 //! - [`record`]: a record that cannot be read, as a call of its own;
@@ -16,6 +17,7 @@
 
 pub mod assembler;
 pub mod chunk;
+pub mod early;
 pub mod envelope;
 pub mod event;
 #[cfg(feature = "fuzzing")]

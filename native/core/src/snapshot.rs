@@ -9,8 +9,8 @@
 //! then its deltas in order rebuilds the state exactly, activity order included, so a restored
 //! partition decides what the original would have decided.
 //!
-//! Format: the 4 bytes `CGA3` (callgate assembler, version 3: a call's principal joined its
-//! fields; version 2 added its origin),
+//! Format: the 4 bytes `CGA4` (callgate assembler, version 4: a closed call remembers whether it
+//! was rejected early; version 3 added a call's principal, version 2 its origin),
 //! then one postcard-encoded [`Frame`]. A new version gets a new tag; an unknown tag is refused,
 //! never guessed at (a frame of another version of callgate is named as such).
 
@@ -26,9 +26,9 @@ use crate::assembler::{
 };
 use crate::origin::Origin;
 
-const TAG: &[u8; 4] = b"CGA3";
+const TAG: &[u8; 4] = b"CGA4";
 /// The tags of the versions before this one.
-const OLDER: [&[u8; 4]; 2] = [b"CGA1", b"CGA2"];
+const OLDER: [&[u8; 4]; 3] = [b"CGA1", b"CGA2", b"CGA3"];
 
 #[derive(Serialize, Deserialize)]
 enum Frame {
@@ -183,6 +183,9 @@ impl CallState {
             next_seq: self.next_seq,
             duplicates: self.duplicates,
             busy_ns: 0,
+            // looked up again, and its text read again, when its next piece comes
+            judge: None,
+            judged: false,
         };
         call.written_bounds = call.pieces() as u32;
         Ok(call)
@@ -573,7 +576,7 @@ mod tests {
         let older = restore(&mut assembler, &scope, &[b"CGA1\x00".to_vec()]);
         assert_eq!(
             older.unwrap_err(),
-            "a snapshot written by an older callgate (CGA1); this one reads CGA3"
+            "a snapshot written by an older callgate (CGA1); this one reads CGA4"
         );
         let delta = write_delta(&mut assembler, &scope);
         assert!(restore(&mut assembler, &scope, &[delta]).is_err());

@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use crate::call::AssembledCall;
+use crate::early::EarlyRules;
 
 const CONTENT_FORMAT: &str = "content-format";
 const TRACEPARENT: &str = "traceparent";
@@ -236,7 +237,10 @@ fn emit(
     out: &Bound<'_, PyList>,
 ) -> PyResult<()> {
     for call in closed {
-        out.append(Py::new(py, AssembledCall::closed(py, limits, scope, call))?)?;
+        out.append(Py::new(
+            py,
+            AssembledCall::closed(py, limits, scope, call)?,
+        )?)?;
     }
     Ok(())
 }
@@ -376,6 +380,7 @@ impl Assembler {
     #[pyo3(signature = (
         *, max_call_bytes, max_call_chunks, max_open_calls_per_partition, max_id_bytes,
         max_detail_bytes, idle_timeout_ms, max_call_lifetime_ms, recently_closed_per_partition,
+        early=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -387,6 +392,7 @@ impl Assembler {
         idle_timeout_ms: i64,
         max_call_lifetime_ms: i64,
         recently_closed_per_partition: usize,
+        early: Option<PyRef<'_, EarlyRules>>,
     ) -> PyResult<Self> {
         let limits = Limits {
             max_call_bytes,
@@ -397,8 +403,10 @@ impl Assembler {
             recently_closed: recently_closed_per_partition,
         };
         limits.check().map_err(PyValueError::new_err)?;
+        let mut core = Core::new(limits);
+        core.early = early.map(|rules| rules.rules.clone());
         Ok(Assembler {
-            core: Core::new(limits),
+            core,
             max_id_bytes,
             max_detail_bytes,
         })
@@ -637,6 +645,12 @@ impl Assembler {
     #[getter]
     fn stale_records(&self) -> u64 {
         self.core.counters.stale_records
+    }
+
+    /// Pieces of calls already rejected early, dropped unread.
+    #[getter]
+    fn early_dropped_chunks(&self) -> u64 {
+        self.core.counters.early_dropped_chunks
     }
 }
 

@@ -1,13 +1,15 @@
 //! `AssembledCall`: a call as the reassembler closed it (or as made by hand), what the chain
 //! judges and `encode_event` writes the event of.
 
-use callgate_core::assembler::{Channel, Closed, Limits, Scope};
+use callgate_core::assembler::{Channel, Closed, Ending, Limits, Scope};
 use callgate_core::event::{self, call_event_id};
 use callgate_core::origin::{self, CallKind};
 use callgate_core::record::RecordCall;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
+
+use crate::early::EarlyRejection;
 
 /// Everything the chain needs to judge one call, as the reassembler closed it.
 ///
@@ -17,7 +19,9 @@ use pyo3::types::{PyBytes, PyString, PyTuple};
 /// counts what was received either way. `event_id` names the call: its partition, where it
 /// began, its stream and call id. `call_kind`, `caller` and `double_encoded` are the origin its
 /// adapter stated (`Chunk`): a plain function call the model made by default. `principal` is who
-/// the call is made for, as its records named it (what the authorization phase judges).
+/// the call is made for, as its records named it (what the authorization phase judges). `early`
+/// says why a call was rejected before its stream ended, `early_offset` the record whose chunk
+/// decided.
 #[pyclass(module = "worker._native", frozen, get_all)]
 pub struct AssembledCall {
     stream_id: Py<PyString>,
@@ -48,6 +52,8 @@ pub struct AssembledCall {
     call_kind: Py<PyString>,
     caller: Option<Py<PyString>>,
     double_encoded: bool,
+    early: Option<Py<EarlyRejection>>,
+    early_offset: Option<i64>,
 }
 
 #[pymethods]
@@ -60,7 +66,7 @@ impl AssembledCall {
         attempt=None, topic="", partition=0, first_offset=0, last_offset=None, chunks=1,
         duplicate_chunks=0, nbytes=None, incomplete=None, assembly_error=None,
         assembly_detail=None, assembly_us=0, call_kind="function_call", caller=None,
-        double_encoded=false, principal=None,
+        double_encoded=false, principal=None, early=None, early_offset=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -92,7 +98,14 @@ impl AssembledCall {
         caller: Option<&str>,
         double_encoded: bool,
         principal: Option<&str>,
+        early: Option<Py<EarlyRejection>>,
+        early_offset: Option<i64>,
     ) -> PyResult<Self> {
+        if early.is_some() != early_offset.is_some() {
+            return Err(PyValueError::new_err(
+                "an early call names both its rejection and its deciding offset",
+            ));
+        }
         let kind = origin::call_kind(call_kind).map_err(PyValueError::new_err)?;
         if let Some(caller) = caller {
             origin::check_caller(caller).map_err(PyValueError::new_err)?;
@@ -132,6 +145,8 @@ impl AssembledCall {
             call_kind: PyString::intern(py, kind.as_str()).unbind(),
             caller: text(caller),
             double_encoded,
+            early,
+            early_offset,
         })
     }
 
@@ -150,7 +165,12 @@ impl AssembledCall {
 
 impl AssembledCall {
     /// A call the reassembler closed in `scope`.
-    pub fn closed(py: Python<'_>, limits: &Limits, scope: &Scope, closed: Closed) -> Self {
+    pub fn closed(
+        py: Python<'_>,
+        limits: &Limits,
+        scope: &Scope,
+        closed: Closed,
+    ) -> PyResult<Self> {
         let text = |s: &Option<Box<str>>| s.as_deref().map(|s| PyString::new(py, s).unbind());
         let trace = closed.trace.as_deref().cloned().unwrap_or_default();
         let origin = closed.origin.map(|origin| *origin).unwrap_or_default();
@@ -162,7 +182,14 @@ impl AssembledCall {
             &closed.stream_id,
             &closed.call_id,
         );
-        AssembledCall {
+        let (early, early_offset) = match &closed.ending {
+            Ending::Early(verdict) => (
+                Some(Py::new(py, EarlyRejection::of(py, &verdict.rejection)?)?),
+                Some(verdict.offset),
+            ),
+            _ => (None, None),
+        };
+        Ok(AssembledCall {
             stream_id: PyString::new(py, &closed.stream_id).unbind(),
             call_id: PyString::new(py, &closed.call_id).unbind(),
             tool: text(&closed.tool),
@@ -196,7 +223,9 @@ impl AssembledCall {
             call_kind: PyString::intern(py, origin.kind.as_str()).unbind(),
             caller: text(&origin.caller),
             double_encoded: origin.double_encoded,
-        }
+            early,
+            early_offset,
+        })
     }
 
     /// The call of a record that could not be read, in `scope`, rejected with `code`.
@@ -236,6 +265,8 @@ impl AssembledCall {
             call_kind: PyString::intern(py, CallKind::Function.as_str()).unbind(),
             caller: None,
             double_encoded: false,
+            early: None,
+            early_offset: None,
         }
     }
 
@@ -266,6 +297,7 @@ impl AssembledCall {
                 .map_err(PyValueError::new_err)?,
             caller: text(&self.caller)?,
             principal: text(&self.principal)?,
+            early_offset: self.early_offset,
         })
     }
 }

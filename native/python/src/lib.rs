@@ -7,6 +7,7 @@
 //! - `json`: `parse_json` (the core's parser with a builder that makes Python objects),
 //!   `depth_over`, `ParseError`;
 //! - `call`: `AssembledCall`, the call the reassembler hands the judge;
+//! - `early`: `EarlySchema`, `EarlyRules` and `EarlyRejection`, the early judge's;
 //! - `assembler`: `Chunk` in, `AssembledCall`s out, `Assembler` in between;
 //! - `verdict`: `Verdict` and `encode_event`;
 //! - `partition`: `partition_for_key`.
@@ -15,6 +16,7 @@ use pyo3::prelude::*;
 
 mod assembler;
 mod call;
+mod early;
 mod json;
 mod partition;
 mod verdict;
@@ -23,6 +25,7 @@ mod verdict;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     json::register(m)?;
     call::register(m)?;
+    early::register(m)?;
     assembler::register(m)?;
     verdict::register(m)?;
     partition::register(m)?;
