@@ -4,9 +4,11 @@ Names: core, memory, checkpoints, e2e, instructions (the core ratios counted in 
 under callgrind; needs valgrind), scaling, observability, profile (text profiles of the core
 path, written beside the results), json_parse (the strict parser against orjson and json),
 topic_check (the worker's topic check against listing every topic, on Apache Kafka),
-e2e_profile (py-spy's samples of callgate and the pass-through draining the e2e workload, per
-record and by part; needs py-spy and the right to attach to a process), tracing (what tracing
-costs a round, off and on, in instructions; `--baseline ROOT` counts another checkout's); none
+early (early verdicts: the share of invalid calls' streams left unread, the cost per chunk
+on valid traffic against early verdicts off), e2e_profile (py-spy's samples of callgate and the
+pass-through draining the e2e workload, per record and by part; needs py-spy and the right to
+attach to a process), tracing (what tracing costs a round, off and on, in instructions;
+`--baseline ROOT` counts another checkout's); none
 means core, memory, checkpoints and e2e. `--quick` runs a benchmark at a tiny size (the smoke
 tests use it; its figures mean nothing). `--broker` limits e2e to one broker (and picks
 e2e_profile's, Apache Kafka by default).
@@ -25,6 +27,7 @@ from benchmarks import (
     core,
     e2e,
     e2e_profile,
+    early,
     instructions,
     memory,
     observability,
@@ -97,6 +100,12 @@ def _json_parse(args: argparse.Namespace) -> dict[str, Any]:
     return json_parse.run(repeats=args.repeats or (1 if args.quick else 9), quick=args.quick)
 
 
+def _early(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:
+        return early.run(records=1_000, repeats=args.repeats or 1)
+    return early.run(repeats=args.repeats or 7)
+
+
 def _topic_check(args: argparse.Namespace) -> dict[str, Any]:
     return topic_check.run(quick=args.quick, repeats=args.repeats or (1 if args.quick else 3))
 
@@ -118,6 +127,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "json_parse": _json_parse,
     "topic_check": _topic_check,
     "tracing": _tracing,
+    "early": _early,
 }
 DEFAULT = ("core", "memory", "checkpoints", "e2e")
 

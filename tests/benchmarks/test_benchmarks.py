@@ -156,6 +156,31 @@ def test_memory_counts_bytes_per_open_call(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_early_reports_unread_shares_and_the_cost_per_chunk(tmp_path: Path) -> None:
+    rows = _run("early", tmp_path)["rows"]
+    assert [(row["schema"], row["chunks_per_call"]) for row in rows] == [
+        ("small", 10),
+        ("small", 100),
+        ("large", 10),
+        ("large", 100),
+    ]
+    for row in rows:
+        invalid = row["invalid"]
+        assert sum(invalid["invalid_by_defect"].values()) == invalid["invalid_calls"]
+        # the truncated and duplicate-key calls are never decided early (nothing proves them
+        # wrong before their end); most schema violations of the small contract are
+        assert set(invalid["decided_early_by_defect"]) <= {"schema"}
+        assert 0 <= invalid["median_unread_share"] < 1
+        if row["schema"] == "small":
+            early = invalid["decided_early_by_defect"]["schema"]
+            assert 2 * early >= invalid["invalid_by_defect"]["schema"]
+            assert invalid["median_unread_share_of_early"] > 0
+        valid = row["valid"]
+        assert _positive(valid["processor_on_over_off"])
+        assert _positive(valid["assembly_on_over_off"])
+
+
+@pytest.mark.timeout(300)
 def test_checkpoints_compare_none_delta_and_full(tmp_path: Path) -> None:
     rows = _run("checkpoints", tmp_path)["rows"]
     assert [row["calls_in_flight"] for row in rows] == [8, 1000]

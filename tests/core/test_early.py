@@ -207,3 +207,25 @@ def test_check_offline_writes_the_early_event(tmp_path: Path) -> None:
     )
     (event,) = [orjson.loads(line) for line in result.stdout.splitlines()]
     assert (event["outcome"], event["early"], event["early_offset"]) == ("rejected", True, 1)
+
+
+def test_the_readme_shows_what_the_example_prints() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Early verdicts: a rejection before the stream ends") :]
+    command = section.split("```sh\n", 1)[1].split("\n", 1)[0]
+    shown = orjson.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+    result = subprocess.run(
+        [sys.executable, "-m", "worker", *command.split()[1:]],
+        capture_output=True,
+        cwd=REPO,
+        timeout=60,
+        check=True,
+    )
+    printed = [orjson.loads(line) for line in result.stdout.splitlines()]
+    assert [(e["call_id"], e["outcome"], e.get("early_offset")) for e in printed] == [
+        ("call_1", "rejected", 1),
+        ("call_2", "rejected", 4),
+        ("call_3", "accepted", None),
+    ]
+    del printed[0]["metrics"]["phases_us"]
+    assert printed[0] == shown
