@@ -4,8 +4,11 @@ Without configured bootstrap servers it starts tansu on a free loopback port (an
 end); with them, it uses that cluster and only counts the events of its own run. It creates the
 topics, produces the sample traffic of `traffic.py`, runs the same `Worker` as `callgate run`
 (`worker.runtime.worker`, in this process) and an executor on its validated topic
-(`executing.py`: payments into SQLite, weather), shows a live progress line, and ends with a
-table of outcomes by phase and code and what the executor made of the accepted calls.
+(`executing.py`: payments and refunds into SQLite, weather), decides the calls pending approval
+through `callgate approve` / `callgate deny` (`approving.py`: one refund approved, one denied),
+shows a live progress line, and ends with a table of outcomes by phase and code and what the
+executor made of the accepted calls. A call pending approval is counted once: its row moves
+from `pending_approval` to the outcome its decision gave it.
 
 The worker ages calls by record time, so the traffic is stamped: every record at the demo's
 start, then one empty stream's `end` per partition stamped past the idle timeout, which ages the
@@ -27,7 +30,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
@@ -35,11 +38,13 @@ from typing import Any, TextIO
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from callgate_demo.approving import Approver
 from callgate_demo.broker import EmbeddedBroker
 from callgate_demo.executing import DemoExecutor, executor_summary
 from callgate_demo.traffic import SampleRecord, sample_traffic
 from callgate_executor.contract import is_call
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
+from worker.core.approval import PENDING_OUTCOME
 from worker.errors import ConfigError
 from worker.health import HealthServer
 from worker.metrics import Metrics
@@ -105,7 +110,13 @@ async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
     input_topic = topics.input_topics[0]
     outputs = sorted({topics.accepted, topics.rejected, topics.incomplete})
     await Kafka(settings).ensure_topics(
-        [TopicSpec(name, DEMO_PARTITIONS, compacted=False) for name in (input_topic, *outputs)]
+        [
+            *(
+                TopicSpec(name, DEMO_PARTITIONS, compacted=False)
+                for name in (input_topic, *outputs)
+            ),
+            TopicSpec(topics.pending_approval, settings.approval.partitions, compacted=False),
+        ]
     )
 
     run = f"demo-{uuid.uuid4().hex[:6]}"
@@ -126,7 +137,8 @@ async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
     if metrics_url:
         print(f"metrics: {metrics_url}/metrics  (also /healthz, /readyz)", file=out)
 
-    reader = _OutcomeReader(settings, outputs, run)
+    approver = Approver(settings, out)
+    reader = _OutcomeReader(settings, [*outputs, topics.pending_approval], run, approver.see)
     await reader.start()
     await runner.start()
     worker = asyncio.create_task(runner.run())
@@ -145,6 +157,8 @@ async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
                 and runner.idle()
                 and reader.unique >= reader.expected(runner)
                 and len(executor.results) >= reader.calls_to_run
+                and reader.by_outcome[PENDING_OUTCOME] == 0
+                and approver.settled
             )
             progress.show(len(records), runner, reader, executor)
             if done:
@@ -152,16 +166,18 @@ async def _demo(settings: Settings, repeat: int, out: TextIO) -> int:
     finally:
         if out.isatty():
             print(file=out)
+        await approver.close()
         runner.request_stop()
         await worker
         await executor.stop()
         payments = len(executor.payments.all())
+        refunds = len(executor.payments.refunds())
         scratch.cleanup()
         await runner.close()
         await reader.stop()
         health.stop()
-    print(_summary(reader.tally, reader.events, reader.unique), file=out)
-    print(executor_summary(executor.tally(), reader.tally, payments), file=out)
+    print(_summary(reader.tally, reader.events - reader.decided, reader.unique), file=out)
+    print(executor_summary(executor.tally(), reader.tally, payments, refunds), file=out)
     if metrics_url:
         print(f"metrics were served at {metrics_url}/metrics while the demo ran", file=out)
     if not done:
@@ -221,16 +237,27 @@ async def assign_from_start(consumer: AIOKafkaConsumer, topics: Iterable[str]) -
 
 
 class _OutcomeReader:
-    """Reads the outcome topics from the start and tallies this run's events."""
+    """Reads the outcome topics (and the pending-approval topic) from the start and tallies this
+    run's events; each `pending_approval` event is passed to `on_pending`."""
 
-    def __init__(self, settings: Settings, topics: list[str], run: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        topics: list[str],
+        run: str,
+        on_pending: Callable[[dict[str, Any]], None],
+    ) -> None:
         self._settings = settings
         self._topics = topics
         self._run = run
+        self._on_pending = on_pending
         self._consumer: AIOKafkaConsumer | None = None
         self.events = 0
         self.unique = 0
-        self._seen: set[str] = set()
+        #: events of calls pending approval that came to their decision's outcome
+        self.decided = 0
+        #: each call's row of the tally, by event id
+        self._seen: dict[str, tuple[str, str, str]] = {}
         self.tally: Counter[tuple[str, str, str]] = Counter()
         self.by_outcome: Counter[str] = Counter()
         #: accepted calls an executor runs (an accepted MCP tool result is not one)
@@ -260,16 +287,28 @@ class _OutcomeReader:
             return
         self.events += 1
         event_id = str(event.get("event_id"))
-        if event_id in self._seen:
-            return
-        self._seen.add(event_id)
-        self.unique += 1
         outcome = str(event.get("outcome"))
+        earlier = self._seen.get(event_id)
+        if earlier is not None:
+            if earlier[0] != PENDING_OUTCOME or outcome == PENDING_OUTCOME:
+                return  # a replay
+            # a call pending approval, decided: its row moves to the outcome it came to
+            self.tally[earlier] -= 1
+            if not self.tally[earlier]:
+                del self.tally[earlier]
+            self.by_outcome[PENDING_OUTCOME] -= 1
+            self.decided += 1
+        else:
+            self.unique += 1
         detail = event.get("error_code") or event.get("reason") or ""
         if outcome == "accepted" and event.get("repairs"):
             detail = "repaired: " + ",".join(str(r.get("kind")) for r in event["repairs"])
-        self.tally[(outcome, str(event.get("phase") or ""), str(detail))] += 1
+        row = (outcome, str(event.get("phase") or ""), str(detail))
+        self._seen[event_id] = row
+        self.tally[row] += 1
         self.by_outcome[outcome] += 1
+        if outcome == PENDING_OUTCOME:
+            self._on_pending(event)
         if outcome == "accepted":
             accepted = parse_event(event)
             assert isinstance(accepted, Accepted)

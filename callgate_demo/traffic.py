@@ -124,6 +124,22 @@ def _payment(amount_minor: int, key: str | None) -> str:
     return orjson.dumps(arguments).decode()
 
 
+#: the demo's refunds (contract `payments.refund_payment`, requiring approval) by call id, and
+#: what the demo decides on each through `callgate approve` / `callgate deny`
+REFUND_DECISIONS = {"refund-approve": "approve", "refund-deny": "deny"}
+
+
+def _refund(amount_minor: int, key: str, reason: str) -> str:
+    arguments = {
+        "payment_id": "pay_4711",
+        "amount_minor": amount_minor,
+        "currency": "EUR",
+        "reason": reason,
+        "idempotency_key": key,
+    }
+    return orjson.dumps(arguments).decode()
+
+
 def _repeat_first(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [chunks[0], *chunks]
 
@@ -139,6 +155,19 @@ def envelope_streams(run: str) -> list[_Stream]:
     payment = _payment(1250, key)
     other_payment = _payment(9900, key)
     stalled = e.call("stalled", "get_weather", weather, final=False)[:2]
+    refunds = [
+        e.call(
+            call_id,
+            "refund_payment",
+            _refund(amount, refund_key, reason),
+            idempotency_key=refund_key,
+        )
+        for call_id, amount, reason in (
+            ("refund-approve", 1250, "order cancelled"),
+            ("refund-deny", 99000, "customer asks twice"),
+        )
+        for refund_key in [f"{key}-{call_id}"]
+    ]
     return [
         e.stream(
             "valid", "valid call", [*e.call("w1", "get_weather", weather), _end("tool_calls")]
@@ -227,6 +256,11 @@ def envelope_streams(run: str) -> list[_Stream]:
                 *e.call("pay3", "create_payment", other_payment, idempotency_key=key),
                 _end("tool_calls"),
             ],
+        ),
+        e.stream(
+            "refunds",
+            "refunds requiring approval: one approved, one denied (callgate approve / deny)",
+            [*refunds[0], *refunds[1], _end("tool_calls")],
         ),
         e.stream(
             "nokey",

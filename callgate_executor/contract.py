@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from worker.core.approval import fingerprint
 from worker.core.canonical import request_digest
 from worker.model import Phase
 from worker.model import SchemaRef as CoreSchemaRef
@@ -44,6 +45,31 @@ def is_call(event: Accepted) -> bool:
     """Whether an accepted event is a call to run: not an MCP tool result the gate accepted
     (judged in phase `tool_output_validation`), which is an answer, not a request."""
     return Phase.TOOL_OUTPUT_VALIDATION.value not in event.metrics.phases_us
+
+
+APPROVAL_MISSING = ResultError(
+    type="approval_missing", message="this tool requires an approval, and the call has none"
+)
+APPROVAL_MISMATCH = ResultError(
+    type="approval_fingerprint_mismatch",
+    message="the call's approval names other arguments than the call carries",
+)
+
+
+def approval_refusal(event: Accepted) -> ResultError | None:
+    """Why a call whose contract requires approval may not run: it has no approval, or its
+    approval's fingerprint differs from the one recomputed from its tool, version and arguments
+    (by the gate's own `worker.core.approval.fingerprint`); None when it may run."""
+    if not event.requires_approval:
+        return None
+    if event.approval is None:
+        return APPROVAL_MISSING
+    ref = event.schema_ref
+    if event.approval.fingerprint != fingerprint(
+        CoreSchemaRef(ref.id, ref.version), event.arguments
+    ):
+        return APPROVAL_MISMATCH
+    return None
 
 
 def execution_key(event: Accepted) -> str:

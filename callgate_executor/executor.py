@@ -14,7 +14,8 @@ Two stages in one consumer group, so that one member owns each execution key:
       runs; the handler runs within its deadline (`handlers.run_handler`); then the `done`
       record, the call's result on the tool-results topic, the records the handler emitted,
       and the request's offset are written together: under exactly_once in one transaction.
-   b. REPLAY, CONFLICT, INTERRUPTED (or a refusal: no handler, no approval, arguments its type
+   b. REPLAY, CONFLICT, INTERRUPTED (or a refusal: no handler, no approval or one naming other
+      arguments (`contract.approval_refusal`), arguments its type
       refuses): the call's result, and the offset, together (an interruption also records
       `done`, so it is final).
    c. ALREADY_DONE (the call that ran, delivered again): under exactly_once only the offset
@@ -75,9 +76,6 @@ log = logging.getLogger("callgate.executor")
 F = TypeVar("F", bound=Handler)
 
 NO_HANDLER = ResultError(type="no_handler", message="no executor runs this tool")
-APPROVAL_MISSING = ResultError(
-    type="approval_missing", message="this tool requires an approval, and the call has none"
-)
 
 
 def executor_settings(settings: Settings) -> Settings:
@@ -379,8 +377,8 @@ class Executor:
         arguments: BaseModel | None = None
         if spec is None:
             refusal = NO_HANDLER
-        elif event.requires_approval and event.approval is None:
-            refusal = APPROVAL_MISSING
+        elif (unapproved := contract.approval_refusal(event)) is not None:
+            refusal = unapproved
         else:
             typed = typed_arguments(spec, event)
             if isinstance(typed, ResultError):

@@ -88,15 +88,29 @@ def test_demo_runs_end_to_end_on_the_embedded_broker() -> None:
     judged = re.search(r"(\d+) calls judged", out)
     assert judged
     assert int(judged[1]) == sum(int(row[3]) for row in rows)
-    # the executor ran the accepted calls: every weather call, the payment awaiting approval
+    # the refunds waited for approval; the demo decided them with `callgate approve` / `deny`
+    assert re.search(r"^\$ callgate approve [0-9a-f]{32} --by callgate-demo$", out, re.M)
+    assert re.search(r"^\$ callgate deny [0-9a-f]{32} --by callgate-demo$", out, re.M)
+    assert re.search(
+        r"^  approved +by callgate-demo: written to tool-calls\.pending-appr", out, re.M
+    )
+    assert re.search(r"^  denied +by callgate-demo: written to tool-calls\.pending-appr", out, re.M)
+    assert ("rejected", "approval", "approval_denied", "1") in rows
+    assert not any(row[0] == "pending_approval" for row in rows)
+    # the executor ran every accepted call (the accepted MCP tool result is an answer, not a
+    # call): the weather calls, the payment, the approved refund
     executor = re.search(
         r"executor: (\d+) executed \((\d+) succeeded\), (\d+) deduplicated, "
-        r"(\d+) conflicting, (\d+) awaiting approval, (\d+) denied",
+        r"(\d+) conflicting, (\d+) awaiting approval, (\d+) denied "
+        r"\((\d+) approved refunds executed\)",
         out,
     )
     assert executor, out
-    executed, succeeded, deduplicated, conflicting, awaiting, _ = map(int, executor.groups())
-    assert executed == succeeded >= 6
-    assert (deduplicated, conflicting, awaiting) >= (1, 1, 1)
-    assert re.search(r"payments database \(SQLite, unique on the idempotency key\): \d+ rows", out)
+    executed, succeeded, *counts = map(int, executor.groups())
+    assert executed == succeeded == accepted - 1
+    # deduplicated, conflicting, awaiting approval, denied, approved refunds executed
+    assert counts == [1, 1, 0, 1, 1]
+    assert re.search(
+        r"payments database \(SQLite, unique on the idempotency key\): 1 rows, 1 refunds", out
+    )
     assert out.rstrip().endswith("embedded broker stopped")

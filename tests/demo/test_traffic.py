@@ -7,7 +7,7 @@ from importlib import resources
 
 import orjson
 
-from callgate_demo.traffic import sample_traffic
+from callgate_demo.traffic import REFUND_DECISIONS, sample_traffic
 from tests.datafiles import data_path
 
 SAMPLES = resources.files("callgate_demo").joinpath("samples")
@@ -59,3 +59,15 @@ def test_every_sample_has_a_provenance_note_and_is_its_recording_byte_for_byte()
     for name, origin in rows.items():
         recorded = data_path("streams", *origin.split("/")).read_bytes()
         assert SAMPLES.joinpath(name).read_bytes() == recorded, name
+
+
+def test_the_traffic_holds_one_refund_for_each_decision_the_demo_makes() -> None:
+    calls = {
+        envelope["call_id"]: envelope.get("tool")
+        for r in sample_traffic("t")
+        if not r.headers and r.value.startswith(b"{")
+        for envelope in [orjson.loads(r.value)]
+        if envelope.get("seq") == 0
+    }
+    assert {f"t:{name}": "refund_payment" for name in REFUND_DECISIONS}.items() <= calls.items()
+    assert sorted(REFUND_DECISIONS.values()) == ["approve", "deny"]

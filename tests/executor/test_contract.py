@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from callgate_executor import contract
 from callgate_executor.contract import ANSWERED, DONE, STARTED, Execution, Outcome, Step, decide
 from tests.support import published
 from tests.support.executor import Judge
+from worker.core.approval import Decided, Decision, approved_event, pending_event
 from worker.published import Document
 from worker.published.model import Accepted, ResultError, ResultStatus, parse_event
 
@@ -125,6 +127,46 @@ def test_every_kind_of_result_holds_to_the_published_schema() -> None:
     refused = contract.refused_result(event, ResultError(type="approval_missing", message="m"))
     record = published.check(Document.TOOL_RESULT, contract.encode_result(refused))
     assert (record["executed_event_id"], record["attempts"], record["output"]) == (None, 0, None)
+
+
+def _approved(arguments: dict[str, Any], call_id: str) -> Accepted:
+    """A `shop.wire` call as the gate releases it once approved: held (its pending event, with
+    the gate's fingerprint), then approved (`worker.core.approval`)."""
+    accepted = JUDGE.accepted("wire", arguments, call_id=call_id)
+    pending, _ = pending_event(accepted)
+    decided = Decided(Decision.APPROVE, offset=0, at_ms=1, by="ops")
+    return _event(approved_event(orjson.loads(pending), decided))
+
+
+def test_a_call_requiring_approval_runs_only_with_an_approval_of_its_own_arguments() -> None:
+    arguments = {"amount_minor": 5, "idempotency_key": "w1"}
+    unapproved = _event(JUDGE.accepted("wire", arguments, call_id="c-appr-1"))
+    assert unapproved.requires_approval
+    assert unapproved.approval is None
+    assert contract.approval_refusal(unapproved) == contract.APPROVAL_MISSING
+    approved = _approved(arguments, "c-appr-2")
+    assert approved.approval is not None
+    assert contract.approval_refusal(approved) is None
+    # an approval whose fingerprint was tampered with, or carried over to other arguments
+    approval = approved.approval
+    tampered = approved.model_copy(
+        update={"approval": approval.model_copy(update={"fingerprint": "0" * 32})}
+    )
+    assert contract.approval_refusal(tampered) == contract.APPROVAL_MISMATCH
+    moved = approved.model_copy(update={"arguments": {**arguments, "amount_minor": 500}})
+    assert contract.approval_refusal(moved) == contract.APPROVAL_MISMATCH
+    other_version = approved.model_copy(
+        update={"schema_ref": approved.schema_ref.model_copy(update={"version": "2"})}
+    )
+    assert contract.approval_refusal(other_version) == contract.APPROVAL_MISMATCH
+    # a call that needs no approval needs none
+    assert contract.approval_refusal(_pay("k-appr", 100, "c-appr-3")) is None
+    refused = contract.refused_result(tampered, contract.APPROVAL_MISMATCH)
+    record = published.check(Document.TOOL_RESULT, contract.encode_result(refused))
+    assert (record["status"], record["error"]["type"]) == (
+        "refused",
+        "approval_fingerprint_mismatch",
+    )
 
 
 # -- generated histories -------------------------------------------------------------------------
