@@ -36,6 +36,7 @@ LIMITS = GateLimits(
     max_depth=SETTINGS.limits.max_depth,
     max_feedback_bytes=SETTINGS.limits.max_feedback_bytes,
     retry_budget=SETTINGS.retry.budget,
+    violations=violation_limits(SETTINGS.limits),
 )
 ALLOWED = ["ops-oncall", "ops-lead", "svc:deployer"]
 RESTART = SchemaRef("ops.restart_service", "1")

@@ -4,6 +4,11 @@ Two paths the README says decide alike: `callgate check` (`worker.check.run_chec
 lines as unkeyed records of one partition, idempotency keys decided in-process) and the
 worker's (`Processor.feed` with each envelope keyed by its stream id, as "One Kafka record per
 chunk, key `stream_id`" has it), both built by the composition root from the settings.
+
+Each gate is built twice from the same settings: with early verdicts off (every call judged
+whole: its events are what the reference derives) and on (the shipped default: its events are
+the whole judgement's, except that a call may be rejected before its end, and only a call the
+whole judgement never accepts; `early_sound`).
 """
 
 from __future__ import annotations
@@ -38,7 +43,11 @@ class RealGate:
     def __init__(
         self, contracts: Path, schemas: dict[str, dict[str, dict[str, Any]]], **limits: Any
     ) -> None:
-        self.settings = load_settings(schemas={"dir": contracts}, limits=limits)
+        self.settings = load_settings(
+            schemas={"dir": contracts}, limits=limits, assembly={"early_verdict": False}
+        )
+        self.early_settings = load_settings(schemas={"dir": contracts}, limits=limits)
+        assert self.early_settings.assembly.early_verdict, "early verdicts are the default"
         self.registry = build_registry(self.settings)
         own = self.settings.limits
         self.limits = Limits(own.max_bytes, own.max_chunks, own.max_depth, own.max_id_bytes)
@@ -49,32 +58,41 @@ class RealGate:
             }
         )
 
-    def check(self, values: list[bytes], fmt: str = ENVELOPE) -> list[bytes]:
+    def check(
+        self, values: list[bytes], fmt: str = ENVELOPE, *, early: bool = False
+    ) -> list[bytes]:
         """`callgate check` on a file of these records (JSON lines; server-sent events for a
-        vendor format, as `stream.sse`, so its stream id is `stream`): each event as written."""
+        vendor format, as `stream.sse`, so its stream id is `stream`), early verdicts on or
+        off: each event as written."""
+        settings = self.early_settings if early else self.settings
         if fmt == ENVELOPE:
             text, name = b"\n".join(values), "traffic.jsonl"
         else:
             text, name = b"".join(b"data: " + v + b"\n\n" for v in values), "stream.sse"
         out = io.BytesIO()
         run_check(
-            build_processor(self.settings, self.registry),
-            build_key_store(self.settings),
+            build_processor(settings, self.registry),
+            build_key_store(settings),
             io.BytesIO(text),
             out,
             name=name,
             fmt=fmt,
-            max_feedback_bytes=self.settings.limits.max_feedback_bytes,
+            max_feedback_bytes=settings.limits.max_feedback_bytes,
         )
         return out.getvalue().splitlines()
 
     def keyed(
-        self, values: list[bytes], fmt: str = ENVELOPE, cuts: Sequence[int] = ()
+        self,
+        values: list[bytes],
+        fmt: str = ENVELOPE,
+        cuts: Sequence[int] = (),
+        *,
+        early: bool = False,
     ) -> list[bytes]:
         """The worker's processor on these records keyed by their stream id (a vendor
-        format's: `stream`), fed as fetched batches cut at `cuts`, then the end of input: each
-        event as written."""
-        processor = build_processor(self.settings, self.registry)
+        format's: `stream`), fed as fetched batches cut at `cuts`, then the end of input, early
+        verdicts on or off: each event as written."""
+        processor = build_processor(self.early_settings if early else self.settings, self.registry)
         headers = () if fmt == ENVELOPE else (("content-format", fmt.encode()),)
         records = []
         for offset, value in enumerate(values):
@@ -117,8 +135,54 @@ def observed(events: list[bytes]) -> list[Expected]:
     return sorted(out, key=Expected.sort_key)
 
 
+def early_sound(early: list[bytes], whole: list[bytes]) -> None:
+    """The README's rule for early verdicts, on one input judged with them (`early`) and
+    without (`whole`): the same calls get the same events, except that a call rejected early
+    (`"early": true`) is one the whole judgement never accepts (it rejects the call, maybe for
+    another defect found later such as a bound, or finds it incomplete: the stream would have
+    ended first); no event is early without being a rejection."""
+    by_call: dict[tuple[str, str], Expected] = {}
+    for event in observed(whole):
+        by_call[(event.stream_id, event.call_id)] = event
+    decided_early = set()
+    for raw in early:
+        event = exact.read(raw, bounded=False)
+        if event.get("early"):
+            assert event["outcome"] == "rejected", event
+            offset = event["early_offset"]
+            assert offset == int(offset), event
+            assert offset >= event["source"]["first_offset"], event
+            key = (event["stream_id"], event["call_id"])
+            assert key in by_call, (event, "the whole judgement has no event for this call")
+            assert by_call[key].outcome != "accepted", (event, by_call[key])
+            decided_early.add(key)
+        else:
+            assert "early_offset" not in event, event
+    rest = [e for e in observed(early) if (e.stream_id, e.call_id) not in decided_early]
+    whole_rest = [e for e in observed(whole) if (e.stream_id, e.call_id) not in decided_early]
+    assert same(rest, whole_rest), (rest, whole_rest)
+
+
 def event_ids(events: list[bytes]) -> list[str]:
     return [exact.read(e, bounded=False)["event_id"] for e in events]
+
+
+def decided_as_reference(
+    expected: list[Expected],
+    whole: list[bytes],
+    paths: dict[tuple[str, bool], list[bytes]],
+) -> None:
+    """Each path's events (named by path and whether early verdicts were on), against the
+    reference's `expected` with early verdicts off and against the whole judgement (`whole`,
+    `callgate check` with them off) with them on; no `event_id` twice on any path."""
+    for (path, early), events in paths.items():
+        ids = event_ids(events)
+        assert len(set(ids)) == len(ids), (path, early, ids)
+        if early:
+            early_sound(events, whole)
+        else:
+            got = observed(events)
+            assert same(got, expected), (path, got, expected)
 
 
 def same(a: list[Expected], b: list[Expected]) -> bool:
