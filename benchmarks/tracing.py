@@ -55,6 +55,14 @@ def _child(mode: str, calls: int) -> int:
     processor = build_processor(settings)
     owners = KeyOwners("requests", lambda: build_key_store(settings), 4096)
     extra: dict[str, Any] = {}
+    try:
+        from worker.compose import build_approval_store  # noqa: PLC0415
+        from worker.runtime.approvals import ApprovalOwners  # noqa: PLC0415
+    except ImportError:  # a baseline from before calls could wait for approval
+        pass
+    else:
+        extra["approvals"] = ApprovalOwners("pending", lambda: build_approval_store(settings))
+        extra["approvals_topic"] = "approvals"
     if mode == "on":
         from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
         from opentelemetry.sdk.trace.export import (  # noqa: PLC0415

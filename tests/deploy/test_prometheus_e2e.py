@@ -63,6 +63,8 @@ SCHEMA = {
 INPUT = "model-output"
 #: the partitions of the idempotency topics the real worker is given (it owns them all)
 IDEMPOTENCY_PARTITIONS = 1
+#: the partitions of the pending-approval topic the real worker makes (it owns them all)
+APPROVAL_PARTITIONS = 1
 #: the real worker's input partitions: more than the traffic's streams reach, so some are idle
 INPUT_PARTITIONS = 9
 
@@ -330,6 +332,8 @@ def worker_process(
             "CALLGATE_TOPICS__REJECTED": topics["rejected"],
             "CALLGATE_TOPICS__INCOMPLETE": topics["incomplete"],
             "CALLGATE_IDEMPOTENCY__PARTITIONS": str(IDEMPOTENCY_PARTITIONS),
+            "CALLGATE_TOPICS__PENDING_APPROVAL": f"e2e-{run}-pending-approval",
+            "CALLGATE_APPROVAL__PARTITIONS": str(APPROVAL_PARTITIONS),
             "CALLGATE_SCHEMAS__DIR": str(schemas_dir),
             "CALLGATE_SHADOW__SCHEMAS": str(candidate_dir),
             "CALLGATE_PLUGINS": "",
@@ -381,8 +385,8 @@ def test_every_query_on_a_running_worker(
         assert api.query('sum(callgate_idempotency_decisions_total{decision="first"}) > 0')
         assert api.query("sum(callgate_checkpoints_total) > 0")
         assert api.query('sum(callgate_shadow_calls_total{kind="accepted_to_rejected"}) > 0')
-        # the input's partitions and the idempotency requests' one
-        owned = INPUT_PARTITIONS + IDEMPOTENCY_PARTITIONS
+        # the input's partitions, the idempotency requests' and the pending approvals' one
+        owned = INPUT_PARTITIONS + IDEMPOTENCY_PARTITIONS + APPROVAL_PARTITIONS
         assert api.query(f"sum(callgate_assigned_partitions) == {owned}")
         # a lag series for every input partition, the idle ones (at 0) too
         lag = api.query(f'callgate_consumer_lag{{topic="{input_topic}"}}')
