@@ -14,15 +14,30 @@ digests them: `worker.core.canonical.request_digest`), against the latest record
   again (attempt n + 1, the recorded event's execution continued); any other is INTERRUPTED:
   its result says so, and it never runs again.
 
-A call answered without running (a replay, a conflict, a refusal) is remembered by an
-`answered` record of its own (`call:<event id>`), written with its result: delivered again, it
-is ALREADY_DONE too, so that every call has one result.
+A call is answered once, whatever its answer (`answer` decides, in this order):
+
+1. the call was answered without running before (its `answered` record, `call:<event id>`):
+   that answer again (ALREADY_DONE);
+2. the call's own execution is the key's record (same event id): `done`, its recorded result
+   (ALREADY_DONE); `started`, interrupted during its handler, as above (RUN again or
+   INTERRUPTED; INTERRUPTED too when it would be refused now);
+3. a refusal (`refusal`: no handler, no approval or one naming other arguments, arguments the
+   handler's type refuses): REFUSED; nothing runs and the key is left as it was (a refusal is
+   the call's, not the key's: an equal request in a later call, approved, may run);
+4. the key's record decides (`decide`), as above.
+
+Every answer but a run is final when given: its records (`Answer.records`: a `done` record, and
+for a call answered without running an `answered` record holding the answer) are written
+before or with its result, so that a call delivered again (a redelivery after a crash or a
+rebalance, a duplicate record) gets the same answer, never another, even after the handlers
+changed.
 
 Pure: no asyncio, no Kafka, no clock. Records are JSON, defined here once (`Execution`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -47,6 +62,7 @@ def is_call(event: Accepted) -> bool:
     return Phase.TOOL_OUTPUT_VALIDATION.value not in event.metrics.phases_us
 
 
+NO_HANDLER = ResultError(type="no_handler", message="no executor runs this tool")
 APPROVAL_MISSING = ResultError(
     type="approval_missing", message="this tool requires an approval, and the call has none"
 )
@@ -70,6 +86,17 @@ def approval_refusal(event: Accepted) -> ResultError | None:
     ):
         return APPROVAL_MISMATCH
     return None
+
+
+def refusal(
+    event: Accepted, *, handled: bool, argument_error: ResultError | None
+) -> ResultError | None:
+    """Why a call may not run at all, first reason first: no handler (`handled` false), its
+    approval (`approval_refusal`), its arguments refused by the handler's type
+    (`argument_error`); None when it may run."""
+    if not handled:
+        return NO_HANDLER
+    return approval_refusal(event) or argument_error
 
 
 def execution_key(event: Accepted) -> str:
@@ -100,13 +127,15 @@ class Execution:
     """The latest record of an execution key, as the executions topic holds it."""
 
     key: str
-    state: str  # STARTED or DONE
+    state: str  # STARTED, DONE or ANSWERED
     digest: str
     event_id: str
     call_id: str
     tool: str
     attempts: int
-    outcome: Outcome | None = None  # DONE only
+    #: DONE: what the run came to; ANSWERED: the answer (refused, conflict), or None for a
+    #: replay of the key's `done` record
+    outcome: Outcome | None = None
 
     def encode(self) -> bytes:
         outcome = self.outcome
@@ -133,7 +162,7 @@ class Execution:
         if state not in (STARTED, DONE, ANSWERED):
             raise ValueError(f"unknown execution state {state!r}")
         outcome = None
-        if state == DONE:
+        if fields["status"] is not None:
             error = fields["error"]
             outcome = Outcome(
                 ResultStatus(fields["status"]),
@@ -158,6 +187,7 @@ class Step(StrEnum):
     ALREADY_DONE = "already_done"
     CONFLICT = "conflict"
     INTERRUPTED = "interrupted"
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,24 +205,16 @@ def answered_key(event_id: str) -> str:
     return f"call:{event_id}"
 
 
-def answered(event: Accepted, digest: str) -> Execution:
-    """The record of a call answered without running (its result written with it)."""
+def answered(event: Accepted, digest: str, outcome: Outcome | None) -> Execution:
+    """The record of a call answered without running, holding its answer (`outcome`: refused or
+    conflict; None: a replay of its key's `done` record, which never changes)."""
     key = answered_key(event.event_id)
-    return Execution(key, ANSWERED, digest, event.event_id, event.call_id, event.tool or "", 0)
+    tool = event.tool or ""
+    return Execution(key, ANSWERED, digest, event.event_id, event.call_id, tool, 0, outcome)
 
 
-def decide(
-    recorded: Execution | None,
-    digest: str,
-    event_id: str,
-    retry_safe: bool,
-    *,
-    answered: bool = False,
-) -> Decision:
-    """The step for a request (`digest`, from call `event_id`) given its key's latest record;
-    `answered`: the call has an `answered` record (it got its result without running)."""
-    if answered:
-        return Decision(Step.ALREADY_DONE, recorded)
+def decide(recorded: Execution | None, digest: str, event_id: str, retry_safe: bool) -> Decision:
+    """The step for a request (`digest`, from call `event_id`) given its key's latest record."""
     if recorded is None:
         return Decision(Step.RUN, None, attempt=1)
     if recorded.digest != digest:
@@ -301,3 +323,95 @@ def encode_result(tool_result: ToolResult) -> bytes:
         if data.get(optional) is None:
             data.pop(optional, None)
     return orjson.dumps(data)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a call gets: its step, its result (None: RUN, the handler's outcome decides it),
+    and the records to write before or with that result (a `done` record, an `answered` one)."""
+
+    step: Step
+    result: ToolResult | None
+    records: tuple[Execution, ...] = ()
+    #: RUN: the `started` record to write (committed) before the handler runs
+    begun: Execution | None = None
+
+    def to_write(self, *, exactly_once: bool, delivered: bool) -> ToolResult | None:
+        """The result to write (None: only the offset). A call answered before needs none
+        under exactly_once (its result was committed with its records), nor when this member
+        wrote it (`delivered`); else whether it was written cannot be known, and the same
+        result is written again."""
+        if self.step is Step.ALREADY_DONE and (exactly_once or delivered):
+            return None
+        return self.result
+
+
+def answer(
+    event: Accepted,
+    state: Mapping[str, Execution],
+    *,
+    refusal: ResultError | None,
+    retry_safe: bool,
+) -> Answer:
+    """The answer to a call given the latest records of its partition (`state`), the reason
+    it may not run (`refusal`, see the function of that name) and whether its handler is safe
+    to retry: the module docstring's order. An ALREADY_DONE answer's result is the one the
+    call got before (None only for an `answered` record without its answer)."""
+    note = state.get(answered_key(event.event_id))
+    key = execution_key(event)
+    recorded = state.get(key)
+    if note is not None:
+        return Answer(Step.ALREADY_DONE, answered_result(event, note, recorded))
+    digest = digest_of(event)
+    own = recorded is not None and recorded.event_id == event.event_id
+    if refusal is not None and not own:
+        outcome = Outcome(ResultStatus.REFUSED, error=refusal)
+        note = answered(event, digest, outcome)
+        return Answer(Step.REFUSED, refused_result(event, refusal), (note,))
+    decision = decide(recorded, digest, event.event_id, retry_safe and refusal is None)
+    recorded = decision.recorded
+    if decision.step is Step.RUN:
+        executed = recorded.event_id if recorded is not None else event.event_id
+        begun = started(event, key, digest, decision.attempt, executed)
+        return Answer(Step.RUN, None, begun=begun)
+    if decision.step is Step.CONFLICT:
+        note = answered(event, digest, Outcome(ResultStatus.CONFLICT, error=CONFLICT_ERROR))
+        return Answer(Step.CONFLICT, conflict_result(event), (note,))
+    assert recorded is not None
+    if decision.step is Step.ALREADY_DONE:
+        return Answer(Step.ALREADY_DONE, recorded_result(event, recorded))
+    if decision.step is Step.REPLAY:
+        note = answered(event, digest, None)
+        return Answer(Step.REPLAY, recorded_result(event, recorded), (note,))
+    interrupted = Outcome(ResultStatus.INTERRUPTED, error=INTERRUPTED_ERROR)
+    done = finished(recorded, interrupted)
+    return Answer(Step.INTERRUPTED, recorded_result(event, done), _with_note(event, done))
+
+
+def ran(event: Accepted, begun: Execution, outcome: Outcome) -> Answer:
+    """The answer of a call whose handler ran (from `begun`) to `outcome`."""
+    done = finished(begun, outcome)
+    return Answer(Step.RUN, recorded_result(event, done), _with_note(event, done))
+
+
+def _with_note(event: Accepted, done: Execution) -> tuple[Execution, ...]:
+    """A `done` record, with an `answered` record for the call when it is another call's
+    execution that it finished (a retry, an interruption)."""
+    if done.event_id == event.event_id:
+        return (done,)
+    return (done, answered(event, done.digest, None))
+
+
+def answered_result(
+    event: Accepted, note: Execution, recorded: Execution | None
+) -> ToolResult | None:
+    """The result a call answered without running got (`note`), given its key's record."""
+    outcome = note.outcome
+    if outcome is not None:
+        if outcome.status is ResultStatus.CONFLICT:
+            return conflict_result(event)
+        assert outcome.error is not None, "a refusal says why"
+        return refused_result(event, outcome.error)
+    if recorded is not None and recorded.state == DONE and recorded.digest == note.digest:
+        return recorded_result(event, recorded)
+    return None

@@ -8,25 +8,27 @@ Two stages in one consumer group, so that one member owns each execution key:
    `tool_output_validation`) is not a call: it is passed over.
 2. *Execute.* Partition N of the requests topic is owned by one member, which holds the latest
    record of each of its keys, restored from partition N of `<group>.executions` (compacted)
-   when it is assigned. For each request, in order, `contract.decide` says what to do, then:
+   when it is assigned. For each request, in order, `contract.answer` says what to do, then:
 
    a. RUN: the `started` record is written (committed, under exactly_once) before the handler
-      runs; the handler runs within its deadline (`handlers.run_handler`); then the `done`
-      record, the call's result on the tool-results topic, the records the handler emitted,
-      and the request's offset are written together: under exactly_once in one transaction.
-   b. REPLAY, CONFLICT, INTERRUPTED (or a refusal: no handler, no approval or one naming other
-      arguments (`contract.approval_refusal`), arguments its type
-      refuses): the call's result, and the offset, together (an interruption also records
-      `done`, so it is final).
-   c. ALREADY_DONE (the call that ran, delivered again): under exactly_once only the offset
-      (its result was committed with its record); under at_least_once its recorded result is
-      written again, since whether the first one was cannot be known.
+      runs; the handler runs within its deadline (`handlers.run_handler`); then the records
+      the handler emitted, the `done` record, the call's result and the request's offset are
+      written: under exactly_once in one transaction, else each acknowledged before the next.
+   b. REPLAY, CONFLICT, INTERRUPTED, REFUSED (no handler, no approval or one naming other
+      arguments, arguments the handler's type refuses: `contract.refusal`): the call's
+      records (an `answered` record holding its answer; an interruption's `done`), then its
+      result and the offset, written alike.
+   c. ALREADY_DONE (a call answered before, delivered again): the answer it got. Under
+      exactly_once only the offset (its result was committed with its records); under
+      at_least_once too when this member wrote that result itself, else (a member that
+      restored the partition cannot know whether it was written) the recorded result again.
 
 Under exactly_once each owned partition (of both topics) writes with a transactional producer
 of its own, `<group>-<topic>-<partition>`: a partition's next owner fences its former owner
 before it restores, so it reads everything that owner committed and nothing it did not. Under
-at_least_once the writes are acknowledged before the offset is committed; a crash may then
-write a call's result twice (the same result) or run a handler safe to retry again.
+at_least_once the writes are acknowledged in that order before the offset is committed; a crash
+may then write a call's result twice (the same result, never another) or run a handler safe to
+retry again.
 
 A partition being revoked (a rebalance, a stop) finishes the call in its handler and stops
 before the next. Any failure to write or commit stops the executor (`run` raises
@@ -51,7 +53,7 @@ from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
 from callgate_executor import contract
-from callgate_executor.contract import Execution, Outcome, Step, encode_result
+from callgate_executor.contract import Execution, Step, encode_result
 from callgate_executor.handlers import (
     Call,
     Emitted,
@@ -75,7 +77,14 @@ log = logging.getLogger("callgate.executor")
 
 F = TypeVar("F", bound=Handler)
 
-NO_HANDLER = ResultError(type="no_handler", message="no executor runs this tool")
+#: the `stats` member each answer but a run counts under
+_STATS = {
+    Step.REPLAY: "replayed",
+    Step.CONFLICT: "conflict",
+    Step.REFUSED: "refused",
+    Step.INTERRUPTED: "interrupted",
+    Step.ALREADY_DONE: "redelivered",
+}
 
 
 def executor_settings(settings: Settings) -> Settings:
@@ -98,6 +107,8 @@ class _Partition:
     tp: TopicPartition
     producer: AIOKafkaProducer | None
     state: dict[str, Execution] = field(default_factory=dict)
+    #: the calls whose result this member wrote (acknowledged) since it was assigned
+    delivered: set[str] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
     revoked: bool = False
 
@@ -358,7 +369,7 @@ class Executor:
                 key = contract.execution_key(event).encode()
                 routed.append((key, record.value, list(record.headers or ())))
         sends = [(self.requests, None, key, value, headers) for key, value, headers in routed]
-        await self._write(owned, sends, records[-1].offset + 1)
+        await self._write(owned, [sends], records[-1].offset + 1)
         self.stats["routed"] += len(routed)
 
     async def _execute(self, owned: _Partition, record: Any) -> None:
@@ -368,62 +379,31 @@ class Executor:
         if event is None:
             await self._write(owned, [], offset)
             return
-        if self._exactly_once and contract.answered_key(event.event_id) in owned.state:
-            await self._write(owned, [], offset)  # answered already, with its result
-            self.stats["redelivered"] += 1
-            return
         spec = self._handlers.find(event)
-        refusal: ResultError | None = None
-        arguments: BaseModel | None = None
-        if spec is None:
-            refusal = NO_HANDLER
-        elif (unapproved := contract.approval_refusal(event)) is not None:
-            refusal = unapproved
-        else:
-            typed = typed_arguments(spec, event)
-            if isinstance(typed, ResultError):
-                refusal = typed
-            else:
-                arguments = typed
-        if refusal is not None or spec is None or arguments is None:
-            assert refusal is not None
-            await self._finish(owned, event, contract.refused_result(event, refusal), offset)
-            self.stats["refused"] += 1
+        typed = typed_arguments(spec, event) if spec is not None else None
+        refusal = contract.refusal(
+            event,
+            handled=spec is not None,
+            argument_error=typed if isinstance(typed, ResultError) else None,
+        )
+        retry_safe = spec is not None and spec.retry_safe
+        answer = contract.answer(event, owned.state, refusal=refusal, retry_safe=retry_safe)
+        if answer.step is Step.RUN:
+            assert answer.begun is not None
+            assert spec is not None
+            assert isinstance(typed, BaseModel)
+            await self._write(owned, [[self._record_of(owned, answer.begun)]], None)
+            owned.state[answer.begun.key] = answer.begun
+            await self._run(owned, spec, event, typed, begun=answer.begun, offset=offset)
             return
-        key = contract.execution_key(event)
-        digest = contract.digest_of(event)
-        decision = contract.decide(owned.state.get(key), digest, event.event_id, spec.retry_safe)
-        recorded = decision.recorded
-        if decision.step is Step.CONFLICT:
-            await self._finish(owned, event, contract.conflict_result(event), offset)
-            self.stats["conflict"] += 1
-        elif decision.step is Step.REPLAY:
-            assert recorded is not None
-            await self._finish(owned, event, contract.recorded_result(event, recorded), offset)
-            self.stats["replayed"] += 1
-        elif decision.step is Step.ALREADY_DONE:
-            assert recorded is not None
-            if self._exactly_once:
-                await self._write(owned, [], offset)
-            else:
-                result = contract.recorded_result(event, recorded)
-                await self._finish(owned, event, result, offset)
-            self.stats["redelivered"] += 1
-        elif decision.step is Step.INTERRUPTED:
-            assert recorded is not None
-            done = contract.finished(
-                recorded, Outcome(ResultStatus.INTERRUPTED, error=contract.INTERRUPTED_ERROR)
-            )
-            await self._finish(
-                owned, event, contract.recorded_result(event, done), offset, done=done
-            )
-            self.stats["interrupted"] += 1
+        result = answer.to_write(
+            exactly_once=self._exactly_once, delivered=event.event_id in owned.delivered
+        )
+        if result is None:
+            await self._write(owned, [], offset)
         else:
-            executed = recorded.event_id if recorded is not None else event.event_id
-            begun = contract.started(event, key, digest, decision.attempt, executed)
-            await self._write(owned, [self._record_of(owned, begun)], None)
-            owned.state[key] = begun
-            await self._run(owned, spec, event, arguments, begun=begun, offset=offset)
+            await self._finish(owned, event, result, offset, records=answer.records)
+        self.stats[_STATS[answer.step]] += 1
 
     async def _run(
         self,
@@ -447,10 +427,12 @@ class Executor:
         contract_ = self._contract(event)
         output_check = contract_.output_check if contract_ is not None else None
         outcome = await run_handler(spec, call, output_check, self.settings.limits.max_depth)
-        done = contract.finished(begun, outcome)
+        answer = contract.ran(event, begun, outcome)
         emitted = call.emitted if outcome.status is ResultStatus.SUCCEEDED else []
-        result = contract.recorded_result(event, done)
-        await self._finish(owned, event, result, offset, done=done, emitted=emitted)
+        assert answer.result is not None
+        await self._finish(
+            owned, event, answer.result, offset, records=answer.records, emitted=emitted
+        )
         self.stats["executed"] += 1
         self.stats[outcome.status.value] += 1
 
@@ -465,42 +447,45 @@ class Executor:
         result: ToolResult,
         offset: int,
         *,
-        done: Execution | None = None,
+        records: Sequence[Execution],
         emitted: Sequence[Emitted] = (),
     ) -> None:
-        """The call's result (with its `done` record and emitted records) and its offset."""
-        sends: list[_Send] = [(e.topic, None, e.key, e.value, []) for e in emitted]
-        if done is not None:
-            sends.append(self._record_of(owned, done))
-        note = None
-        if done is None or done.event_id != event.event_id:
-            note = contract.answered(event, contract.digest_of(event))
-            sends.append(self._record_of(owned, note))
+        """The call's emitted records, then its records (`done`, `answered`), then its result,
+        then its offset: each acknowledged before the next under at_least_once (a record is
+        never behind its result), all in one transaction under exactly_once."""
         value = encode_result(result)
         headers = [("status", result.status.value.encode()), ("tool", (event.tool or "").encode())]
-        sends.append((self.results, None, event.call_id.encode(), value, headers))
-        await self._write(owned, sends, offset)
-        if done is not None:
-            owned.state[done.key] = done
-        if note is not None:
-            owned.state[note.key] = note
+        stages: list[list[_Send]] = [
+            [(e.topic, None, e.key, e.value, []) for e in emitted],
+            [self._record_of(owned, execution) for execution in records],
+            [(self.results, None, event.call_id.encode(), value, headers)],
+        ]
+        await self._write(owned, stages, offset)
+        for execution in records:
+            owned.state[execution.key] = execution
+        if not self._exactly_once:
+            owned.delivered.add(event.event_id)
         if self._on_result is not None:
             self._on_result(result)
 
     def _record_of(self, owned: _Partition, execution: Execution) -> _Send:
         return (self.executions, owned.tp.partition, execution.key.encode(), execution.encode(), [])
 
-    async def _write(self, owned: _Partition, sends: Sequence[_Send], offset: int | None) -> None:
-        """`sends`, then the partition's next offset (None: none): under exactly_once in one
-        transaction of the partition's producer, else acknowledged, then committed."""
+    async def _write(
+        self, owned: _Partition, stages: Sequence[Sequence[_Send]], offset: int | None
+    ) -> None:
+        """`stages` of sends, then the partition's next offset (None: none): under
+        exactly_once in one transaction of the partition's producer, else each stage
+        acknowledged before the next, then the offset committed."""
         tp = owned.tp
         try:
             if owned.producer is not None:
                 async with owned.producer.transaction():
-                    for topic, partition, key, value, headers in sends:
-                        await owned.producer.send(
-                            topic, value, key=key, partition=partition, headers=headers
-                        )
+                    for stage in stages:
+                        for topic, partition, key, value, headers in stage:
+                            await owned.producer.send(
+                                topic, value, key=key, partition=partition, headers=headers
+                            )
                     if offset is not None:
                         await owned.producer.send_offsets_to_transaction(
                             {tp: offset}, self.settings.kafka.group_id
@@ -509,11 +494,12 @@ class Executor:
             producer, consumer = self._producer, self._consumer
             assert producer is not None
             assert consumer is not None
-            acks = [
-                await producer.send(topic, value, key=key, partition=partition, headers=headers)
-                for topic, partition, key, value, headers in sends
-            ]
-            await asyncio.gather(*acks)
+            for stage in stages:
+                acks = [
+                    await producer.send(topic, value, key=key, partition=partition, headers=headers)
+                    for topic, partition, key, value, headers in stage
+                ]
+                await asyncio.gather(*acks)
             if offset is not None:
                 await consumer.commit({tp: offset})
         except KafkaError as exc:

@@ -3,9 +3,10 @@ to the contract (one run per key, the recorded result for equal repeats, conflic
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +15,6 @@ from callgate_executor import contract
 from callgate_executor.contract import ANSWERED, DONE, STARTED, Execution, Outcome, Step, decide
 from tests.support import published
 from tests.support.executor import Judge
-from worker.core.approval import Decided, Decision, approved_event, pending_event
 from worker.published import Document
 from worker.published.model import Accepted, ResultError, ResultStatus, parse_event
 
@@ -77,8 +77,6 @@ def test_each_step(case: tuple[Execution | None, str, str, bool, Step, int]) -> 
     recorded, digest, event_id, retry_safe, step, attempt = case
     decision = decide(recorded, digest, event_id, retry_safe)
     assert (decision.step, decision.attempt, decision.recorded) == (step, attempt, recorded)
-    # a call answered already is done, whatever its key's record says
-    assert decide(recorded, digest, event_id, retry_safe, answered=True).step is Step.ALREADY_DONE
 
 
 json_values = st.recursive(
@@ -99,7 +97,13 @@ def test_records_read_back_as_written(
 ) -> None:
     done = Execution("key:k", DONE, "d", "e", "c", "t", attempts, Outcome(status, output, error))
     started = Execution("event:e", STARTED, "d", "e", "c", "t", attempts)
-    for record in (done, started, Execution("call:e", ANSWERED, "d", "e", "c", "t", 0)):
+    refused = Outcome(ResultStatus.REFUSED, error=contract.APPROVAL_MISMATCH)
+    for record in (
+        done,
+        started,
+        Execution("call:e", ANSWERED, "d", "e", "c", "t", 0),
+        Execution("call:e", ANSWERED, "d", "e", "c", "t", 0, refused),
+    ):
         assert Execution.decode(record.encode()) == record
 
 
@@ -130,12 +134,7 @@ def test_every_kind_of_result_holds_to_the_published_schema() -> None:
 
 
 def _approved(arguments: dict[str, Any], call_id: str) -> Accepted:
-    """A `shop.wire` call as the gate releases it once approved: held (its pending event, with
-    the gate's fingerprint), then approved (`worker.core.approval`)."""
-    accepted = JUDGE.accepted("wire", arguments, call_id=call_id)
-    pending, _ = pending_event(accepted)
-    decided = Decided(Decision.APPROVE, offset=0, at_ms=1, by="ops")
-    return _event(approved_event(orjson.loads(pending), decided))
+    return _event(JUDGE.approved("wire", arguments, call_id=call_id))
 
 
 def test_a_call_requiring_approval_runs_only_with_an_approval_of_its_own_arguments() -> None:
@@ -169,117 +168,290 @@ def test_a_call_requiring_approval_runs_only_with_an_approval_of_its_own_argumen
     )
 
 
-# -- generated histories -------------------------------------------------------------------------
+def test_a_refusal_is_the_calls_answer_for_good_and_leaves_its_key_free() -> None:
+    arguments = {"amount_minor": 7, "idempotency_key": "w-once"}
+    forged = _event(JUDGE.approved("wire", arguments, call_id="c-once-1", fingerprint="0" * 32))
+    state: dict[str, Execution] = {}
+    first = contract.answer(
+        forged,
+        state,
+        refusal=contract.refusal(forged, handled=True, argument_error=None),
+        retry_safe=True,
+    )
+    assert first.step is Step.REFUSED
+    assert first.result == contract.refused_result(forged, contract.APPROVAL_MISMATCH)
+    (note,) = first.records
+    assert note.key == contract.answered_key(forged.event_id)
+    state[note.key] = Execution.decode(note.encode())  # as a restored member reads it
+    # delivered again, even to an executor that has no handler for it now: the same answer
+    for handled in (True, False):
+        refusal = contract.refusal(forged, handled=handled, argument_error=None)
+        again = contract.answer(forged, state, refusal=refusal, retry_safe=True)
+        assert (again.step, again.result, again.records) == (Step.ALREADY_DONE, first.result, ())
+        assert again.to_write(exactly_once=True, delivered=False) is None
+        assert again.to_write(exactly_once=False, delivered=True) is None
+        assert again.to_write(exactly_once=False, delivered=False) == first.result
+    # the key is not the refused call's: an equal request, approved, runs under it
+    approved = _approved(arguments, "c-once-2")
+    run = contract.answer(approved, state, refusal=None, retry_safe=True)
+    assert run.step is Step.RUN
+    assert run.begun is not None
+    assert run.begun.key == contract.execution_key(forged) == "key:w-once"
 
 
-class Model:
-    """The executor's loop over one partition, with the decision under test and a crash switch:
-    what it records, what runs, and each call's results."""
+# -- generated deliveries against the README's contract ------------------------------------------
+#
+# A partition of the requests topic worked as the executor works it (`contract.answer`, then the
+# records before or with the result, then the offset; a crash loses what was not written and
+# the member's memory, and the record is delivered again), held to a reference written from
+# the README: per call one answer (refused: no handler, no approval or a tampered one; else per
+# key the first request runs, an equal one gets its recorded result, a different one a
+# conflict); every call has exactly one result under exactly_once, and under at_least_once
+# one, or after a crash the same one again.
 
-    def __init__(self, retry_safe: bool) -> None:
-        self.retry_safe = retry_safe
-        self.state: dict[str, Execution] = {}
-        self.runs: dict[str, int] = {}
+#: where a delivery's processing may stop: during the handler (a run only); before anything
+#: of its answer is written; with its records written but not its result; with its result
+#: written but not its offset (the last two: at_least_once only, exactly_once writes them at once)
+CRASHES = ("handler", "unwritten", "unresulted", "uncommitted")
+
+
+@dataclass(frozen=True)
+class Made:
+    """A generated call: its event, and what the README says decides its answer."""
+
+    event: Accepted
+    identity: tuple[str, int]  # the request: tool and arguments (the amount)
+    approval: str | None  # None (needs none), or how its approval is: missing, tampered
+
+
+def _make_pool() -> list[Made]:
+    made: list[Made] = []
+    for key in ("a", "b"):
+        for amount in (1, 2):
+            for call in (0, 1):
+                event = _pay(f"pool-{key}", amount, f"pool-{key}-{amount}-{call}")
+                made.append(Made(event, ("pay", amount), None))
+    for call in (0, 1):
+        lookup = _event(JUDGE.accepted("lookup", {"sku": "s"}, call_id=f"pool-lookup-{call}"))
+        made.append(Made(lookup, ("lookup", 0), None))
+    for amount in (5, 6):
+        arguments = {"amount_minor": amount, "idempotency_key": "pool-w"}
+        for call in (0, 1):
+            call_id = f"pool-wire-{amount}-{call}"
+            approved = _approved(arguments, call_id)
+            made.append(Made(approved, ("wire", amount), None))
+            missing = _event(JUDGE.accepted("wire", arguments, call_id=f"{call_id}-missing"))
+            made.append(Made(missing, ("wire", amount), "approval_missing"))
+            forged = JUDGE.approved("wire", arguments, call_id=f"{call_id}-t", fingerprint="f" * 32)
+            tampered = _event(forged)
+            made.append(Made(tampered, ("wire", amount), "approval_fingerprint_mismatch"))
+        # an approval of amount 5 carried over to arguments of 6
+        moved = _approved({**arguments, "amount_minor": 5}, f"pool-wire-moved-{amount}")
+        moved = moved.model_copy(update={"arguments": arguments})
+        if amount != 5:
+            made.append(Made(moved, ("wire", amount), "approval_fingerprint_mismatch"))
+    return made
+
+
+POOL = _make_pool()
+
+
+def _handled(made: Made) -> Outcome:
+    """What the handlers do: an amount of 2 is declined (a final failure), the rest succeeds."""
+    tool, amount = made.identity
+    if amount == 2:
+        return Outcome(ResultStatus.FAILED, error=ResultError(type="declined", message="no"))
+    return Outcome(ResultStatus.SUCCEEDED, {"tool": tool, "amount": amount})
+
+
+class Member:
+    """The executor working one partition (its decisions: `contract`) over the records it
+    wrote to the executions topic, the results topic, and what each handler ran."""
+
+    def __init__(self, exactly_once: bool, retry_safe: bool) -> None:
+        self.exactly_once, self.retry_safe = exactly_once, retry_safe
+        self.log: list[bytes] = []
         self.results: dict[str, list[dict[str, Any]]] = {}
+        self.runs: Counter[str] = Counter()
+        self.state: dict[str, Execution] = {}
+        self.delivered: set[str] = set()
 
-    def request(self, event: Accepted, crash: bool) -> bool:
-        """One request; `crash`: the executor dies during the handler. True: it was done."""
-        key, digest = contract.execution_key(event), contract.digest_of(event)
-        answered = contract.answered_key(event.event_id) in self.state
-        decision = decide(
-            self.state.get(key), digest, event.event_id, self.retry_safe, answered=answered
-        )
-        recorded = decision.recorded
-        if decision.step is Step.RUN:
-            executed = recorded.event_id if recorded else event.event_id
-            begun = contract.started(event, key, digest, decision.attempt, executed)
-            self.state[key] = begun
-            self.runs[key] = self.runs.get(key, 0) + 1
-            if crash:
+    def crash(self) -> None:
+        """A new member: the partition restored from what was written, nothing else."""
+        self.state = {}
+        for value in self.log:
+            record = Execution.decode(value)
+            self.state[record.key] = record
+        self.delivered = set()
+
+    def _record(self, record: Execution) -> None:
+        self.log.append(record.encode())
+        self.state[record.key] = record
+
+    def deliver(self, made: Made, handled: bool, crash: str | None) -> bool:
+        """One delivery; False: it stopped at `crash` (its offset uncommitted)."""
+        event = made.event
+        refusal = contract.refusal(event, handled=handled, argument_error=None)
+        retry_safe = handled and self.retry_safe
+        answer = contract.answer(event, self.state, refusal=refusal, retry_safe=retry_safe)
+        if answer.step is Step.RUN:
+            assert answer.begun is not None
+            self._record(answer.begun)
+            self.runs[answer.begun.key] += 1
+            if crash == "handler":
+                self.crash()
                 return False
-            outcome = Outcome(ResultStatus.SUCCEEDED, {"amount": event.arguments["amount_minor"]})
-            self.state[key] = done = contract.finished(begun, outcome)
-            result = contract.recorded_result(event, done)
-        elif decision.step is Step.INTERRUPTED:
-            assert recorded is not None
-            done = contract.finished(
-                recorded, Outcome(ResultStatus.INTERRUPTED, error=contract.INTERRUPTED_ERROR)
-            )
-            self.state[key] = done
-            result = contract.recorded_result(event, done)
-        elif decision.step is Step.CONFLICT:
-            result = contract.conflict_result(event)
-        elif decision.step is Step.ALREADY_DONE:
-            return True  # its result is written already (exactly_once)
-        else:
-            assert recorded is not None
-            result = contract.recorded_result(event, recorded)
-        if result.executed_event_id != event.event_id:
-            note = contract.answered(event, digest)
-            self.state[note.key] = note
-        self.results.setdefault(event.event_id, []).append(
-            published.check(Document.TOOL_RESULT, contract.encode_result(result))
+            answer = contract.ran(event, answer.begun, _handled(made))
+        result = answer.to_write(
+            exactly_once=self.exactly_once, delivered=event.event_id in self.delivered
         )
+        if result is None:
+            return True
+        if crash == "unwritten" or (self.exactly_once and crash in CRASHES[2:]):
+            self.crash()
+            return False
+        for record in answer.records:
+            self._record(record)
+        if crash == "unresulted":
+            self.crash()
+            return False
+        wire = published.check(Document.TOOL_RESULT, contract.encode_result(result))
+        self.results.setdefault(event.event_id, []).append(wire)
+        self.delivered.add(event.event_id)
+        if crash == "uncommitted":
+            self.crash()
+            return False
         return True
 
 
-_GENERATED: dict[tuple[str, int, int], Accepted] = {}
+@dataclass
+class KeyRef:
+    key: str
+    identity: tuple[str, int]
+    executed: str  # the call that ran
+    attempts: int = 0
+    final: tuple[Any, ...] | None = None  # (status, error type, output)
 
 
-def _generated(key: str, amount: int, call: int) -> Accepted:
-    """The accepted event of one generated call, judged once (a call id is judged once)."""
-    where = (key, amount, call)
-    if where not in _GENERATED:
-        _GENERATED[where] = _pay(f"gen-{key}", amount, f"gen-{key}-{amount}-{call}")
-    return _GENERATED[where]
+class Reference:
+    """The README's contract, told per call: the answer each call gets (status, error type,
+    output, executed_event_id, replayed, attempts), and how often each key's handler runs."""
+
+    def __init__(self, exactly_once: bool, retry_safe: bool) -> None:
+        self.exactly_once, self.retry_safe = exactly_once, retry_safe
+        self.answers: dict[str, tuple[Any, ...]] = {}
+        self.keys: dict[str, KeyRef] = {}
+        self.runs: Counter[str] = Counter()
+        #: the calls whose result the member now working has written itself (a new member,
+        #: after a crash, cannot know which were written: it writes an answered call's again)
+        self.known: set[str] = set()
+
+    def deliver(self, made: Made, handled: bool, crash: str | None) -> bool:
+        """One delivery; False when the executor stops before its offset is committed."""
+        done = self._deliver(made, handled, crash)
+        if not done:
+            self.known = set()
+        return done
+
+    def _deliver(self, made: Made, handled: bool, crash: str | None) -> bool:
+        event = made.event
+        eid = event.event_id
+        if self.exactly_once and crash in ("unresulted", "uncommitted"):
+            crash = "unwritten"  # one transaction: nothing of it is written
+        if eid in self.answers:  # answered once, for good: its result again, if unknown
+            if self.exactly_once or eid in self.known:
+                return True
+            return self._answer(eid, crash, self.answers[eid])
+        exec_key = f"key:{event.idempotency_key}" if event.idempotency_key else f"event:{eid}"
+        key = self.keys.get(exec_key)
+        if key is not None and key.executed == eid and key.final is None:
+            # its run was interrupted: safe to retry and still handled, it runs again
+            if not (self.retry_safe and handled):
+                key.final = ("interrupted", "interrupted", None)
+                return self._answer(eid, crash, (*key.final, eid, False, key.attempts))
+            return self._run(made, key, crash)
+        refusal = "no_handler" if not handled else made.approval
+        if refusal is not None:
+            return self._answer(eid, crash, ("refused", refusal, None, None, False, 0))
+        if key is None:
+            key = self.keys[exec_key] = KeyRef(exec_key, made.identity, eid)
+            return self._run(made, key, crash)
+        if key.identity != made.identity:
+            return self._answer(
+                eid, crash, ("conflict", "idempotency_conflict", None, None, False, 0)
+            )
+        assert key.final is not None, "an interrupted run is delivered again before the next"
+        return self._answer(eid, crash, (*key.final, key.executed, True, key.attempts))
+
+    def _run(self, made: Made, key: KeyRef, crash: str | None) -> bool:
+        key.attempts += 1
+        self.runs[key.key] += 1
+        if crash in ("handler", "unwritten"):
+            return False
+        outcome = _handled(made)
+        error = outcome.error.type if outcome.error else None
+        key.final = (outcome.status.value, error, outcome.output)
+        eid = made.event.event_id
+        return self._answer(
+            eid, crash, (*key.final, key.executed, key.executed != eid, key.attempts)
+        )
+
+    def _answer(self, eid: str, crash: str | None, answer: tuple[Any, ...]) -> bool:
+        if crash == "unwritten":
+            return False
+        self.answers[eid] = answer
+        if crash == "unresulted":
+            return False
+        self.known.add(eid)
+        return crash != "uncommitted"
 
 
-requests = st.lists(
-    st.tuples(st.sampled_from("ab"), st.integers(1, 2), st.integers(0, 3), st.booleans()),
+deliveries = st.lists(
+    st.tuples(
+        st.integers(0, len(POOL) - 1),
+        st.booleans() | st.just(True),  # the tool's handler registered at that delivery
+        st.sampled_from((None,) * 6 + CRASHES),
+    ),
     min_size=1,
-    max_size=12,
+    max_size=25,
 )
 
 
-@settings(max_examples=60, deadline=None)
-@given(history=requests, retry_safe=st.booleans())
-def test_generated_histories_hold_the_contract(
-    history: list[tuple[str, int, int, bool]], retry_safe: bool
+@settings(max_examples=300, deadline=None)
+@given(history=deliveries, retry_safe=st.booleans(), exactly_once=st.booleans())
+def test_generated_deliveries_hold_the_readme_contract(
+    history: list[tuple[int, bool, str | None]], retry_safe: bool, exactly_once: bool
 ) -> None:
-    """Requests (key, amount, call, crash?) delivered in order, a crashed one again first:
-    per key the first request decides; equal requests get its result, others a conflict;
-    a handler runs again only after a crash, and only when safe to retry."""
-    model = Model(retry_safe)
-    first: dict[str, tuple[int, str]] = {}
-    crashes: dict[str, int] = {}
-    events: dict[str, Accepted] = {}
-    for key, amount, call, crash in history:
-        event = _generated(key, amount, call)
-        events[event.event_id] = event
-        first.setdefault(key, (amount, event.event_id))
-        if not model.request(event, crash):
-            crashes[f"key:gen-{key}"] = crashes.get(f"key:gen-{key}", 0) + 1
-            assert model.request(event, False)  # redelivered after the crash, and done
-    for key, (amount, first_event) in first.items():
-        runs = model.runs[f"key:gen-{key}"]
-        crashed = crashes.get(f"key:gen-{key}", 0)
-        assert runs == (1 + crashed if retry_safe else 1)
-        for event_id, results in model.results.items():
-            event = events[event_id]
-            if event.idempotency_key != f"gen-{key}":
-                continue
-            assert len(results) == 1, "one result per call"
-            (result,) = results
-            if event.arguments["amount_minor"] != amount:
-                assert result["status"] == "conflict"
-                assert result["executed_event_id"] is None
-            elif crashed and not retry_safe:
-                assert result["status"] == "interrupted"
-            else:
-                assert result["status"] == "succeeded"
-                assert result["output"] == {"amount": amount}
-                assert result["executed_event_id"] == first_event
-                assert result["replayed"] == (event_id != first_event)
+    """Calls delivered in any order, repeated, refused (no handler, an approval missing or
+    tampered with), conflicting, with the executor stopping anywhere: each call gets the
+    reference's answer, and one result (under at_least_once, after a crash, the same again)."""
+    member = Member(exactly_once, retry_safe)
+    reference = Reference(exactly_once, retry_safe)
+    crashes = 0
+    for index, handled, crashed in history:
+        made, crash = POOL[index], crashed
+        # delivered until its offset is committed (again after a crash: the same record)
+        while True:
+            done = member.deliver(made, handled, crash)
+            assert reference.deliver(made, handled, crash) == done, (made.event.call_id, crash)
+            if done:
+                break
+            crashes += 1
+            crash = None
+    for made in {POOL[index].event.event_id: POOL[index] for index, _, _ in history}.values():
+        eid = made.event.event_id
+        results = member.results[eid]
+        first = results[0]
+        assert all(result == first for result in results), "one answer per call"
+        if exactly_once or not crashes:
+            assert len(results) == 1, results
+        else:
+            assert len(results) <= 1 + crashes
+        error = first["error"]["type"] if first["error"] else None
+        got: tuple[Any, ...] = (first["status"], error, first["output"])
+        got += (first["executed_event_id"], first["replayed"], first["attempts"])
+        assert got == reference.answers[eid], made.event.call_id
+    assert member.runs == reference.runs
 
 
 def test_an_accepted_tool_result_is_not_a_call() -> None:

@@ -26,6 +26,7 @@ from tests.support import published
 from tests.support.traffic import envelopes
 from worker.check import FileRecord
 from worker.compose import build_processor, build_registry
+from worker.core.approval import Decided, Decision, approved_event, pending_event
 from worker.core.events import read_idempotency_request
 from worker.core.processor import Route
 from worker.published import Document
@@ -87,6 +88,19 @@ class Judge:
         route, value = self.judged(tool, text, call_id=call_id, stream=stream, version=version)
         assert route is Route.ACCEPTED, orjson.loads(value)
         return value
+
+    def approved(
+        self, tool: str, arguments: dict[str, Any], *, call_id: str, fingerprint: str | None = None
+    ) -> bytes:
+        """The accepted event of a call whose contract requires approval, as the gate releases
+        it once approved (held with the gate's fingerprint, then approved:
+        `worker.core.approval`); `fingerprint`: the one its approval states instead (forged)."""
+        pending, _ = pending_event(self.accepted(tool, arguments, call_id=call_id))
+        decided = Decided(Decision.APPROVE, offset=0, at_ms=1, by="ops")
+        event = orjson.loads(approved_event(orjson.loads(pending), decided))
+        if fingerprint is not None:
+            event["approval"]["fingerprint"] = fingerprint
+        return orjson.dumps(event)
 
     def pay(self, key: str, amount: int, *, call_id: str, recipient: str = "acme") -> bytes:
         arguments = {
@@ -171,6 +185,18 @@ class ResultTail:
             timeout_s=timeout_s,
             alive=alive,
         )
+
+    async def drain(self, *, timeout_s: float) -> None:
+        """Until every result written so far is read (committed ones, under read_committed)."""
+        tps = list(self._consumer.assignment())
+        ends = await self._consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            behind = [tp for tp, end in ends.items() if await self._consumer.position(tp) < end]
+            if not behind:
+                return
+            assert time.monotonic() < deadline, f"the results not read within {timeout_s} s"
+            await self.poll()
 
     def only(self, call_id: str) -> dict[str, Any]:
         """The one result of a call (AssertionError when it has none or several)."""
