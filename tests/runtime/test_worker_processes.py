@@ -112,7 +112,9 @@ class Scenario:
         self.run = f"{name}-{tag}"
         self.group = f"g-{self.run}"
         self.input = f"in-{self.run}"
-        self.outputs = {o: f"{o}-{self.run}" for o in ("accepted", "rejected", "incomplete")}
+        #: the topics each outcome goes to (a call that requires approval waits on the last)
+        outcomes = ("accepted", "rejected", "incomplete", "pending_approval")
+        self.outputs = {o: f"{o}-{self.run}" for o in outcomes}
         self.workers: list[WorkerProcess] = []
         self.started = time.monotonic()
         self._feeding: asyncio.Task[None] | None = None
@@ -134,6 +136,7 @@ class Scenario:
             "metrics": {"enabled": False, "host": "127.0.0.1", "port": 0},
             "assembly": {"idle_timeout_s": IDLE_TIMEOUT_S},
             "idempotency": {"partitions": INPUT_PARTITIONS},
+            "approval": {"partitions": OUTPUT_PARTITIONS},
             "shutdown_grace_s": GRACE_S,
             "log_level": "INFO",
         }
@@ -376,8 +379,9 @@ async def test_every_kind_of_call_from_a_third_party_client_gets_its_one_event(
     scenario: Scenario,
 ) -> None:
     """The demo's samples (every case the gate decides: canonical envelopes, vendor events,
-    recorded vendor streams, idempotency duplicates and conflicts, a poison record, an unknown
-    content-format), produced with librdkafka: each call's one event on its outcome's topic,
+    recorded vendor streams, idempotency duplicates and conflicts, refunds that wait for
+    approval, a poison record, an unknown content-format), produced with librdkafka: each
+    call's one event on its outcome's topic,
     with its key and headers, as judged in this process; the input committed to its end."""
     records = sample_traffic(scenario.run)
     sent = await asyncio.to_thread(

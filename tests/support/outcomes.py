@@ -4,8 +4,10 @@
 - `read_all` reads topics to their end offsets (the final word, after every worker stopped);
 - `reference` judges the input as the broker holds it in this process, in one pass, with the
   same settings: what an undisturbed worker writes;
-- `check` fails on any loss, any event for an unknown call, any repeated event that differs
-  from the first in anything but `metrics.phases_us` (or its topic, partition, key, headers),
+- `check` fails on any loss, any event for an unknown call (a call whose contract requires
+  approval comes to its `pending_approval` event, keyed by its event id), any repeated event
+  that differs from the first in anything but `metrics.phases_us` (or its topic, partition,
+  key, headers),
   any event on the wrong topic or with the wrong headers, any outcome other than expected or
   than the reference's, and any key accepted twice or a duplicate that does not name the
   acceptance. It returns the figures: calls, events, identical replays.
@@ -26,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from tests.support.published import check_event
 from tests.support.traffic import Expect
 from worker.compose import build_processor, build_registry
+from worker.core.approval import PENDING_OUTCOME, pending_event
 from worker.core.events import idempotency_rejection, read_idempotency_request
 from worker.core.processor import Route
 from worker.model import Code
@@ -353,7 +356,9 @@ def check(
         outcome = event["outcome"]
         if first.topic != topics.get(outcome):
             problem(f"{call}: {outcome} event on topic {first.topic}")
-        if first.key != call.encode():
+        # a call waiting for approval is keyed by its event id, as decisions name it
+        key = event["event_id"] if outcome == PENDING_OUTCOME else call
+        if first.key != key.encode():
             problem(f"{call}: record key {first.key!r}")
         if first.headers != _headers_of(event):
             problem(f"{call}: headers {first.headers} for {event}")
@@ -397,15 +402,22 @@ def _check_keys(
     for key, calls in sorted(calls_of.items()):
         if not all(call in first_of for call in calls):
             continue  # reported as lost
-        accepted = [c for c in calls if first_of[c].event["outcome"] == "accepted"]
+        # the key's accepted call, or its pending event when its contract requires approval
+        accepted = [
+            c for c in calls if first_of[c].event["outcome"] in ("accepted", PENDING_OUTCOME)
+        ]
         if len(accepted) != 1:
             problem(f"key {key}: {len(accepted)} calls accepted: {accepted or calls}")
             continue
         (winner,) = accepted
         winner_event = first_of[winner].event
         ref = refs.get(winner)
-        if ref is not None and without_timings(ref.event) != without_timings(winner_event):
-            problem(f"{winner}: differs from the reference:\n  {ref.event}\n  {winner_event}")
+        if ref is not None:
+            wanted = ref.event
+            if winner_event["outcome"] == PENDING_OUTCOME:
+                wanted = orjson.loads(pending_event(orjson.dumps(ref.event))[0])
+            if without_timings(wanted) != without_timings(winner_event):
+                problem(f"{winner}: differs from the reference:\n  {wanted}\n  {winner_event}")
         for call in calls:
             if call == winner:
                 continue
