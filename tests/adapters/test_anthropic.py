@@ -313,3 +313,74 @@ def test_a_tool_without_parameters_streams_no_text_and_its_input_is_the_empty_ob
     events[start + 1 : start + 1] = [delta(1, partial_json='{"a"'), delta(1, partial_json=":1}")]
     (call,) = assemble(ANTHROPIC, encode(events))
     assert call.arguments == b'{"a":1}'
+
+
+_STOPS = [
+    "tool_use",
+    "end_turn",
+    "stop_sequence",
+    "pause_turn",
+    "max_tokens",
+    "model_context_window_exceeded",
+    "refusal",
+    "something_new",
+]
+
+
+@pytest.mark.parametrize("stop_reason", _STOPS)
+@pytest.mark.parametrize("last", ["call", "text"])
+@pytest.mark.parametrize("stopped", [True, False], ids=["stopped", "open"])
+@pytest.mark.parametrize(
+    "texts", [("", ""), ("", '{"a":1}'), ('{"a":1}', ""), ('{"a":1}', '{"b":2}')]
+)
+def test_a_block_the_token_limit_may_have_cut_is_never_released_with_or_without_text(
+    stop_reason: str, last: str, stopped: bool, texts: tuple[str, str]
+) -> None:
+    """Every stop reason, two tool blocks whose text is empty (a tool without parameters, or a
+    parameter the API held back until the limit cut it) or not, then perhaps a text block, the
+    message's last block stopped or left open: under a token-limit stop the last block, when it
+    is a call, is `incomplete` `max_tokens` (never `{}`); a block still open is never released;
+    every other stopped call is released, `{}` when it streamed no text."""
+    events: list[dict[str, Any]] = [stream([], stop_reason=stop_reason)[0]]
+    blocks = [("toolu_1", texts[0]), ("toolu_2", texts[1])]
+    if last == "text":
+        blocks.append(("", "Done."))
+    for index, (call_id, text) in enumerate(blocks):
+        if call_id:
+            block = {"type": "tool_use", "id": call_id, "name": "t", "input": {}}
+            deltas = [delta(index, partial_json="")] + [
+                delta(index, partial_json=part) for part in (text[:3], text[3:]) if part
+            ]
+        else:
+            block = {"type": "text", "text": ""}
+            deltas = [delta(index, "text_delta", text=text)]
+        events += [{"type": BLOCK_START, "index": index, "content_block": block}, *deltas]
+        if stopped or index < len(blocks) - 1:
+            events.append({"type": "content_block_stop", "index": index})
+    events += [
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": 9},
+        },
+        {"type": "message_stop"},
+    ]
+    length = stop_reason in ("max_tokens", "model_context_window_exceeded")
+    released = stop_reason not in ("refusal", "something_new")
+    expected: dict[str, tuple[str, bytes]] = {}
+    for index, (call_id, text) in enumerate(blocks):
+        if not call_id:
+            continue
+        is_last = index == len(blocks) - 1
+        if is_last and length:
+            expected[call_id] = (IncompleteReason.MAX_TOKENS, b"")
+        elif not released or (is_last and not stopped):
+            expected[call_id] = (IncompleteReason.STREAM_ENDED, b"")
+        else:
+            expected[call_id] = ("complete", (text or "{}").encode())
+    got = {
+        call.call_id: (call.incomplete or call.assembly_error or "complete", call.arguments)
+        for call in assemble(ANTHROPIC, encode(events))
+        if call.call_id.startswith("toolu_")
+    }
+    assert got == expected

@@ -10,10 +10,12 @@ without parameters") and the format as Anthropic streams it (the SDK places even
   anywhere before the end; a `message_delta` names the stop reason, after which only more
   `message_delta`s, `ping`s and `message_stop` come;
 - `message_stop` ends the stream: a tool block that was stopped is released to be judged (its
-  tool the block's name, at its latest version) unless the stop reason is `refusal` (a
-  rejected `refusal` of the stream, its calls `stream_ended`); a block still open is
-  `incomplete`, `max_tokens` under that stop reason, else `stream_ended`; the end of the input
-  before `message_stop` ends every call `stream_ended`;
+  tool the block's name, at its latest version; a block that streamed no text is a call
+  without arguments, `{}`) unless the stop reason is `refusal` (a rejected `refusal` of the
+  stream, its calls `stream_ended`); a block still open is `incomplete`, `max_tokens` under a
+  token-limit stop, else `stream_ended`, and so is the message's last block under a token-limit
+  stop when it is a call (the limit may have cut it), stopped or not, with text or none; the end
+  of the input before `message_stop` ends every call `stream_ended`;
 - anything else (an event out of that order, a delta of the wrong kind, any event after
   `message_stop`) cannot be placed: a `malformed_record`, every call the stream holds
   `incomplete` `stream_corrupt`, the stream's later events dropped.
@@ -44,6 +46,8 @@ RELEASES = (
     "model_context_window_exceeded",
 )
 _DELTAS = {"tool_use": "input_json_delta", "text": "text_delta"}
+#: the stop reasons of the token limit
+LENGTH = ("max_tokens", "model_context_window_exceeded")
 
 
 @dataclass
@@ -133,19 +137,15 @@ def judge(
             return
         if stop_reason not in RELEASES:
             raise Unmodeled(f"a stop reason the README does not name: {stop_reason!r}")
-        for block in blocks:
+        for index, block in enumerate(blocks):
             if block.call is None:
                 continue
-            if not block.stopped:
-                incomplete(
-                    block.call, "max_tokens" if stop_reason == "max_tokens" else "stream_ended"
-                )
-            elif not "".join(block.call.deltas):
-                # issue 24 section 7 (a tool without parameters: `{}`) is being fixed on the
-                # `integrity` branch; and under `max_tokens` an empty last block may be a cut one
-                raise Unmodeled("a tool block without text")
-            else:
-                events.append(verdict(block.call, contracts, limits))
+            if not block.stopped or (stop_reason in LENGTH and index == len(blocks) - 1):
+                incomplete(block.call, "max_tokens" if stop_reason in LENGTH else "stream_ended")
+                continue
+            if not "".join(block.call.deltas):
+                block.call.deltas = ["{}"]
+            events.append(verdict(block.call, contracts, limits))
 
     for value in values:
         if corrupt:

@@ -517,7 +517,8 @@ def anthropic_stream(draw: st.DrawFn) -> list[bytes]:
         blocks.append(("text", "", draw(_TEXT)))
     for _ in range(draw(st.integers(1, 3))):
         tool, _, text = draw(arguments_text())
-        blocks.append(("tool_use", tool, text))
+        # a call without arguments streams no text (or a stop cut it before any)
+        blocks.append(("tool_use", tool, "" if draw(st.integers(0, 4)) == 0 else text))
     for index, (kind, tool, text) in enumerate(blocks):
         if kind == "text":
             block: dict[str, Any] = {"type": "text", "text": ""}
@@ -535,7 +536,16 @@ def anthropic_stream(draw: st.DrawFn) -> list[bytes]:
         if draw(st.integers(0, 4)) == 2:
             events.append({"type": "ping"})
     reason = draw(
-        st.sampled_from(["tool_use", "end_turn", "max_tokens", "stop_sequence", "refusal"])
+        st.sampled_from(
+            [
+                "tool_use",
+                "end_turn",
+                "max_tokens",
+                "model_context_window_exceeded",
+                "stop_sequence",
+                "refusal",
+            ]
+        )
     )
     events.append(
         {

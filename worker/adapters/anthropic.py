@@ -7,7 +7,10 @@ started with, `{}`, as in the SDK. `server_tool_use` blocks (tools the API runs 
 thinking blocks are not client calls and yield nothing. `message_delta.stop_reason` is the finish
 signal; `message_stop`, the stream's last event, releases the calls whose blocks stopped (see
 `_base`: held until the END) when the message stopped normally or at the token limit, and ends the
-stream. A block still open then (`max_tokens` cuts a block without its stop) ends incomplete.
+stream. A block still open then ends incomplete, and so does the message's last block under a
+token-limit stop (`max_tokens`, `model_context_window_exceeded`) when it is a call, stopped or
+not, with text or none: the limit may have cut it, and the API may hold a parameter back until it
+is whole, so a cut block can stream no text at all and must not pass as a call without input.
 
 `content_block_stop` carries no final text, so the structure is what is checked, against what the
 SDK's accumulator (`accumulate_event`) does with it: it appends each started block to a list and
@@ -258,7 +261,9 @@ class AnthropicAdapter(VendorAdapter):
             raise InputFormatError(f"{kind}: the message stops without a message_delta")
         out: list[Chunk] = []
         if self._stop in _RELEASE:
-            cut = self._blocks - 1 if self._open else None
+            # the last block, if the limit may have cut it: still open, or stopped by the limit
+            length = self._stop is FinishReason.LENGTH
+            cut = self._blocks - 1 if self._open or length else None
             for index, call_id in self._calls.items():
                 if index != cut:
                     # a block that took no text has the input it started with, `{}` (the SDK's)
