@@ -240,6 +240,78 @@ def test_after_an_envelope_streams_end_nothing_more_on_it_is_taken(
     assert (late["stream_id"], late["error_code"]) == ("s", "malformed_record")
 
 
+def _bounded_processor(tmp: Path, max_bytes: int, max_chunks: int) -> Processor:
+    (tmp / "weather").mkdir(exist_ok=True)
+    (tmp / "weather" / "get_weather.v1.schema.json").write_text(
+        json.dumps({"type": "object", "properties": {"city": {"type": "string"}}})
+    )
+    settings_ = Settings(
+        schemas={"dir": tmp}, limits={"max_bytes": max_bytes, "max_chunks": max_chunks}
+    )
+    return build_processor(settings_, build_registry(settings_))
+
+
+@FIXED
+@given(
+    pieces=st.integers(2, 40),
+    closed_by=st.sampled_from(["too_large", "too_many_chunks", "early"]),
+    copied=st.integers(0, 10**6),
+    at=st.integers(0, 10**6),
+    differs=st.booleans(),
+    finished=st.booleans(),
+    keyed=st.booleans(),
+    numbered=st.booleans(),
+)
+def test_a_copy_of_any_piece_of_a_call_closed_by_a_bound_or_early_equals_it_or_corrupts(
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    pieces: int,
+    closed_by: str,
+    copied: int,
+    at: int,
+    differs: bool,
+    finished: bool,
+    keyed: bool,
+    numbered: bool,
+) -> None:
+    """A call past its bound on bytes or pieces, or rejected early, and a copy of any of its
+    pieces (verbatim or not) anywhere after it: a verbatim copy is dropped (the call has its one
+    event, as without the copy); a numbered copy that differs while the call is open ends it
+    `stream_corrupt`; nothing is ever accepted and no two events share an `event_id`."""
+    value = "1" * pieces * 3 if closed_by == "early" else '"' + "o" * pieces * 3 + '"'
+    text = '{"city":' + value + "}"
+    values = weather_call(text, pieces, numbered=numbered)
+    if not finished:  # the stream ends before the call's last piece
+        values[-1] = orjson.dumps({"stream_id": "s", "kind": "end"})
+    bounds = {
+        "too_large": (len(text) // 3, 4096),
+        "too_many_chunks": (4096, max(1, pieces // 3)),
+        "early": (4096, 4096),
+    }[closed_by]
+    tmp = tmp_path_factory.mktemp("bounds")
+    processor = _bounded_processor(tmp, *bounds)
+    expected = [
+        (e["outcome"], e["error_code"], e["reason"]) for e in feed(processor, values, keyed=keyed)
+    ]
+    source = copied % (pieces - (0 if finished else 1))
+    copy = orjson.loads(values[source])
+    if differs:
+        copy["delta"] = copy["delta"] + "x"
+    place = source + 1 + at % (len(values) - source)
+    values.insert(place, orjson.dumps(copy))
+    out = feed(_bounded_processor(tmp, *bounds), values, keyed=keyed)
+    assert all(e["outcome"] != "accepted" for e in out), out
+    assert len({e["event_id"] for e in out}) == len(out)
+    got = [(e["outcome"], e["error_code"], e["reason"]) for e in out]
+    after = place == len(values) - 1
+    if not differs and (numbered or after):
+        # (an unnumbered copy inside an open call is one more piece of it, no retransmission)
+        assert got == expected
+    elif differs and numbered and not after and closed_by != "early":
+        # the call was still open: a numbered piece unlike the one taken corrupts it
+        assert got[0] == ("incomplete", None, "stream_corrupt")
+
+
 # --- 3. a piece that cannot be read ends every call it could belong to ------------------------
 
 #: ways one piece of a call cannot be read, each keeping its stream and call id readable

@@ -100,7 +100,6 @@ class Call:
 class _Closed:
     pieces: list[dict[str, Any]]
     complete: bool
-    overflowed: bool = False
 
 
 def _late(closed: _Closed, env: dict[str, Any], seq: int | None) -> bool | None:
@@ -109,11 +108,6 @@ def _late(closed: _Closed, env: dict[str, Any], seq: int | None) -> bool | None:
     reuses the id. silent: "the tail" of an incomplete call is every piece that does not open
     a call afresh (numbered 0 and unlike the piece taken there, or unnumbered and naming its
     tool)."""
-    if closed.overflowed:
-        # the gate forgets the pieces of a call past its bounds: a retransmission of one is
-        # taken for a reused id (a second event for one call), a differing piece for a
-        # retransmission (issue 24 section 2: a retransmission is told however long the call)
-        raise Unmodeled("a piece of a call past its bounds, after its verdict (issue 24 s. 2)")
     if any(exact.equal(env, piece) for piece in closed.pieces):
         return None
     delta = env.get("delta", "")
@@ -191,8 +185,7 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
 
     def close(call: Call, outcome: str, code: str | None) -> None:
         del open_calls[(call.stream_id, call.call_id)]
-        overflowed = _overflow(call.deltas, limits) is not None
-        closed[(call.stream_id, call.call_id)] = _Closed(call.pieces, call.reused, overflowed)
+        closed[(call.stream_id, call.call_id)] = _Closed(call.pieces, call.reused)
         if call.reused:  # however it ends, a reused id is its own rejected call
             outcome, code = "rejected", "call_id_reused"
         events.append(Expected(call.stream_id, call.call_id, outcome, "assembly", code))
@@ -237,8 +230,6 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
         call.version = call.version if call.version is not None else env.get("tool_version")
         if seq is not None:
             if seq < call.next_seq:
-                if _overflow(call.deltas, limits) is not None:
-                    raise Unmodeled("a retransmission in a call past its bounds (issue 24 s. 2)")
                 taken = next((p for p in call.pieces if p.get("seq") == seq), None)
                 if taken is None:
                     raise Unmodeled("a reused id numbered back past its first piece")
@@ -261,7 +252,7 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
                 close(call, "rejected", "call_id_reused")
                 continue
             del open_calls[ident]
-            closed[ident] = _Closed(call.pieces, True, _overflow(call.deltas, limits) is not None)
+            closed[ident] = _Closed(call.pieces, True)
             events.append(verdict(call, contracts, limits))
     for call in list(open_calls.values()):
         close(call, "incomplete", "stream_ended")

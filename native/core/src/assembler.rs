@@ -25,9 +25,12 @@
 //! - A piece that cannot open a call (an adapter's continuation) for a call that is neither open
 //!   nor remembered belongs to a call already judged and forgotten: dropped, counted.
 //! - Past `max_call_bytes` or `max_call_chunks` the text is dropped and the call, when it ends,
-//!   is rejected `too_large` / `too_many_chunks`.
+//!   is rejected `too_large` / `too_many_chunks`. Each of its pieces is held from then on as a
+//!   hash of its text and `final` (8 bytes), so a retransmission is told as before; a call that
+//!   has read [`Limits::max_dropped_pieces`] is closed at once with its bound's verdict, and the
+//!   rest of it is dropped and counted as late.
 //! - A closed call is remembered (`recently_closed` per partition, oldest forgotten first) with a
-//!   hash of each of its pieces, however many (text and `final`). A later piece under its id is a
+//!   hash of each of its pieces, however many (text and `final`), whatever closed it. A later piece under its id is a
 //!   retransmission when it equals a piece of that call (dropped, counted), a late piece of a call that ended incomplete
 //!   (dropped, counted: that call has its verdict), or else a new call reusing the id: it is
 //!   assembled as its own call, which is always rejected `call_id_reused`.
@@ -73,6 +76,13 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// How many pieces a call past its bound is held for (a hash of each, 8 bytes, in place of
+    /// its text): twice its bound on pieces, at least 1024. A call that reads that many is
+    /// closed at once with its bound's verdict, and the rest of it is dropped and counted.
+    pub fn max_dropped_pieces(&self) -> usize {
+        (self.max_call_chunks as usize).saturating_mul(2).max(1024)
+    }
+
     /// Why these bounds cannot work, if they cannot.
     pub fn check(&self) -> Result<(), &'static str> {
         if self.max_open_calls == 0 || self.recently_closed == 0 {
@@ -383,8 +393,13 @@ pub(crate) enum Body {
     /// `ends`: where each taken piece but the last ends in `text` (the last ends at its end):
     /// a call of one piece holds no list.
     Text { text: Vec<u8>, ends: ThinVec<u32> },
-    /// Past a bound: only the bytes of the pieces taken are counted.
-    Dropped { overflow: Overflow, received: u64 },
+    /// Past a bound: the bytes of the pieces taken are counted, and each piece is held as its
+    /// hash ([`piece_hash`], its `final` included), to tell a retransmission of it.
+    Dropped {
+        overflow: Overflow,
+        received: u64,
+        hashes: ThinVec<u64>,
+    },
 }
 
 impl Body {
@@ -407,6 +422,14 @@ impl Body {
         match self {
             Body::Text { .. } => None,
             Body::Dropped { overflow, .. } => Some(*overflow),
+        }
+    }
+
+    /// The hashes of the pieces of a call past its bound (none while its text is held).
+    pub fn dropped_hashes(&self) -> &[u64] {
+        match self {
+            Body::Text { .. } => &[],
+            Body::Dropped { hashes, .. } => hashes,
         }
     }
 }
@@ -505,13 +528,20 @@ impl OpenCall {
         ends.iter().copied().chain(last.map(|end| end as u32))
     }
 
-    /// Whether `delta` equals the piece already taken at `seq` (true when the text is gone).
+    /// Whether `delta` (not final) equals the piece already taken at `seq`, its text held or,
+    /// past a bound, its hash.
     fn repeats(&self, seq: u32, delta: &[u8]) -> bool {
-        let (text, ends) = match &self.body {
-            Body::Text { text, ends } => (text, ends),
-            Body::Dropped { .. } => return true,
+        // a reused id's pieces are numbered from the number it came with
+        let Some(seq) = seq.checked_sub(self.next_seq - self.chunks) else {
+            return false;
         };
         let seq = seq as usize;
+        let (text, ends) = match &self.body {
+            Body::Text { text, ends } => (text, ends),
+            Body::Dropped { hashes, .. } => {
+                return hashes.get(seq) == Some(&piece_hash(delta, false));
+            }
+        };
         if seq >= self.pieces() {
             return false;
         }
@@ -529,6 +559,9 @@ pub(crate) struct ClosedCall {
     pub hashes: Vec<u64>,
     /// Rejected early: the rest of its stream is dropped, counted.
     pub early: bool,
+    /// Closed past its bound before its end ([`Limits::max_dropped_pieces`]): the rest of it
+    /// is dropped, counted as late.
+    pub cut: bool,
 }
 
 /// A stream's open calls in the order they opened. Most streams have one, held inline.
@@ -966,6 +999,7 @@ impl<'a> PartitionFeed<'a> {
                 chunks: 0,
                 hashes: Vec::new(),
                 early: false,
+                cut: false,
             };
             self.remember(ended, remembered);
         }
@@ -1013,6 +1047,7 @@ impl<'a> PartitionFeed<'a> {
             chunks: 0,
             hashes: Vec::new(),
             early: false,
+            cut: false,
         };
         self.remember(key, broken);
     }
@@ -1202,6 +1237,8 @@ impl<'a> PartitionFeed<'a> {
         *self.shared.buffered -= call.body.text().len();
         // only a final piece completes a call: it is the last piece taken
         let last_final = matches!(ending, Ending::Complete);
+        // a bound's verdict before the call's end: it read as many pieces as it may
+        let cut_at_bound = matches!(ending, Ending::Overflow(_));
         let ending = match ending {
             _ if call.reused => Ending::Reused,
             Ending::Complete => match call.body.overflow() {
@@ -1218,6 +1255,7 @@ impl<'a> PartitionFeed<'a> {
             chunks: call.chunks,
             hashes: piece_hashes(&call, last_final),
             early: matches!(ending, Ending::Early(_)),
+            cut: cut_at_bound,
         };
         let remembered = numbered_from(remembered, call.next_seq, self.shared.limits);
         if part.tracking {
@@ -1335,7 +1373,20 @@ impl Shared<'_> {
                         call.judge = None;
                         *self.buffered -= text.len();
                         let received = (text.len() + taken) as u64;
-                        call.body = Body::Dropped { overflow, received };
+                        // every piece taken is held as its hash from here on
+                        let mut hashes = ThinVec::with_capacity(call.chunks as usize);
+                        let mut start = 0;
+                        for index in 0..call.chunks as usize - 1 {
+                            let end = ends.get(index).map_or(text.len(), |&end| end as usize);
+                            hashes.push(piece_hash(&text[start..end], false));
+                            start = end;
+                        }
+                        hashes.push(piece_hash(piece.delta.as_bytes(), piece.is_final));
+                        call.body = Body::Dropped {
+                            overflow,
+                            received,
+                            hashes,
+                        };
                     }
                     None => {
                         if call.chunks > 1 {
@@ -1347,7 +1398,18 @@ impl Shared<'_> {
                     }
                 }
             }
-            Body::Dropped { received, .. } => *received += taken as u64,
+            Body::Dropped {
+                received,
+                hashes,
+                overflow,
+            } => {
+                *received += taken as u64;
+                hashes.push(piece_hash(piece.delta.as_bytes(), piece.is_final));
+                if !piece.is_final && hashes.len() >= self.limits.max_dropped_pieces() {
+                    call.busy_ns += self.record_ns;
+                    return Some(Ending::Overflow(*overflow));
+                }
+            }
         }
         call.busy_ns += self.record_ns;
         if !piece.is_final {
@@ -1405,15 +1467,21 @@ enum Late {
 
 fn late_piece(closed: &ClosedCall, piece: &CallPiece<'_>) -> Late {
     let hash = piece_hash(piece.delta.as_bytes(), piece.is_final);
-    if closed.early {
+    if closed.early || closed.cut {
+        // judged before its end: what it had not read is the rest of it
+        let rest = if closed.early {
+            Late::AfterEarly
+        } else {
+            Late::Tail
+        };
         return match piece.seq {
             Some(seq) if seq < closed.chunks => match closed.hashes.get(seq as usize) {
                 Some(known) if *known != hash && seq == 0 => Late::Reuse,
                 Some(known) if *known == hash => Late::Retransmission,
-                _ => Late::AfterEarly,
+                _ => rest,
             },
             None if closed.hashes.contains(&hash) => Late::Retransmission,
-            _ => Late::AfterEarly,
+            _ => rest,
         };
     }
     match piece.seq {
@@ -1450,9 +1518,13 @@ fn piece_hash(delta: &[u8], is_final: bool) -> u64 {
     }
 }
 
-/// A hash of every piece the call's text holds, however many (8 bytes a piece, bounded like the
-/// call by `max_call_chunks`); the last one was final when `last_final`.
+/// A hash of every piece the call took, however many (8 bytes a piece: while its text is held,
+/// within `max_call_chunks`; past a bound, the hashes it held, within
+/// [`Limits::max_dropped_pieces`]); the last one was final when `last_final`.
 fn piece_hashes(call: &OpenCall, last_final: bool) -> Vec<u64> {
+    if let Body::Dropped { hashes, .. } = &call.body {
+        return hashes.to_vec();
+    }
     let text = call.body.text();
     let pieces = call.pieces();
     let mut start = 0usize;
@@ -1857,9 +1929,18 @@ mod tests {
     /// Envelope texts fed one record each; the calls closed, with their endings and texts, and
     /// the duplicates counted.
     fn run_envelopes(records: &[String]) -> (Vec<(String, Ending, String)>, u64) {
+        run_envelopes_within(1 << 20, 4096, records)
+    }
+
+    /// [`run_envelopes`] under bounds of `max_call_bytes` and `max_call_chunks`.
+    fn run_envelopes_within(
+        max_call_bytes: usize,
+        max_call_chunks: u32,
+        records: &[String],
+    ) -> (Vec<(String, Ending, String)>, u64) {
         let limits = Limits {
-            max_call_bytes: 1 << 20,
-            max_call_chunks: 4096,
+            max_call_bytes,
+            max_call_chunks,
             max_open_calls: 100,
             idle_timeout_ms: 1_000,
             max_call_lifetime_ms: 10_000,
@@ -1937,6 +2018,58 @@ mod tests {
             assert_eq!(calls.len(), 1, "{pieces}: {calls:?}");
             assert_eq!(calls[0].1, Ending::Complete);
             assert_eq!(duplicates, pieces as u64);
+        }
+    }
+
+    /// Calls past a bound on bytes or pieces, numbered or not, some past the pieces such a
+    /// call is held for: a copy of any piece it read is a retransmission, open or closed; a
+    /// numbered one that differs corrupts it while open; what it did not read (after a verdict
+    /// at the cap) is dropped as late, never a call of its own.
+    #[test]
+    fn a_copy_of_any_piece_of_a_call_past_its_bound_is_told() {
+        let tight = Limits {
+            max_call_bytes: 10,
+            max_call_chunks: 4,
+            max_open_calls: 1,
+            idle_timeout_ms: 1,
+            max_call_lifetime_ms: 1,
+            recently_closed: 1,
+        };
+        let cap = tight.max_dropped_pieces();
+        for (bytes, chunks, overflow) in [
+            (10, 64, Overflow::TooLarge),
+            (1 << 20, 4, Overflow::TooManyChunks),
+        ] {
+            for pieces in [6usize, 40, cap - 1, cap, cap + 5] {
+                for numbered in [false, true] {
+                    let seq = |n: usize| numbered.then_some(n as u32);
+                    let mut records: Vec<String> = (0..pieces)
+                        .map(|n| envelope("a", seq(n), &format!("p{n},"), n + 1 == pieces))
+                        .collect();
+                    // copies of every piece, after the call closed
+                    let mut copies = records.clone();
+                    copies.reverse();
+                    records.append(&mut copies);
+                    let (calls, duplicates) = run_envelopes_within(bytes, chunks, &records);
+                    let case = format!("{overflow:?} {pieces} numbered {numbered}");
+                    assert_eq!(calls.len(), 1, "{case}: {calls:?}");
+                    assert_eq!(calls[0].1, Ending::Overflow(overflow), "{case}");
+                    assert_eq!(duplicates as usize, pieces.min(cap), "{case}");
+                }
+                // open: an equal copy is dropped, one that differs corrupts the call
+                let mut records: Vec<String> = (0..pieces)
+                    .map(|n| envelope("a", Some(n as u32), &format!("p{n},"), false))
+                    .collect();
+                let taken = pieces.min(cap - 1);
+                records.truncate(taken);
+                records.push(envelope("a", Some(1), "p1,", false));
+                let (calls, duplicates) = run_envelopes_within(bytes, chunks, &records);
+                assert_eq!(duplicates, 1);
+                assert_eq!(calls[0].1, Ending::Incomplete(Incomplete::StreamEnded));
+                records.push(envelope("a", Some(2), "p2!", false));
+                let (calls, _) = run_envelopes_within(bytes, chunks, &records);
+                assert_eq!(calls[0].1, Ending::Incomplete(Incomplete::StreamCorrupt));
+            }
         }
     }
 
