@@ -336,7 +336,19 @@ def _anthropic_call(run: str, name: str, arguments: str, stop: str | None) -> _S
     sid = f"{run}:anthropic-{name}"
     block = {"type": "tool_use", "id": f"{run}:toolu-{name}", "name": "get_weather", "input": {}}
     events: list[dict[str, Any]] = [
-        {"type": "message_start", "message": {"id": sid, "type": "message", "role": "assistant"}},
+        {
+            "type": "message_start",
+            "message": {
+                "id": sid,
+                "type": "message",
+                "role": "assistant",
+                "content": [],
+                "model": "claude-sonnet-4-5",
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 25, "output_tokens": 1},
+            },
+        },
         {"type": "content_block_start", "index": 0, "content_block": block},
         *(
             {
@@ -349,7 +361,13 @@ def _anthropic_call(run: str, name: str, arguments: str, stop: str | None) -> _S
     ]
     if stop == "tool_use":
         events.append({"type": "content_block_stop", "index": 0})
-    events.append({"type": "message_delta", "delta": {"stop_reason": stop}})
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop, "stop_sequence": None},
+            "usage": {"output_tokens": 40},
+        }
+    )
     events.append({"type": "message_stop"})
     headers: Headers = (("content-format", b"anthropic.messages"),)
     return _Stream(sid, f"anthropic.messages {name}", tuple((_dumps(ev), headers) for ev in events))

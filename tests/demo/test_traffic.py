@@ -8,7 +8,11 @@ from importlib import resources
 import orjson
 
 from callgate_demo.traffic import REFUND_DECISIONS, sample_traffic
+from tests.datafiles import SCHEMAS as REPO_SCHEMAS
 from tests.datafiles import data_path
+from worker.check import FileRecord
+from worker.compose import build_processor, build_registry
+from worker.settings import load_settings
 
 SAMPLES = resources.files("callgate_demo").joinpath("samples")
 PROVENANCE = "PROVENANCE.md"
@@ -71,3 +75,24 @@ def test_the_traffic_holds_one_refund_for_each_decision_the_demo_makes() -> None
     }
     assert {f"t:{name}": "refund_payment" for name in REFUND_DECISIONS}.items() <= calls.items()
     assert sorted(REFUND_DECISIONS.values()) == ["approve", "deny"]
+
+
+def test_only_the_deliberately_broken_samples_are_malformed() -> None:
+    """The synthesized vendor streams are shaped as the vendors send them (every field the
+    gate checks), so each is judged as the call it shows: the one poison record and the one
+    unknown content-format are the only malformed records, and no stream is corrupt."""
+    settings = load_settings(schemas={"dir": REPO_SCHEMAS})
+    processor = build_processor(settings, build_registry(settings))
+    records = sample_traffic("t")
+    fetched = [
+        FileRecord("in", 0, offset, None, r.key, r.value, tuple(r.headers))
+        for offset, r in enumerate(records)
+    ]
+    broken = []
+    for emission in [*processor.feed("in", 0, fetched), *processor.flush()]:
+        if not emission.value.startswith(b"{"):
+            continue  # an idempotency request: its call was accepted
+        event = orjson.loads(emission.value)
+        if event.get("error_code") == "malformed_record" or event.get("reason") == "stream_corrupt":
+            broken.append(event["stream_id"])
+    assert sorted(broken) == ["t:badformat", "t:poison"]
