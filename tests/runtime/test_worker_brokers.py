@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import re
@@ -933,7 +934,7 @@ FENCED_ROUNDS = {
 
 @pytest.mark.parametrize("round_records", sorted(FENCED_ROUNDS))
 async def test_a_fenced_partition_s_round_fails_as_fenced_however_far_it_went(
-    apache_kafka: ApacheKafka, round_records: str
+    apache_kafka: ApacheKafka, round_records: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """What exactly_once relies on: once a newer producer of a partition's transactional id has
     started, the older one's next round fails with one of `FENCED`, whether the broker refuses
@@ -969,3 +970,8 @@ async def test_a_fenced_partition_s_round_fails_as_fenced_however_far_it_went(
     finally:
         await transactions.close_all(5.0)
         await newer.stop()
+    # the fenced producer's error was read where it was met: nothing of it is left unretrieved
+    del transactions, outbox
+    gc.collect()
+    unretrieved = [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert unretrieved == []

@@ -108,6 +108,23 @@ def transaction_error(producer: Any) -> KafkaError | None:
     return error if isinstance(error, KafkaError) else KafkaError(repr(error))
 
 
+def observe_failed_transaction(producer: Any) -> None:
+    """Read the errors aiokafka left, for a transactional producer whose transaction failed, on
+    futures nobody awaits: the transaction's end (`transaction_error`) and the drain waiter of
+    each batch the failure closed before it was sent. Done once the producer is stopped, so
+    they are not logged as "exception was never retrieved" when it is collected: the error
+    itself was already met, on the write or the request that failed."""
+    transaction_error(producer)
+    accumulator = getattr(producer, "_message_accumulator", None)
+    if accumulator is None:
+        return
+    for batches in (*accumulator._batches.values(), accumulator._pending_batches):
+        for batch in batches:
+            waiter = batch._drain_waiter
+            if waiter.done() and not waiter.cancelled():
+                waiter.exception()
+
+
 @dataclass(slots=True)
 class Record:
     """One record to produce, for round `round_id`; `origin` is what a substitute is made from."""

@@ -34,7 +34,13 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from worker.runtime.ledger import Partition
-from worker.runtime.outbox import Outbox, Record, Sink, transaction_error
+from worker.runtime.outbox import (
+    Outbox,
+    Record,
+    Sink,
+    observe_failed_transaction,
+    transaction_error,
+)
 
 log = logging.getLogger("callgate.transactions")
 
@@ -209,3 +215,4 @@ class Transactions:
             await asyncio.wait_for(producer.stop(), timeout=max(0.1, timeout_s))
         except (TimeoutError, KafkaError) as exc:
             log.warning("closing a transactional producer: %r", exc)
+        observe_failed_transaction(producer)
