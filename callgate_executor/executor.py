@@ -63,8 +63,9 @@ from callgate_executor.handlers import (
     run_handler,
     typed_arguments,
 )
-from worker.compose import build_registry
+from worker.compose import build_registry, tool_labels
 from worker.errors import BrokerError, ConfigError, StateError
+from worker.metrics import Metrics
 from worker.published.model import Accepted, ResultError, ResultStatus, ToolResult, parse_event
 from worker.runtime.kafka import READ_COMMITTED, Kafka, Listener
 from worker.runtime.kafka_options import consumer_options, producer_options
@@ -77,7 +78,7 @@ log = logging.getLogger("callgate.executor")
 
 F = TypeVar("F", bound=Handler)
 
-#: the `stats` member each answer but a run counts under
+#: the outcome (`stats` member, `callgate_executor_calls_total` label) of each answer but a run
 _STATS = {
     Step.REPLAY: "replayed",
     Step.CONFLICT: "conflict",
@@ -123,12 +124,16 @@ class Executor:
         *,
         registry: SchemaRegistry | None = None,
         on_result: Callable[[ToolResult], None] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = executor_settings(settings)
         self._exactly_once = settings.delivery.guarantee == "exactly_once"
         self._kafka = Kafka(self.settings)
         self._registry = registry if registry is not None else build_registry(settings)
         self._handlers = Handlers()
+        #: `callgate_executor_calls_total{tool, outcome}` (and the process series) in
+        #: `metrics.registry`, for the executor's process to serve
+        self.metrics = metrics if metrics is not None else Metrics(tool_labels(self._registry))
         self._on_result = on_result
         ex = settings.executor
         self.validated = settings.topics.accepted
@@ -403,7 +408,7 @@ class Executor:
             await self._write(owned, [], offset)
         else:
             await self._finish(owned, event, result, offset, records=answer.records)
-        self.stats[_STATS[answer.step]] += 1
+        self._count(event, _STATS[answer.step])
 
     async def _run(
         self,
@@ -434,7 +439,11 @@ class Executor:
             owned, event, answer.result, offset, records=answer.records, emitted=emitted
         )
         self.stats["executed"] += 1
-        self.stats[outcome.status.value] += 1
+        self._count(event, outcome.status.value)
+
+    def _count(self, event: Accepted, outcome: str) -> None:
+        self.stats[outcome] += 1
+        self.metrics.executor_call(event.tool, outcome)
 
     def _contract(self, event: Accepted) -> Contract | None:
         found = self._registry.resolve(event.schema_ref.id, event.schema_ref.version)

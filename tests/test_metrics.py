@@ -19,6 +19,7 @@ from worker.core.flips import Comparison, Kind
 from worker.core.idempotency import Decision
 from worker.metrics import (
     CHECKPOINT_KINDS,
+    EXECUTOR_OUTCOMES,
     INTERNAL_ERROR_PHASES,
     NO_LABEL,
     NO_TOOL,
@@ -105,6 +106,7 @@ def test_the_series_operators_query_exist() -> None:
         "callgate_idempotency_keys_limit",
         "callgate_approvals_total",
         "callgate_pending_approvals",
+        "callgate_executor_calls_total",
         "callgate_events_substituted_total",
         "callgate_events_dropped_total",
         "callgate_input_records_deleted_total",
@@ -158,6 +160,11 @@ def test_series_exist_at_zero_before_their_first_event() -> None:
         for tool in LABELS | {UNKNOWN_TOOL, NO_TOOL}
     }
     assert set(calls.values()) == {0}
+    assert series(scraped, "callgate_executor_calls_total") == {
+        frozenset({("outcome", outcome), ("tool", tool)}): 0
+        for outcome in EXECUTOR_OUTCOMES
+        for tool in LABELS | {UNKNOWN_TOOL, NO_TOOL}
+    }
     assert series(scraped, "callgate_rejections_total") == {
         frozenset({("phase", phase.value), ("code", "internal_error")}): 0
         for phase in INTERNAL_ERROR_PHASES
@@ -488,6 +495,28 @@ def test_idempotency_decisions_are_the_owners_enum_only() -> None:
     assert label_values(scraped, "callgate_idempotency_decisions_total", "decision") == set(
         Decision
     )
+
+
+def test_executor_calls_are_counted_by_tool_label_and_outcome() -> None:
+    metrics = new_metrics()
+    metrics.executor_call("weather.get_weather", "succeeded")
+    metrics.executor_call("get_weather", "refused")
+    metrics.executor_call("get_weather", "refused")
+    metrics.executor_call("nobody-knows", "conflict")
+    metrics.executor_call(None, "redelivered")
+    with pytest.raises(KeyError):
+        metrics.executor_call("get_weather", "made-up")
+    counted = {
+        labels: count
+        for labels, count in series(scrape(metrics), "callgate_executor_calls_total").items()
+        if count
+    }
+    assert counted == {
+        frozenset({("tool", "get_weather"), ("outcome", "succeeded")}): 1,
+        frozenset({("tool", "get_weather"), ("outcome", "refused")}): 2,
+        frozenset({("tool", UNKNOWN_TOOL), ("outcome", "conflict")}): 1,
+        frozenset({("tool", NO_TOOL), ("outcome", "redelivered")}): 1,
+    }
 
 
 # -- scrapes while the event loop writes ---------------------------------------------------------

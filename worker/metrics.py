@@ -52,6 +52,18 @@ NO_LABEL = "_none"
 
 #: what an approval owner did: a call held, or a decision's ruling (`worker.core.approval.Ruling`)
 APPROVAL_RESULTS = ("held", "approved", "denied", "expired", "refused")
+#: what came of a call at an executor (`callgate_executor`): its handler's run (succeeded, failed,
+#: timed_out), or an answer without one; redelivered: a call answered before, delivered again
+EXECUTOR_OUTCOMES = (
+    "succeeded",
+    "failed",
+    "timed_out",
+    "interrupted",
+    "replayed",
+    "conflict",
+    "refused",
+    "redelivered",
+)
 #: the `kind` of a checkpoint: the whole state of a partition, or what changed since the last
 CHECKPOINT_KINDS = ("full", "delta")
 #: rejections of phase `assembly` with these codes are records that could not be read at all
@@ -303,6 +315,19 @@ class Metrics:
             registry=registry,
         )
         self._approvals = {result: approvals.labels(result) for result in APPROVAL_RESULTS}
+        executor_calls = Counter(
+            PREFIX + "executor_calls",
+            "Calls an executor answered, by tool and outcome: its handler's run (succeeded, "
+            "failed, timed_out), interrupted, replayed (an equal request's recorded result), "
+            "conflict, refused, or redelivered (answered before, delivered again).",
+            ("tool", "outcome"),
+            registry=registry,
+        )
+        self._executor_calls = {
+            (tool, outcome): executor_calls.labels(tool, outcome)
+            for tool in self.known_tools | {UNKNOWN_TOOL, NO_TOOL}
+            for outcome in EXECUTOR_OUTCOMES
+        }
         self._pending_approvals = Gauge(
             PREFIX + "pending_approvals",
             "Calls waiting for a decision in the partitions this worker's approval owners hold.",
@@ -466,6 +491,11 @@ class Metrics:
     def approval(self, result: str) -> None:
         """Count what an approval owner did (one of `APPROVAL_RESULTS`)."""
         self._approvals[result].inc()
+
+    def executor_call(self, tool: str | None, outcome: str) -> None:
+        """Count a call an executor answered (`outcome`: one of `EXECUTOR_OUTCOMES`)."""
+        label = NO_TOOL if tool is None else self.tool_labels.get(tool, UNKNOWN_TOOL)
+        self._executor_calls[(label, outcome)].inc()
 
     def set_pending_approvals(self, count: int) -> None:
         self._pending_approvals.set(count)

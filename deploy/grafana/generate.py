@@ -62,6 +62,10 @@ def _internal(selector: str) -> str:
     return f'code="internal_error", {selector}'
 
 
+EXECUTOR_CALLS = Query(
+    _rate("callgate_executor_calls_total", BY_TOOL, "tool, outcome"), "{{tool}} {{outcome}}"
+)
+
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     (
         "Traffic and outcomes",
@@ -281,6 +285,24 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "approval owners; each expires after CALLGATE_APPROVAL__EXPIRY_S.",
                 (Query(f"sum(callgate_pending_approvals{{{BY_WORKER}}})", "pending"),),
                 width=12,
+            ),
+        ),
+    ),
+    (
+        "Executors",
+        (
+            Panel(
+                "Executor calls/s by tool and outcome",
+                "What callgate_executor processes answered: a handler's run (succeeded, failed, "
+                "timed_out), interrupted (an executor died during a handler not safe to retry), "
+                "replayed (an equal request's recorded result), conflict (another request under "
+                "the key), refused (no handler, no approval or a forged one, arguments the "
+                "handler's type refuses), redelivered (a call answered before, delivered again: "
+                "it gets the same answer).",
+                (EXECUTOR_CALLS,),
+                unit="ops",
+                stack=True,
+                width=24,
             ),
         ),
     ),

@@ -60,6 +60,7 @@ def test_the_panels_answer_the_operators_questions_top_to_bottom() -> None:
         ("Checkpoints/s: full vs delta", "callgate_checkpoints_total"),
         ("Idempotency decisions/s", "callgate_idempotency_decisions_total"),
         ("Idempotency keys", "callgate_idempotency_keys"),
+        ("Executor calls/s by tool and outcome", "callgate_executor_calls_total"),
         ("Events substituted and dropped/s", "callgate_events_dropped_total"),
         ("Dropped chunks/s", "callgate_late_chunks_total"),
         ("Shadow flips/s by tool, version and kind", "callgate_shadow_calls_total"),
