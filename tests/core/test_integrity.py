@@ -356,6 +356,92 @@ def test_an_unreadable_piece_ends_its_call_keyed_or_not_and_is_named(
         assert len({e["event_id"] for e in out}) == len(out)
 
 
+#: records that name no stream an envelope could be read to name (not UTF-8, not JSON, not an
+#: object, no `stream_id` or one that is not a string, a tombstone): keyed by the stream id of
+#: nothing, as `check` and a producer that sets no key send them
+NAMELESS: list[bytes | None] = [
+    b"garbage",
+    b"\xff\xfe",
+    b"[]",
+    b'{"kind":"tool_call","call_id":"c","delta":"x"}',
+    b'{"stream_id":7,"call_id":"c","kind":"tool_call","delta":"x"}',
+    None,
+]
+
+
+@FIXED
+@given(
+    streams=st.integers(1, 3),
+    pieces=st.integers(2, 5),
+    numbered=st.booleans(),
+    at=st.integers(0, 10**6),
+    how=st.integers(0, len(NAMELESS) - 1),
+    replaces=st.booleans(),
+    keyed=st.booleans(),
+)
+def test_a_record_that_names_no_stream_ends_every_envelope_call_it_could_belong_to(
+    engine_processor: Any,
+    *,
+    streams: int,
+    pieces: int,
+    numbered: bool,
+    at: int,
+    how: int,
+    replaces: bool,
+    keyed: bool,
+) -> None:
+    """Interleaved calls of up to three envelope streams, one record among them (in place of
+    a piece, or besides) that names no stream: unkeyed (`check`, a producer that sets no key) it
+    could belong to any of them, so every envelope call open then ends `stream_corrupt`; keyed
+    by a stream id, that stream's. Calls closed before it, and calls opened after it, are
+    judged as without it; it is one `malformed_record` of its own; no event id twice."""
+    text = '{"city":"' + "o" * pieces * 2 + '"}'
+    calls = []
+    for n in range(streams):
+        values = weather_call(text, pieces, numbered=numbered, call=f"c{n}")
+        calls.append(
+            [v.replace(b'"stream_id":"s"', f'"stream_id":"s{n}"'.encode()) for v in values]
+        )
+    # round robin: each stream's calls interleaved, piece by piece
+    order = [call[k] for k in range(pieces) for call in calls]
+    place = at % len(order)
+    bad = NAMELESS[how]
+    owner = orjson.loads(order[place])["stream_id"]  # the stream of the piece it replaces
+    values = list(order)
+    if replaces:
+        values[place] = bad
+    else:
+        values.insert(place, bad)
+    keys = [_stream_of(v) for v in values]
+    keys[place] = owner.encode() if keyed else None
+    out = [
+        event
+        for emission in engine_processor().feed(TOPIC, 0, records(values, keys))
+        for event in [json.loads(emission.value)]
+    ]
+    assert len({e["event_id"] for e in out}) == len(out)
+    (malformed,) = (e for e in out if e["error_code"] == "malformed_record")
+    assert malformed["stream_id"] == (owner if keyed else "")
+    by_stream = {e["stream_id"]: e for e in out if e is not malformed}
+    for n in range(streams):
+        stream = f"s{n}"
+        # a call is open at `place` when a piece of it came before and its last one after
+        opened = any(_stream_of(v) == stream.encode() for v in order[:place])
+        ends_after = any(_stream_of(v) == stream.encode() for v in order[place + 1 :]) or (
+            not replaces and any(_stream_of(v) == stream.encode() for v in order[place:])
+        )
+        ended = opened and ends_after and (not keyed or stream == owner)
+        event = by_stream.get(stream)
+        if ended:
+            assert event is not None
+            assert (event["outcome"], event["reason"]) == ("incomplete", "stream_corrupt")
+        elif event is not None and stream != owner:
+            # (the owner's call may have lost its piece: what is left of it is judged as it
+            # comes, and never accepted as other arguments, below)
+            assert event["outcome"] == "accepted"
+    assert all(e.get("arguments") in (None, json.loads(text)) for e in out)
+
+
 def _decided(event: dict[str, Any]) -> tuple[Any, ...]:
     return (
         event["event_id"],

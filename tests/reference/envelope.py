@@ -19,7 +19,10 @@ A call is (stream_id, call_id). Its pieces are taken in the order they come:
   end of the input ends the rest `stream_ended`;
 - a piece of a call that has its verdict is dropped when it equals a piece that call took or
   when the call ended without its final (the tail of a call already judged); otherwise it is a
-  new call reusing the id, rejected `call_id_reused`.
+  new call reusing the id, rejected `call_id_reused`;
+- a record that names no stream (not JSON, not an object, no `stream_id`), which has no key
+  on either path, is a `malformed_record` of its own and ends every envelope call open then
+  `stream_corrupt` ("A malformed piece never changes what is accepted").
 """
 
 from __future__ import annotations
@@ -192,8 +195,16 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
 
     for value in values:
         env = malformed(value, limits)
+        if env is None and b"stream_id" not in value:
+            # it names no stream, and has no key (`check`'s records; the worker's, keyed by a
+            # stream id that cannot be read): it could belong to any envelope call, and every
+            # one still open ends
+            events.append(Expected("", MALFORMED, "rejected", "assembly", "malformed_record"))
+            for call in list(open_calls.values()):
+                close(call, "incomplete", "stream_corrupt")
+            continue
         if env is None:
-            raise Unmodeled("a malformed envelope (issue 24 section 3: which calls it ends)")
+            raise Unmodeled("a malformed envelope naming its stream (issue 24 section 3)")
         stream = env["stream_id"]
         if env["kind"] == "end":
             reason = FINISH_REASONS.get(env.get("finish_reason") or "", "stream_ended")

@@ -313,16 +313,28 @@ def mutated(draw: st.DrawFn, records: list[bytes], *, in_place: bool = True) -> 
         if not records:
             break
         i = draw(st.integers(0, len(records) - 1))
-        fault = draw(st.sampled_from(["delete", "duplicate", "swap", "text", "channel"]))
+        fault = draw(
+            st.sampled_from(["delete", "duplicate", "swap", "text", "channel", "nameless"])
+        )
         if fault == "delete":
             del records[i]
+        elif fault == "nameless":
+            # a record that names no stream: garbled, or not an envelope at all
+            nameless = draw(st.sampled_from([b"garbage", b"\xff\xfe", b"[]", b'{"kind":"end"}']))
+            if in_place and draw(st.booleans()):
+                records[i] = nameless
+            else:
+                records.insert(i, nameless)
         elif fault == "duplicate":
             records.insert(draw(st.integers(i + 1, len(records))), records[i])
         elif fault == "swap" and i + 1 < len(records):
             records[i], records[i + 1] = records[i + 1], records[i]
         elif fault in ("text", "channel"):
-            fields = json.loads(records[i])
-            if fields.get("kind") != "tool_call":
+            try:
+                fields = json.loads(records[i])
+            except ValueError:
+                continue  # a nameless record
+            if not isinstance(fields, dict) or fields.get("kind") != "tool_call":
                 continue
             if fault == "channel":
                 fields["kind"] = draw(st.sampled_from(["text", "refusal", "error"]))

@@ -656,6 +656,8 @@ pub(crate) struct Stream {
     /// Since the last write: whether it moved to the back (activity), whether it changed.
     pub moved: bool,
     pub changed: bool,
+    /// Its calls came in envelopes (an unreadable envelope that names no stream ends them).
+    pub envelope: bool,
 }
 
 #[derive(Default)]
@@ -960,6 +962,27 @@ impl<'a> PartitionFeed<'a> {
         }
     }
 
+    /// Abort every open call of every stream whose calls came in envelopes: an envelope record
+    /// that names no stream (and has no key that does) could belong to any of them.
+    pub fn abort_envelope_streams(&mut self, offset: i64, out: &mut Vec<Closed>) {
+        let keys: Vec<CallKey> = self
+            .part
+            .streams
+            .iter()
+            .filter(|(_, stream)| stream.envelope)
+            .flat_map(|(id, stream)| {
+                stream.calls.ids().map(|call| CallKey {
+                    stream_id: id.clone(),
+                    call_id: call.clone(),
+                })
+            })
+            .collect();
+        for key in keys {
+            self.touch_last_offset(&key, offset);
+            self.close(&key, Ending::Incomplete(Incomplete::StreamCorrupt), out);
+        }
+    }
+
     /// Abort every open call of a stream (a record of it could not be read).
     pub fn abort_stream(&mut self, offset: i64, stream_id: &str, out: &mut Vec<Closed>) {
         for key in self.stream_calls(stream_id) {
@@ -989,6 +1012,14 @@ impl<'a> PartitionFeed<'a> {
             }
         }
         self.feed(offset, piece, out);
+        if let Piece::Call(call) = piece {
+            if let Some(stream) = self.part.streams.get_mut(&*call.stream_id) {
+                if !stream.envelope {
+                    stream.envelope = true;
+                    stream.changed = true;
+                }
+            }
+        }
         if let Piece::End { stream_id, .. } = piece {
             let ended = CallKey {
                 stream_id: Arc::from(&**stream_id),
@@ -1214,6 +1245,7 @@ impl<'a> PartitionFeed<'a> {
                     last_seen: clock,
                     moved: true,
                     changed: false,
+                    envelope: false,
                 };
                 part.streams.insert(key.stream_id.clone(), stream);
             }
@@ -2134,6 +2166,61 @@ mod tests {
         assert_eq!(duplicates, 1, "{calls:?}");
         let endings: Vec<_> = calls.iter().map(|c| c.1.clone()).collect();
         assert_eq!(endings, [Ending::Complete, Ending::Reused, Ending::Reused]);
+    }
+
+    /// An envelope record that names no stream: with a key, the key's stream's calls end;
+    /// without one, every call of every envelope stream of the partition (a vendor stream's
+    /// calls are no envelope's), and a restore remembers which streams are envelope streams.
+    #[test]
+    fn a_record_that_names_no_stream_ends_every_envelope_call_it_could_belong_to() {
+        let limits = Limits {
+            max_call_bytes: 1 << 20,
+            max_call_chunks: 4096,
+            max_open_calls: 100,
+            idle_timeout_ms: 1_000,
+            max_call_lifetime_ms: 10_000,
+            recently_closed: 100,
+        };
+        let scope: Scope = (Arc::from("t"), 0);
+        for key in [None, Some(&b"s"[..])] {
+            for restored in [false, true] {
+                let mut assembler = Assembler::new(limits.clone());
+                let mut out = Vec::new();
+                for (offset, stream) in ["s", "s2"].into_iter().enumerate() {
+                    let text =
+                        envelope("a", None, "{", false).replace(r#""s""#, &format!("{stream:?}"));
+                    assert!(assembler.begin_record(&scope, offset as i64, Some(0), &mut out));
+                    let mut piece =
+                        crate::envelope::decode(text.as_bytes(), Default::default(), 64).unwrap();
+                    assembler
+                        .partition(&scope)
+                        .feed_envelope(offset as i64, &mut piece, &mut out)
+                        .unwrap();
+                }
+                // a vendor stream's call, fed as its adapter's piece
+                let text = envelope("v", None, "{", false).replace(r#""s""#, r#""vendor""#);
+                let vendor = crate::envelope::decode(text.as_bytes(), Default::default(), 64);
+                assert!(assembler.begin_record(&scope, 2, Some(0), &mut out));
+                assembler.feed(&scope, 2, vendor.unwrap(), &mut out);
+                if restored {
+                    let base = crate::snapshot::write_base(&mut assembler, &scope);
+                    assembler = Assembler::new(limits.clone());
+                    crate::snapshot::restore(&mut assembler, &scope, &[base]).unwrap();
+                }
+                assert!(assembler.begin_record(&scope, 3, Some(0), &mut out));
+                let bad = crate::envelope::decode(b"[]", Default::default(), 64).unwrap_err();
+                let mut feed = assembler.partition(&scope);
+                crate::record::abort_unreadable(&mut feed, 3, key, bad, &mut out);
+                let mut ended: Vec<&str> = out.iter().map(|c| &*c.stream_id).collect();
+                ended.sort_unstable();
+                let expected: &[&str] = if key.is_some() { &["s"] } else { &["s", "s2"] };
+                assert_eq!(ended, expected, "key {key:?}, restored {restored}");
+                assert!(out
+                    .iter()
+                    .all(|c| c.ending == Ending::Incomplete(Incomplete::StreamCorrupt)));
+                assert_eq!(assembler.open_calls(), 3 - expected.len());
+            }
+        }
     }
 
     /// What an open call costs beyond its text and ids (issue 13: 300 bytes in all; the early

@@ -4,7 +4,8 @@
 //! else its stream is the record's key (cut to the identifier bound) and its call id names the
 //! record's place; its event id always names the record's place (no other event has it), and its
 //! detail is cut to the detail bound. An envelope that cannot be read ends every call it could
-//! belong to ([`abort_unreadable`]).
+//! belong to ([`abort_unreadable`]): without a stream it names or a key, every envelope call of
+//! its partition.
 
 use std::borrow::Cow;
 
@@ -53,7 +54,9 @@ pub fn record_call(
 /// Ends, `stream_corrupt`, every call the unreadable envelope `bad` at `offset` could belong to:
 /// the call it names (open, or not yet: then its later pieces are never taken as a call of their
 /// own; see `PartitionFeed::break_call`), else every call of the stream it names, else of the
-/// stream its record's key names. The calls it closes go to `closed`.
+/// stream its record's key names, else (no stream can be read, no key names one: garbage, a
+/// tombstone, `check`'s input, a producer that sets no key) every call of every envelope stream
+/// of the partition. The calls it closes go to `closed`.
 pub fn abort_unreadable(
     feed: &mut PartitionFeed<'_>,
     offset: i64,
@@ -64,11 +67,10 @@ pub fn abort_unreadable(
     match (bad.stream_id, bad.call_id) {
         (Some(stream), Some(call)) => feed.break_call(offset, &stream, &call, closed),
         (Some(stream), None) => feed.abort_stream(offset, &stream, closed),
-        (None, _) => {
-            if let Some(stream) = key.and_then(|k| std::str::from_utf8(k).ok()) {
-                feed.abort_stream(offset, stream, closed);
-            }
-        }
+        (None, _) => match key.and_then(|k| std::str::from_utf8(k).ok()) {
+            Some(stream) if !stream.is_empty() => feed.abort_stream(offset, stream, closed),
+            _ => feed.abort_envelope_streams(offset, closed),
+        },
     }
 }
 

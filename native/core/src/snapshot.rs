@@ -9,7 +9,8 @@
 //! then its deltas in order rebuilds the state exactly, activity order included, so a restored
 //! partition decides what the original would have decided.
 //!
-//! Format: the 4 bytes `CGA5` (callgate assembler, version 5: a call past its bound holds the
+//! Format: the 4 bytes `CGA6` (callgate assembler, version 6: a stream says whether its calls
+//! came in envelopes; version 5: a call past its bound holds the
 //! hash of each piece, written whole with it, and a closed call remembers a hash of every piece
 //! it took and whether a bound closed it before its end; version 4 whether it was rejected
 //! early, version 3 added a call's principal, version 2 its origin),
@@ -28,9 +29,9 @@ use crate::assembler::{
 };
 use crate::origin::Origin;
 
-const TAG: &[u8; 4] = b"CGA5";
+const TAG: &[u8; 4] = b"CGA6";
 /// The tags of the versions before this one.
-const OLDER: [&[u8; 4]; 4] = [b"CGA1", b"CGA2", b"CGA3", b"CGA4"];
+const OLDER: [&[u8; 4]; 5] = [b"CGA1", b"CGA2", b"CGA3", b"CGA4", b"CGA5"];
 
 #[derive(Serialize, Deserialize)]
 enum Frame {
@@ -59,6 +60,7 @@ struct StreamState {
     id: Arc<str>,
     last_seen: i64,
     calls: Vec<Arc<str>>,
+    envelope: bool,
 }
 
 impl StreamState {
@@ -67,6 +69,7 @@ impl StreamState {
             id: id.clone(),
             last_seen: stream.last_seen,
             calls: stream.calls.ids().cloned().collect(),
+            envelope: stream.envelope,
         }
     }
 }
@@ -403,6 +406,7 @@ pub fn restore(assembler: &mut Assembler, scope: &Scope, frames: &[Vec<u8>]) -> 
             last_seen: state.last_seen,
             moved: true,
             changed: false,
+            envelope: state.envelope,
         };
         part.streams.insert(id, stream);
     }
@@ -588,19 +592,24 @@ mod tests {
         let older = restore(&mut assembler, &scope, &[b"CGA1\x00".to_vec()]);
         assert_eq!(
             older.unwrap_err(),
-            "a snapshot written by an older callgate (CGA1); this one reads CGA5"
+            "a snapshot written by an older callgate (CGA1); this one reads CGA6"
         );
-        // version 4 held no hashes of a call past its bound (nor all of a closed call's): a
-        // frame of it is refused, named, never read as this version's
+        // version 4 held no hashes of a call past its bound (nor all of a closed call's), version
+        // 5 no stream's kind: a frame of either is refused, named, never read as this version's
         let mut live = Assembler::new(limits());
         run(&mut live, &scope, &workload());
         let mut frame = write_base(&mut live, &scope);
         assert!(restore(&mut assembler, &scope, &[frame.clone()]).is_ok());
-        frame[..4].copy_from_slice(b"CGA4");
-        assert_eq!(
-            restore(&mut assembler, &scope, &[frame]).unwrap_err(),
-            "a snapshot written by an older callgate (CGA4); this one reads CGA5"
-        );
+        for older in [b"CGA4", b"CGA5"] {
+            frame[..4].copy_from_slice(older);
+            assert_eq!(
+                restore(&mut assembler, &scope, &[frame.clone()]).unwrap_err(),
+                format!(
+                    "a snapshot written by an older callgate ({}); this one reads CGA6",
+                    String::from_utf8_lossy(older)
+                )
+            );
+        }
         let delta = write_delta(&mut assembler, &scope);
         assert!(restore(&mut assembler, &scope, &[delta]).is_err());
     }
