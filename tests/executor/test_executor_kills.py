@@ -10,7 +10,9 @@ the executor is killed once, after a random number of that wave's results, and s
 Then: every payment is in the database exactly once, as its first request asked; every call
 has exactly one result on the results topic (read_committed); each original's result is its
 payment's; each retry's is the recorded one (`replayed`, the original's output and event);
-each conflict is refused and ran nothing.
+each conflict is refused and ran nothing. Each wave also carries 5 `wire` calls whose approval's
+fingerprint was forged, each record written twice (a duplicate, before or after a kill): each
+gets one result, `refused` (`approval_fingerprint_mismatch`), and `wire` never runs.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ WAVES = 10
 PER_WAVE = 100
 RETRIES_PER_WAVE = 10
 CONFLICTS_PER_WAVE = 5
+FORGED_PER_WAVE = 5
 PARTITIONS = 3
 #: bounds only a hang reaches
 START_S = 120.0
@@ -80,6 +83,7 @@ async def test_a_thousand_payments_through_ten_kills(
     originals: dict[str, dict[str, Any]] = {}  # call id -> the payment it asks for
     retries: dict[str, str] = {}  # call id -> the original call id it repeats
     conflicts: dict[str, str] = {}
+    forged: list[str] = []
     tail = ResultTail(bootstrap, f"results-{run}", read_committed=True)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     processes: list[WorkerProcess] = []
@@ -125,6 +129,12 @@ async def test_a_thousand_payments_through_ten_kills(
                 conflicts[call_id] = original
                 p = originals[original]
                 events.append((call_id, judge.pay(p["key"], p["amount"] + 1, call_id=call_id)))
+            for i in range(FORGED_PER_WAVE):
+                call_id = f"{run}-forged-{wave}-{i}"
+                forged.append(call_id)
+                arguments = {"amount_minor": i + 1, "idempotency_key": f"{run}-w-{wave}-{i}"}
+                value = judge.approved("wire", arguments, call_id=call_id, fingerprint="0" * 32)
+                events += [(call_id, value), (call_id, value)]  # the record twice
             rng.shuffle(events)
             sends = [await producer.send(validated, value, key=c.encode()) for c, value in events]
             for send in sends:
@@ -155,7 +165,7 @@ async def test_a_thousand_payments_through_ten_kills(
     for record in records:
         result = orjson.loads(record.value)
         by_call.setdefault(result["call_id"], []).append(result)
-    calls = {*originals, *retries, *conflicts}
+    calls = {*originals, *retries, *conflicts, *forged}
     assert by_call.keys() == calls
     several = {c: r for c, r in by_call.items() if len(r) != 1}
     assert not several, f"calls with more than one result: {list(several.items())[:3]}"
@@ -180,6 +190,13 @@ async def test_a_thousand_payments_through_ten_kills(
     for call_id in conflicts:
         (result,) = by_call[call_id]
         assert (result["status"], result["executed_event_id"]) == ("conflict", None), result
+    for call_id in forged:
+        (result,) = by_call[call_id]
+        assert (result["status"], result["error"]["type"]) == (
+            "refused",
+            "approval_fingerprint_mismatch",
+        ), result
+    assert sum(p.count("wired ") for p in processes) == 0
     kills = sum(1 for p in processes if p.gone and p.returncode == -9)
     assert kills == WAVES
     runs = sum(p.count("paid ") for p in processes)
@@ -187,7 +204,8 @@ async def test_a_thousand_payments_through_ten_kills(
     rerun = sum(1 for a in attempts if a > 1)
     print(
         f"\n{len(calls)} calls ({len(originals)} payments, {len(retries)} retries, "
-        f"{len(conflicts)} conflicts), {kills} kill -9, {len(processes)} executor processes, "
+        f"{len(conflicts)} conflicts, {len(forged)} forged approvals sent twice), "
+        f"{kills} kill -9, {len(processes)} executor processes, "
         f"{runs} handler runs logged ({found} found their payment in the database already), "
         f"{rerun} payments run again after a kill, {elapsed:.1f} s"
     )

@@ -7,6 +7,7 @@ waits `SHOP_LATENCY_MS` (the bank's answer), so a kill -9 lands in handlers as w
 them. Each run of it logs `paid <key> attempt <n> new|existing`. Two calls block for good, so
 that a test kills the process during them: a payment to recipient `block` (its first attempt,
 before it pays) and a `lookup` of sku `block` (not safe to retry); each logs `blocking in ...`.
+Its `wire` handler (the tool requires approval) logs `wired <key>` when it runs.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ class Lookup(BaseModel):
     sku: str
 
 
+class Wire(BaseModel):
+    amount_minor: int
+    idempotency_key: str
+
+
 def build(payments: Payments, latency_s: float) -> Executor:
     executor = Executor(load_settings())
 
@@ -63,6 +69,11 @@ def build(payments: Payments, latency_s: float) -> Executor:
         if call.arguments.sku == "block":
             await _block(call.arguments.sku)
         return {"sku": call.arguments.sku}
+
+    @executor.tool("wire", arguments=Wire, retry_safe=False)
+    async def wire(call: Call[Wire]) -> dict[str, Any]:
+        log.info("wired %s", call.arguments.idempotency_key)
+        return {}
 
     return executor
 
