@@ -6,9 +6,9 @@ gate's code. Where the README is silent the rule taken is said at its line (`# s
 
 A call is (stream_id, call_id). Its pieces are taken in the order they come:
 - with `seq`, the next piece must be the next number: a smaller one equal to the piece taken
-  there is a retransmission (dropped, counted), a different one corrupts the call
-  (`stream_corrupt`), a larger one is a gap (`sequence_gap`); without `seq`, every piece is
-  the next;
+  there (its text and `final`) is a retransmission (dropped, counted), a different one
+  corrupts the call (`stream_corrupt`), a larger one is a gap (`sequence_gap`); without
+  `seq`, every piece is the next;
 - a piece naming another channel (`kind`), tool or version than its call corrupts it;
 - `final: true` closes the call and it is judged: `response_classification` (only a tool
   call is a call), `limits` (bytes, then nesting deeper than `max_depth`), `repair` (only a
@@ -17,9 +17,15 @@ A call is (stream_id, call_id). Its pieces are taken in the order they come:
 - an `end` record ends every open call of its stream `incomplete`, by its finish reason
   (`length`: `max_tokens`, `content_filter`: `content_filter`, otherwise `stream_ended`); the
   end of the input ends the rest `stream_ended`;
-- a piece of a call that has its verdict is dropped when it equals a piece that call took or
+- a piece of a call that has its verdict is dropped when it equals a piece that call took
+  (its text and `final`, at its number when numbered) or
   when the call ended without its final (the tail of a call already judged); otherwise it is a
   new call reusing the id, rejected `call_id_reused`;
+- after a stream's `end`, a piece of a call the stream held is judged so (dropped, or
+  `call_id_reused`); a piece of any other call is a `malformed_record` naming the stream and
+  call, which ends every call of the stream (`stream_corrupt`) and the call it names (its later
+  pieces are the tail of a call already judged, or reuse its id); another `end` ends what is
+  open (only a call reusing an id can be);
 - a record that names no stream (not JSON, not an object, no `stream_id`), which has no key
   on either path, is a `malformed_record` of its own and ends every envelope call open then
   `stream_corrupt` ("A malformed piece never changes what is accepted").
@@ -111,20 +117,24 @@ def _late(closed: _Closed, env: dict[str, Any], seq: int | None) -> bool | None:
     reuses the id. silent: "the tail" of an incomplete call is every piece that does not open
     a call afresh (numbered 0 and unlike the piece taken there, or unnumbered and naming its
     tool)."""
-    if any(exact.equal(env, piece) for piece in closed.pieces):
-        return None
-    delta = env.get("delta", "")
-    if seq is not None:
-        same_place = [p for p in closed.pieces if p.get("seq") == seq]
+    if seq is not None:  # the piece taken at that number (pieces count from the first taken)
+        same_place = [p for i, p in enumerate(closed.pieces) if p.get("seq", i) == seq]
     else:
         same_place = list(closed.pieces)
-    if any(p.get("delta", "") == delta for p in same_place):
-        raise Unmodeled("a retransmission equal in text only (issue 24 section 2)")
+    if any(_same_piece(env, piece) for piece in same_place):
+        return None
     if closed.complete:
         return True
     if seq is not None:
         return True if seq == 0 and same_place else None
     return True if "tool" in env else None
+
+
+def _same_piece(env: dict[str, Any], taken: dict[str, Any]) -> bool:
+    """README, "Call ids": a copy equals the piece taken in its text and its `final`."""
+    return env.get("delta", "") == taken.get("delta", "") and env.get("final", False) == taken.get(
+        "final", False
+    )
 
 
 @dataclass(frozen=True)
@@ -220,13 +230,18 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
             late = _late(closed[ident], env, seq)
             if late is None:
                 continue  # a retransmission, or a late piece of a call already judged
-            if stream in ended:
-                raise Unmodeled("a piece after its stream's end (issue 24 section 2)")
-            reused = True
+            reused = True  # even after its stream's end: a rejection all the same
         call = open_calls.get(ident)
+        if call is None and stream in ended and not reused:
+            # README, "A stream ends once": after its end, a piece of a call the stream did not
+            # hold cannot be placed: its own rejection, naming the stream and call; it ends
+            # every call of the stream, and the call it names never opens without it
+            events.append(Expected(stream, MALFORMED, "rejected", "assembly", "malformed_record"))
+            for held in [c for c in open_calls.values() if c.stream_id == stream]:
+                close(held, "incomplete", "stream_corrupt")
+            closed[ident] = _Closed([], complete=False)
+            continue
         if call is None:
-            if stream in ended:
-                raise Unmodeled("a new call after its stream's end (issue 24 section 2)")
             call = Call(
                 stream, env["call_id"], env["kind"], env.get("tool"), env.get("tool_version")
             )
@@ -244,13 +259,9 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
                 taken = next((p for p in call.pieces if p.get("seq") == seq), None)
                 if taken is None:
                     raise Unmodeled("a reused id numbered back past its first piece")
-                if exact.equal(env, taken):
+                if _same_piece(env, taken):
                     continue  # a retransmission (dropped, counted)
-                if {k: v for k, v in env.items() if k != "final"} == {
-                    k: v for k, v in taken.items() if k != "final"
-                }:
-                    raise Unmodeled("a retransmission differing in `final` (issue 24 s. 2)")
-                close(call, "incomplete", "stream_corrupt")
+                close(call, "incomplete", "stream_corrupt")  # differing in text or `final`
                 continue
             if seq > call.next_seq:
                 close(call, "incomplete", "sequence_gap")
@@ -300,10 +311,8 @@ def verdict(call: Call, contracts: Contracts, limits: Limits) -> Expected:
     if fenced:
         text = fenced.group(1)
     try:
-        arguments = exact.read(text, plain_numbers=True)
+        arguments = exact.read(text)
     except exact.Fault as fault:
-        if fault.code == "not_plain":
-            raise Unmodeled("a number a double does not hold (issue 24 section 1)") from None
         return rejected("json_parse", fault.code)
     if not isinstance(arguments, dict):
         return rejected("json_parse", "root_not_object")

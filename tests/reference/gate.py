@@ -79,7 +79,11 @@ class RealGate:
             fmt=fmt,
             max_feedback_bytes=settings.limits.max_feedback_bytes,
         )
-        return out.getvalue().splitlines()
+        lines = out.getvalue().split(b"\n")
+        assert lines.pop() == b"", "the output ends with a line break"
+        for line in lines:  # JSON Lines: one whole event a line, whatever the arguments held
+            assert isinstance(exact.read(line, bounded=False), dict), line
+        return lines
 
     def keyed(
         self,
@@ -109,6 +113,7 @@ class RealGate:
             emissions += processor.feed("traffic", 0, records[start:stop])
         emissions += processor.flush()
         assert all(e.route is not Route.IDEMPOTENCY for e in emissions), "no keyed calls here"
+        assert all(b"\n" not in e.value for e in emissions), "an event is one line, on Kafka too"
         return [e.value for e in emissions]
 
 

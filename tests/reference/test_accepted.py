@@ -4,15 +4,15 @@ The property that matters most, on its own: for every event the gate accepts, on
 (`callgate check`, unkeyed; the worker's processor, keyed by stream id), its `arguments` read
 exactly (every number as its decimal value, no double in between) are a value the reference
 validator (`tests/reference/exact.py`) finds valid under the schema version the event names,
-and equal the exact value of the text the model streamed for that call. The traffic
+and equal the exact value of the text the model streamed for that call: that text embedded
+without its insignificant whitespace (strings and number texts as they came), however it was
+pretty-printed, and the event one line. The traffic
 (`traffic.numbered_traffic`) numbers every piece, so what the model streamed is known whatever
 the transport did (losses, repeats, reordering, differing copies); its numbers are drawn from
-exact doubles and from `NUMBERS`, in every spelling.
+exact doubles and from numbers no double holds (`traffic.NUMBERS`), in every spelling.
 """
 
 from __future__ import annotations
-
-from decimal import Decimal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,12 +23,6 @@ from tests.reference.conftest import TIMEOUT, repeat
 from tests.reference.gate import RealGate
 
 pytestmark = pytest.mark.timeout(TIMEOUT)
-
-#: the numbers drawn beside exact doubles. issue 24 section 1 (a number means one thing) is
-#: being fixed on the `integrity` branch; until it lands, numbers a double cannot hold exactly
-#: are accepted as their rounded double (0.99999999999999999 passes `minimum: 1`), so they are
-#: left out here; with it, this becomes `traffic.HOSTILE_NUMBERS`.
-NUMBERS: st.SearchStrategy[Decimal] = st.nothing()
 
 
 def accepted_but_wrong(
@@ -49,7 +43,14 @@ def accepted_but_wrong(
         if ident not in calls:
             wrong.append(f"{ident}: accepted a call nobody streamed")
             continue
+        try:
+            exact.read(calls[ident].text)
+        except exact.Fault as fault:  # README: such a call is rejected (inexact_number, ...)
+            wrong.append(f"{ident}: accepted {calls[ident].text!r}, which is {fault.code}")
         streamed = exact.read(calls[ident].text, bounded=False)
+        embedded = b'"arguments":' + exact.compact(calls[ident].text).encode()
+        if embedded not in raw:  # README: without insignificant whitespace, texts as they came
+            wrong.append(f"{ident}: {raw!r} does not embed {embedded!r}")
         if not exact.equal(arguments, streamed):
             wrong.append(f"{ident}: accepted {arguments}, the model streamed {streamed}")
     return wrong
@@ -60,7 +61,9 @@ def test_every_accepted_call_is_valid_and_what_the_model_streamed(gate: RealGate
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(drawn=traffic.numbered_traffic(NUMBERS), cuts=st.lists(st.integers(0, 40), max_size=3))
+@given(
+    drawn=traffic.numbered_traffic(traffic.NUMBERS), cuts=st.lists(st.integers(0, 40), max_size=3)
+)
 def _accepted_exactly(
     gate: RealGate,
     drawn: tuple[list[bytes], dict[tuple[str, str], traffic.Call]],

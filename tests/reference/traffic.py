@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import sys
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, NamedTuple
 
 from hypothesis import strategies as st
+
+from tests.reference import exact
 
 #: the contracts the judge's tests load (a directory is written from these)
 SCHEMAS: dict[str, dict[str, dict[str, Any]]] = {
@@ -65,9 +69,10 @@ _EXACT_NUMBERS = st.one_of(
     st.integers(min_value=-(2**63), max_value=2**64 - 1),
 ).map(Decimal)
 
-#: numbers a double cannot hold exactly: past 2^53, below the minimum by less than a double's
-#: step, integer-valued only in exponent form, beyond 64 bits, at the ends of a double's range
-HOSTILE_NUMBERS = st.sampled_from(
+#: numbers a double cannot hold exactly, or only just: below the minimum by less than a
+#: double's step, past 2^53, integer-valued only in exponent form, beyond 64 bits, at and past
+#: the ends of a double's range
+_HOSTILE_SAMPLES = st.sampled_from(
     [
         "0.99999999999999999",
         "99999999.99999999999",
@@ -76,19 +81,92 @@ HOSTILE_NUMBERS = st.sampled_from(
         "0.25000000000000001",
         "9007199254740993",
         "18446744073709551615",
+        "18446744073709551616",
         "9223372036854775807",
         "-9223372036854775808",
+        "-9223372036854775809",
         "1e28",
         "3e28",
         "1e300",
         "1.7976931348623157e308",
+        "1.7976931348623158e308",
+        "1e400",
+        "-1e400",
         "4.9e-324",
+        "5e-324",
         "2.5e-324",
+        "2.2250738585072014e-308",
         "1e-400",
         "0.1",
+        "0.30000000000000004",
         "1000.5000000000000001",
+        "1000.5000000000001",
     ]
 ).map(Decimal)
+
+#: integers near the boundaries a reader may round at: 2^53, 2^63, 2^64, and far past them
+_BOUNDARY_INTEGERS = [2**53, 2**63, 2**64, 10**17, 10**19, 10**28, 3 * 10**28]
+#: doubles near which a reader may round: the test contracts' bounds, 2^53, 2^63, 2^64, the
+#: largest double, the smallest normal and subnormal ones
+_DOUBLE_ANCHORS = [
+    0.1,
+    0.25,
+    1.0,
+    1000.5,
+    1e8,
+    2.0**53,
+    2.0**63,
+    2.0**64,
+    1e300,
+    sys.float_info.max,
+    sys.float_info.min,
+    5e-324,
+]
+
+
+@st.composite
+def _boundary_numbers(draw: st.DrawFn) -> Decimal:
+    """An exact decimal near a boundary, either sign: an integer near 2^53, 2^63, 2^64 or far
+    past them; a double near an anchor (or any double) as its shortest decimal (a value the
+    README admits unless it is an integer past 64 bits), as its full binary expansion, with one
+    digit more than its shortest form, or the exact midpoint between it and the next double
+    (values no double holds); or up to 25 digits at a scale from 10^-30 to 10^30."""
+    kind = draw(
+        st.sampled_from(["integer", "shortest", "expansion", "longer", "midpoint", "digits"])
+    )
+    if kind == "integer":
+        value = Decimal(draw(st.sampled_from(_BOUNDARY_INTEGERS)) + draw(st.integers(-3, 3)))
+    elif kind == "digits":
+        value = Decimal(draw(st.integers(1, 10**25))).scaleb(
+            draw(st.integers(-30, 30)), exact.EXACT
+        )
+    else:
+        double = draw(
+            st.sampled_from(_DOUBLE_ANCHORS)
+            | st.floats(min_value=0, allow_nan=False, allow_infinity=False)
+        )
+        for _ in range(draw(st.integers(0, 2))):
+            double = math.nextafter(double, draw(st.sampled_from([0.0, math.inf])))
+        if not math.isfinite(double):
+            double = sys.float_info.max
+        value = Decimal(repr(double))
+        if kind == "expansion":
+            value = Decimal(double)
+        elif kind == "longer":
+            value = exact.EXACT.add(
+                value, value.scaleb(-17, exact.EXACT) if value else Decimal("1e-340")
+            )
+        elif kind == "midpoint":
+            after = Decimal(math.nextafter(double, math.inf if double < sys.float_info.max else 0))
+            value = exact.EXACT.divide(exact.EXACT.add(Decimal(double), after), 2)
+    return exact.EXACT.minus(value) if draw(st.booleans()) else value
+
+
+#: numbers no double holds, or only just, each drawn in every spelling (`spelled`)
+HOSTILE_NUMBERS: st.SearchStrategy[Decimal] = st.one_of(_HOSTILE_SAMPLES, _boundary_numbers())
+
+#: the numbers the judge's traffic holds: exact doubles near the contracts' bounds, and hostile
+NUMBERS = st.one_of(_EXACT_NUMBERS, HOSTILE_NUMBERS)
 
 _ODD_TEXT = st.sampled_from(
     [
@@ -115,10 +193,9 @@ _ODD_TEXT = st.sampled_from(
 _TEXT = st.one_of(_ODD_TEXT, st.text(max_size=10))
 
 
-#: insignificant whitespace drawn between tokens; a line break inside arguments is left out
-#: until issue 24 section 8 lands (`check` embeds arguments as streamed, so its JSON Lines
-#: output breaks at such a line: integrity's class, not this judge's to tolerate)
-WHITESPACE = ["", "", "", " ", "  ", "\t"]
+#: insignificant whitespace drawn between tokens: spaces, tabs, line breaks (models often write
+#: arguments pretty-printed; the gate embeds them without it and its output stays JSON Lines)
+WHITESPACE = ["", "", "", " ", "  ", "\t", "\n", "\r\n", "\n  ", " \n\t\r "]
 
 
 @st.composite
@@ -174,24 +251,41 @@ def string_text(draw: st.DrawFn, value: str) -> str:
 
 @st.composite
 def json_text(draw: st.DrawFn, value: Any) -> str:
-    """`value` written as JSON text in a drawn spelling, with drawn insignificant whitespace."""
+    """`value` written as JSON text in a drawn spelling: drawn insignificant whitespace between
+    tokens, or pretty-printed (a line per member or item, indented by two spaces or a tab, as
+    `json.dumps(indent=...)` and many models write it)."""
+    pretty = draw(st.integers(0, 3)) == 0
+    indent, newline = draw(st.sampled_from(["  ", "\t"])), draw(st.sampled_from(["\n", "\r\n"]))
 
     def gap() -> str:
         return draw(st.sampled_from(WHITESPACE))
 
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    if isinstance(value, Decimal):
-        return draw(spelled(value))
-    if isinstance(value, str):
-        return draw(string_text(value))
-    if isinstance(value, list):
-        return "[" + ",".join(gap() + draw(json_text(v)) + gap() for v in value) + "]"
-    members = [
-        gap() + draw(string_text(k)) + gap() + ":" + gap() + draw(json_text(v)) + gap()
-        for k, v in value.items()
-    ]
-    return "{" + ",".join(members) + "}"
+    def write(value: Any, level: int) -> str:
+        if value is None or isinstance(value, bool):
+            return json.dumps(value)
+        if isinstance(value, Decimal):
+            return draw(spelled(value))
+        if isinstance(value, str):
+            return draw(string_text(value))
+        items = (
+            [write(v, level + 1) for v in value]
+            if isinstance(value, list)
+            else [draw(string_text(k)) + ": " + write(v, level + 1) for k, v in value.items()]
+            if pretty
+            else [
+                draw(string_text(k)) + gap() + ":" + gap() + write(v, level + 1)
+                for k, v in value.items()
+            ]
+        )
+        opening, closing = "[]" if isinstance(value, list) else "{}"
+        if not items:
+            return opening + closing
+        if pretty:
+            inner, outer = newline + indent * (level + 1), newline + indent * level
+            return opening + inner + ("," + inner).join(items) + outer + closing
+        return opening + ",".join(gap() + item + gap() for item in items) + closing
+
+    return write(value, 0)
 
 
 def _values() -> st.SearchStrategy[Any]:
@@ -203,13 +297,9 @@ def _values() -> st.SearchStrategy[Any]:
 
 
 @st.composite
-def pay_arguments(
-    draw: st.DrawFn, numbers: st.SearchStrategy[Decimal] = _EXACT_NUMBERS
-) -> dict[str, Any]:
+def pay_arguments(draw: st.DrawFn, numbers: st.SearchStrategy[Decimal] = NUMBERS) -> dict[str, Any]:
     """Arguments for `pay` v1, valid or a little off (a value out of bounds, a wrong type, an
-    unknown member)."""
-    if numbers is not _EXACT_NUMBERS:
-        numbers = st.one_of(_EXACT_NUMBERS, numbers)
+    unknown member, a number no double holds)."""
     args: dict[str, Any] = {"amount_minor": draw(numbers)}
     args["currency"] = draw(st.sampled_from(["EUR", "USD", "JPY"]) | _TEXT)
     optional = {
@@ -359,13 +449,50 @@ def traffic(draw: st.DrawFn) -> list[bytes]:
     hostile."""
     groups: list[list[bytes]] = []
     ends: list[bytes] = []
+    late: list[list[bytes]] = []
     for stream in ["s1", "s2"][: draw(st.integers(1, 2))]:
         calls = draw(stream_records(stream))
         if json.loads(calls[-1][0]).get("kind") == "end":
             ends.append(calls.pop()[0])
+            if draw(st.booleans()):
+                late.append(draw(after_the_end(stream, [r for c in calls for r in c])))
         groups.extend(calls)
-    records = draw(interleaved(groups)) + ends
+    records = draw(interleaved(groups)) + ends + draw(interleaved(late))
     return draw(mutated(records))
+
+
+@st.composite
+def after_the_end(draw: st.DrawFn, stream_id: str, held: list[bytes]) -> list[bytes]:
+    """What a producer may still send on a stream after its `end`: a call's pieces under a
+    new id (twice, perhaps: the pieces after one the end refused), a verbatim copy of a piece
+    it held, another `end`."""
+    out: list[bytes] = []
+    for _ in range(draw(st.integers(1, 3))):
+        what = draw(st.sampled_from(["call", "call", "copy", "end"]))
+        if what == "copy" and held:
+            out.append(draw(st.sampled_from(held)))
+        elif what == "end":
+            reason = draw(st.sampled_from(["stop", "tool_calls", "length", "content_filter"]))
+            out.append(envelope(stream_id=stream_id, kind="end", finish_reason=reason))
+        else:
+            tool, _, text = draw(arguments_text())
+            # new ids only: a held id's pieces after the end come from `mutated` (copies and
+            # differing copies); a reused id numbered otherwise than its call (unnumbered pieces,
+            # then numbered ones) is a case the README leaves open, not generated here
+            call_id, numbered = f"call_{draw(st.integers(3, 4))}", draw(st.booleans())
+            first = draw(st.integers(0, 1)) if numbered else 0  # a numbered tail, perhaps
+            pieces = _cut(draw, text)
+            for i, delta in enumerate(pieces, start=first):
+                fields: dict[str, Any] = {"stream_id": stream_id, "call_id": call_id}
+                if numbered:
+                    fields["seq"] = i
+                fields["kind"] = "tool_call"
+                if i == 0:
+                    fields["tool"] = tool
+                fields["delta"] = delta
+                fields["final"] = i == first + len(pieces) - 1
+                out.append(envelope(**fields))
+    return out
 
 
 class Call(NamedTuple):
@@ -435,7 +562,9 @@ def chat_stream(draw: st.DrawFn) -> list[bytes]:
     """One Chat Completions stream (one choice): text perhaps, one to three tool calls whose
     arguments come in pieces, a finish reason (or none), the usage chunk and `[DONE]` (or
     not); then up to four transport faults: a chunk deleted, repeated later, swapped with the
-    next, its arguments changed, or a chunk that opens a call sent after the end."""
+    next, its arguments changed, or chunks sent at the end (after the finish, when there is
+    one): a call opened at the next index or out of order, more text for the last call, a
+    second finish, a chunk that carries nothing, the usage chunk."""
     chunks: list[Any] = [_chunk({"role": "assistant", "content": None})]
     if draw(st.booleans()):
         chunks.append(_chunk({"content": draw(_TEXT)}))
@@ -465,9 +594,21 @@ def chat_stream(draw: st.DrawFn) -> list[bytes]:
         function["arguments"] = draw(_CHANGED_TEXT)
         return copy
 
-    late = {"index": 9, "id": "call_late", "type": "function"}
-    late["function"] = {"name": "note", "arguments": "{}"}
-    chunks = draw(vendor_faults(chunks, changed, [_chunk({"tool_calls": [late]})]))
+    def opening(index: int) -> dict[str, Any]:
+        function = {"name": "note", "arguments": "{}"}
+        call = {"index": index, "id": f"call_late{index}", "type": "function", "function": function}
+        return _chunk({"tool_calls": [call]})
+
+    more = {"index": index, "function": {"arguments": "}"}}
+    late = [
+        [opening(9)],  # out of order, wherever it comes
+        [opening(index + 1), _chunk(finish="tool_calls")],  # a new call (after the finish?)
+        [_chunk({"tool_calls": [more]})],  # more text for the last call
+        [_chunk(finish=draw(st.sampled_from(["tool_calls", "stop", "length"])))],  # a 2nd finish
+        [_chunk({})],  # a chunk that carries nothing
+        [_USAGE],
+    ]
+    chunks = draw(vendor_faults(chunks, changed, late))
     records = [json.dumps(c, ensure_ascii=False).encode() for c in chunks]
     return [*records, b"[DONE]"] if done else records
 
@@ -480,11 +621,12 @@ def vendor_faults(
     draw: st.DrawFn,
     events: list[Any],
     change: Callable[[Any], Any | None],
-    late: list[Any],
+    late: list[list[Any]],
 ) -> list[Any]:
     """`events` after up to four transport faults: one deleted, repeated later, swapped with
     the next, changed in place (`change` gives the changed copy, or None for an event it does
-    not change), or one of `late` sent at the end."""
+    not change), or one of the sequences `late` sent at the end (after the stream's end, when
+    it had one: a new call, more text, a second message; or what may come after it)."""
     events = list(events)
     for _ in range(draw(st.integers(0, 4))):
         if not events:
@@ -500,7 +642,7 @@ def vendor_faults(
         elif fault == "change":
             events[i] = change(events[i]) or events[i]
         elif fault == "late":
-            events.append(draw(st.sampled_from(late)))
+            events.extend(draw(st.sampled_from(late)))
     return events
 
 
@@ -508,7 +650,8 @@ def vendor_faults(
 def anthropic_stream(draw: st.DrawFn) -> list[bytes]:
     """One Messages stream: perhaps a text block, one to three `tool_use` blocks whose input
     comes in `input_json_delta` pieces, pings, the stop reason and `message_stop`; then up to
-    four transport faults (`vendor_faults`), a late event being a ping or a new block."""
+    four transport faults (`vendor_faults`), late events being a ping, a new block, a second
+    stop reason or `message_stop`, or a whole second message."""
     events: list[dict[str, Any]] = [
         {
             "type": "message_start",
@@ -575,10 +718,26 @@ def anthropic_stream(draw: st.DrawFn) -> list[bytes]:
         copy["delta"]["partial_json"] = draw(_CHANGED_TEXT)
         return copy
 
-    late_block = {"type": "tool_use", "id": "toolu_late", "name": "note", "input": {}}
+    def block(index: int) -> list[dict[str, Any]]:
+        opened = {"type": "tool_use", "id": f"toolu_late{index}", "name": "note", "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": "{}"}
+        return [
+            {"type": "content_block_start", "index": index, "content_block": opened},
+            {"type": "content_block_delta", "index": index, "delta": delta},
+            {"type": "content_block_stop", "index": index},
+        ]
+
+    stop = {
+        "type": "message_delta",
+        "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+        "usage": {"output_tokens": 99},  # the SDK's type requires it: never without
+    }
     late = [
-        {"type": "ping"},
-        {"type": "content_block_start", "index": len(blocks), "content_block": late_block},
+        [{"type": "ping"}],
+        block(len(blocks))[:1],  # a block opened after the stop reason, or the message's end
+        [events[0], *block(0), stop, {"type": "message_stop"}],  # a second message, whole
+        [stop],
+        [{"type": "message_stop"}],
     ]
     events = draw(vendor_faults(events, changed, late))
     return [json.dumps(e, ensure_ascii=False).encode() for e in events]
