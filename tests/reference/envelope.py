@@ -23,9 +23,11 @@ A call is (stream_id, call_id). Its pieces are taken in the order they come:
   new call reusing the id, rejected `call_id_reused`;
 - after a stream's `end`, a piece of a call the stream held is judged so (dropped, or
   `call_id_reused`); a piece of any other call is a `malformed_record` naming the stream and
-  call, which ends every call of the stream (`stream_corrupt`) and the call it names (its later
-  pieces are the tail of a call already judged, or reuse its id); another `end` ends what is
-  open (only a call reusing an id can be);
+  call, which ends the call it names (its later pieces are the tail of a call already judged,
+  or reuse its id); another `end` ends what is open (only a call reusing an id can be);
+- a malformed envelope whose stream and call can be read (a field of the wrong type, a key
+  twice, an identifier past the bound) is a `malformed_record` naming them that ends that call
+  alike (`stream_corrupt` when open);
 - a record that names no stream (not JSON, not an object, no `stream_id`), which has no key
   on either path, is a `malformed_record` of its own and ends every envelope call open then
   `stream_corrupt` ("A malformed piece never changes what is accepted").
@@ -33,6 +35,7 @@ A call is (stream_id, call_id). Its pieces are taken in the order they come:
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -181,6 +184,21 @@ def malformed(value: bytes, limits: Limits) -> dict[str, Any] | None:
     return env
 
 
+def _named(value: bytes, limits: Limits) -> tuple[str, str] | None:
+    """The stream and call a malformed envelope names, when both can be read (the record is
+    JSON up to them, each a non-empty string within the bound), else None."""
+    try:
+        fields = json.loads(value, object_pairs_hook=lambda pairs: dict(reversed(pairs)))
+    except ValueError:
+        return None
+    if not isinstance(fields, dict):
+        return None
+    ids = fields.get("stream_id"), fields.get("call_id")
+    if all(isinstance(i, str) and i and len(i.encode()) <= limits.max_id_bytes for i in ids):
+        return ids[0], ids[1]
+    return None
+
+
 def _names_another(call: Call, env: dict[str, Any]) -> bool:
     """A piece naming another tool or version than its call already has."""
     tool, version = env.get("tool"), env.get("tool_version")
@@ -214,7 +232,18 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
                 close(call, "incomplete", "stream_corrupt")
             continue
         if env is None:
-            raise Unmodeled("a malformed envelope naming its stream (issue 24 section 3)")
+            named = _named(value, limits)
+            if named is None:
+                raise Unmodeled("a malformed envelope naming its stream, its call unreadable")
+            # README: a malformed envelope whose stream and call can be read is its own
+            # rejection naming them, and ends that call: an open one `stream_corrupt`, one not
+            # open yet never opens without it (its later pieces: a tail, or a reused id)
+            events.append(Expected(named[0], MALFORMED, "rejected", "assembly", "malformed_record"))
+            if named in open_calls:
+                close(open_calls[named], "incomplete", "stream_corrupt")
+            elif named not in closed:
+                closed[named] = _Closed([], complete=False)
+            continue
         stream = env["stream_id"]
         if env["kind"] == "end":
             reason = FINISH_REASONS.get(env.get("finish_reason") or "", "stream_ended")
@@ -234,11 +263,9 @@ def judge(values: list[bytes], contracts: Contracts, limits: Limits) -> list[Exp
         call = open_calls.get(ident)
         if call is None and stream in ended and not reused:
             # README, "A stream ends once": after its end, a piece of a call the stream did not
-            # hold cannot be placed: its own rejection, naming the stream and call; it ends
-            # every call of the stream, and the call it names never opens without it
+            # hold cannot be placed: its own rejection, naming the stream and call, which never
+            # opens without it
             events.append(Expected(stream, MALFORMED, "rejected", "assembly", "malformed_record"))
-            for held in [c for c in open_calls.values() if c.stream_id == stream]:
-                close(held, "incomplete", "stream_corrupt")
             closed[ident] = _Closed([], complete=False)
             continue
         if call is None:

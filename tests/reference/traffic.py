@@ -404,7 +404,7 @@ def mutated(draw: st.DrawFn, records: list[bytes], *, in_place: bool = True) -> 
             break
         i = draw(st.integers(0, len(records) - 1))
         fault = draw(
-            st.sampled_from(["delete", "duplicate", "swap", "text", "channel", "nameless"])
+            st.sampled_from(["delete", "duplicate", "swap", "text", "channel", "nameless", "named"])
         )
         if fault == "delete":
             del records[i]
@@ -415,6 +415,32 @@ def mutated(draw: st.DrawFn, records: list[bytes], *, in_place: bool = True) -> 
                 records[i] = nameless
             else:
                 records.insert(i, nameless)
+        elif fault == "named":
+            # a piece malformed in a field other than its stream and call, which stay readable
+            try:
+                fields = json.loads(records[i])
+            except ValueError:
+                continue
+            if not isinstance(fields, dict) or fields.get("kind") != "tool_call":
+                continue
+            broken = draw(
+                st.sampled_from(
+                    [
+                        {"final": "yes"},
+                        {"delta": 7},
+                        {"seq": -1},
+                        {"seq": 1.5},
+                        {"tool_version": "v" * 5000},
+                        {"trace_id": ["x"]},
+                    ]
+                )
+                | st.just(None)
+            )
+            bad = envelope(**{**fields, **broken}) if broken else records[i][:-1] + b',"final":1}'
+            if in_place and draw(st.booleans()):
+                records[i] = bad
+            else:
+                records.insert(draw(st.integers(i, len(records))), bad)
         elif fault == "duplicate":
             records.insert(draw(st.integers(i + 1, len(records))), records[i])
         elif fault == "swap" and i + 1 < len(records):
