@@ -11,13 +11,20 @@ import asyncio
 from dataclasses import dataclass, field
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, RequestTimedOutError, TopicAuthorizationFailedError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.fakes import FakeBroker, FakeProducer
 from worker._native import partition_for_key
-from worker.runtime.outbox import Backoff, Outbox, Record
+from worker.runtime.outbox import (
+    Backoff,
+    Outbox,
+    Record,
+    observe_failed_transaction,
+    transaction_error,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -369,3 +376,15 @@ async def test_a_topic_not_authorized_refuses_each_of_its_records_once() -> None
     assert not outbox.queued
     assert not sink.failing
     await outbox.close()
+
+
+async def test_a_transactional_producer_that_never_began_a_transaction_has_no_error() -> None:
+    """A producer stopped before its first transaction began (its start was refused, say, for
+    want of a grant) has no transaction error to report, and reading what it left raises
+    nothing: the start's own error is the one the worker reports."""
+    producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9", transactional_id="never-began")
+    assert transaction_error(producer) is None
+    observe_failed_transaction(producer)
+    await producer.stop()
+    assert transaction_error(producer) is None
+    observe_failed_transaction(producer)

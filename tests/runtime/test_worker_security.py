@@ -223,7 +223,9 @@ async def test_the_printed_grants_are_exactly_what_the_worker_needs(
         kind, resource = resource_of(missing)
         text = worker.text()
         assert "Traceback" not in text, worker.tail(80)
-        (line,) = [line for line in text.splitlines() if "not authorized" in line]
+        refused = [line for line in text.splitlines() if "not authorized" in line]
+        assert len(refused) == 1, worker.tail(80)
+        (line,) = refused
         needed = f"needs {', '.join(operations_of(missing))} on {kind} "
         assert needed in line, line
         assert resource in line, line

@@ -164,16 +164,17 @@ class ExactlyOnce(Outcomes):
         rewind: list[Partition] = []
         fenced: list[Partition] = []
         for where, error in errors.items():
-            if isinstance(error, FENCED):
-                log.warning("%s[%d]: fenced, a newer owner has it: %r", *where, error)
-            elif self._membership.lost:
-                log.warning(
+            if self._membership.lost:
+                # expected once a round outlived the session, which was logged as a warning
+                log.info(
                     "%s[%d]: commit failed while the worker may have lost its place in the "
                     "group (a round outlived the session): giving it up until the group "
                     "assigns it again: %r",
                     *where,
                     error,
                 )
+            elif isinstance(error, FENCED):
+                log.warning("%s[%d]: fenced, a newer owner has it: %r", *where, error)
             else:
                 log.warning("%s[%d]: commit failed; rewinding it: %r", *where, error, extra=REPEATS)
                 self._stats.rewinds += 1

@@ -99,8 +99,8 @@ def transaction_error(producer: Any) -> KafkaError | None:
     manager = getattr(producer, "_txn_manager", None)
     if manager is None or manager.is_in_transaction():
         return None
-    ended = manager.wait_for_transaction_end()
-    if not ended.done() or ended.cancelled():
+    ended = manager.wait_for_transaction_end()  # None before the first transaction began
+    if ended is None or not ended.done() or ended.cancelled():
         return None
     error = ended.exception()
     if error is None:
@@ -477,7 +477,8 @@ class Outbox:
         for record in records:
             self._hold(record, -1)
         if self.broken is None:
-            log.warning("a transactional producer can write no more: %r", error)
+            # the round that owns the transaction reports it, once, as fenced or failed
+            log.info("a transactional producer can write no more: %r", error)
             self.broken = error
 
     def _health_of(self, topic: str) -> _TopicHealth:
