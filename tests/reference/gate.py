@@ -117,6 +117,10 @@ class RealGate:
         return [e.value for e in emissions]
 
 
+#: the codes of a rejected record (not a call): its call id is the gate's to choose
+RECORD_CODES = ("malformed_record", "malformed_tool_call", "unexpected_tool_call")
+
+
 def observed(events: list[bytes]) -> list[Expected]:
     """The gate's events in the fields the reference compares (`Expected`), read exactly."""
     out = []
@@ -124,7 +128,7 @@ def observed(events: list[bytes]) -> list[Expected]:
         event = exact.read(raw, bounded=False)
         outcome = event["outcome"]
         code = event["error_code"] if outcome == "rejected" else event["reason"]
-        call_id = event["call_id"] if code != "malformed_record" else MALFORMED
+        call_id = event["call_id"] if code not in RECORD_CODES else MALFORMED
         accepted = outcome == "accepted"
         out.append(
             Expected(
