@@ -398,7 +398,8 @@ def test_dockerfile_builds_the_wheel_in_a_stage_with_rust_and_maturin() -> None:
     runs = " ".join(build.all("RUN"))
     assert f'pip install "{requirement}"' in runs
     assert re.search(r"maturin build --release --locked .*--out /wheels", runs)
-    assert "pip wheel --wheel-dir /wheels /wheels/callgate-*.whl" in runs
+    # the wheels of the worker's dependencies and of the `otel` extra's, which the image installs
+    assert 'pip wheel --wheel-dir /wheels "$(echo /wheels/callgate-*.whl)[otel]"' in runs
 
     # what the wheel is made of is copied, and exists (the context is the repository root)
     sources = {
@@ -428,9 +429,10 @@ def test_dockerfile_runtime_has_the_wheel_only_and_no_build_tools() -> None:
     assert not runtime.all("ADD")
     (install,) = [line for line in runtime.all("RUN") if "pip install" in line]
     assert install.startswith("--mount=type=bind,from=build,source=/wheels,target=/wheels ")
-    assert "pip install --no-index --find-links /wheels callgate " in install + " "
-    # the worker's own dependencies only: no demo (embedded broker) or dev extra
-    assert not re.search(r"callgate\[", install)
+    # the worker's own dependencies and tracing's, which is turned on by the environment alone:
+    # no demo (embedded broker) or dev extra
+    assert 'pip install --no-index --find-links /wheels "callgate[otel]" ' in install + " "
+    assert re.findall(r"callgate\[[^\]]*\]", install) == ["callgate[otel]"]
     assert 'python -c "import worker._native"' in install
 
 
