@@ -1233,6 +1233,46 @@ async def test_a_commit_that_fails_after_a_round_outlived_the_session_reopens_no
     assert_input_committed(broker)
 
 
+async def test_a_stall_while_the_worker_runs_is_seen_by_its_pulse_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The process stopped past its session wherever its loop was (judging, between rounds,
+    in a fetch): once it runs again it takes its membership for lost, says so once, and has
+    its place back when the group assigns it partitions again."""
+    clock = Clock()
+    broker = new_broker()
+    streams, _ = traffic(6)
+    produce(broker, streams)
+    worker = new_worker(broker, clock)
+    session_s = worker.settings.kafka.session_timeout_ms / 1000
+    await worker.start()
+    fake = consumer(worker)
+    await fake.join()
+    clock.now += 1.0  # a while after the assignment
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(_until(lambda: worker.stats.emitted > 0), ROUND_S)
+        caplog.set_level("WARNING", logger="callgate.worker")
+        clock.now += session_s + 5  # the process was stopped this long
+        await asyncio.wait_for(_until(lambda: worker.broker.membership_lost), ROUND_S)
+        stalls = [r for r in caplog.records if "past the session" in r.getMessage()]
+        assert len(stalls) == 1, [r.getMessage() for r in caplog.records]
+        await fake.revoke([TopicPartition(INPUT, 0)])  # the group moves it on and back
+        await fake.join([TopicPartition(INPUT, 0)])
+        await asyncio.wait_for(_until(lambda: not worker.broker.membership_lost), ROUND_S)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(running, ROUND_S)
+        await worker.close()
+    assert len([r for r in caplog.records if "past the session" in r.getMessage()]) == 1
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    """Yields to the running worker until `done()`; the caller bounds it."""
+    while not done():
+        await asyncio.sleep(0.01)
+
+
 async def test_a_commit_that_never_returns_is_given_up_and_made_again() -> None:
     """The client retries a commit while the coordinator is away, without a bound of its own:
     the worker gives it up after the request timeout, and a later commit carries the offsets."""

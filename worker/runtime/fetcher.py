@@ -371,9 +371,10 @@ class Membership:
     group coordinator without hearing of it until its next heartbeat: from the moment it runs
     again it may hold partitions that another member owns now. Whatever it writes for them then
     is refused once the new owner has fenced it, but what it opens (a producer of a partition's
-    transactional id) fences the new owner in turn. So a round that outlived the session (the
-    worker's rounds follow each other within a fetch timeout, and its heartbeats run between
-    them: a round that long means the loop stalled) with no assignment during it counts as
+    transactional id) fences the new owner in turn. So a round, or a beat of the worker's
+    pulse, that outlived the session (the worker's rounds follow each other within a fetch
+    timeout, its pulse beats a few times a second, and its heartbeats run between them: a gap
+    that long means the loop stalled) with no assignment during it counts as
     membership lost, until the group assigns partitions again or a session has passed without
     that (the heartbeats then say the member stayed: an expelled one hears it within a
     heartbeat and rejoins)."""

@@ -74,6 +74,8 @@ __all__ = ["Stats", "Worker"]
 
 #: How often each owned partition's lag is read (between rounds).
 LAG_INTERVAL_S = 1.0
+#: how often the loop's pulse beats (`Worker._pulse`): a stall is seen within this of its end
+PULSE_S = 0.25
 
 
 def missing_topics_message(missing: list[str], inputs: list[str]) -> str:
@@ -305,10 +307,24 @@ class Worker:
     async def run(self) -> None:
         """Rounds until `request_stop()`. Infrastructure errors are retried, never raised, but
         for a fatal one (state that cannot be kept), which stops the worker."""
-        while not self._stop.is_set():
-            await self.step()
+        pulse = asyncio.create_task(self._pulse(), name="callgate-pulse")
+        try:
+            while not self._stop.is_set():
+                await self.step()
+        finally:
+            pulse.cancel()
         if self._fatal is not None:
             raise self._fatal
+
+    async def _pulse(self) -> None:
+        """The loop's beat, beside the rounds: a gap between two beats is a time the loop did
+        not run (the process paused, the loop blocked), wherever a round was (fetching,
+        judging, rebalancing); a round's own span (`step`) cannot see a stall that began
+        after its fetch. `Membership.ran` decides what such a gap means for the group."""
+        while True:
+            since = self._clock()
+            await asyncio.sleep(PULSE_S)
+            self._membership.ran(since)
 
     def idle(self) -> bool:
         """Nothing handed to the delivery waits for an acknowledgement or a commit."""
