@@ -52,6 +52,7 @@ from tests.reference.envelope import (
     Unmodeled,
     verdict,
 )
+from tests.reference.vendor import rejected_record, vendor_error
 
 RELEASES = ("tool_use", "end_turn", "stop_sequence")
 #: the stop reasons of the token limit
@@ -175,15 +176,7 @@ def judge(
         nonlocal ended
         ended = True
         if reason in MALFORMED_STOPS:
-            events.append(
-                Expected(
-                    stream_id,
-                    MALFORMED,
-                    "rejected",
-                    "response_classification",
-                    "malformed_tool_call",
-                )
-            )
+            events.append(rejected_record(stream_id, "malformed_tool_call"))
         for index, block in enumerate(blocks):
             if block.call is None:
                 continue
@@ -220,15 +213,7 @@ def judge(
             continue
         ((kind, body),) = event.items() if len(event) == 1 else (("", None),)
         if kind.endswith("Exception"):
-            events.append(
-                Expected(
-                    stream_id,
-                    f"{stream_id}:error",
-                    "rejected",
-                    "response_classification",
-                    "model_error",
-                )
-            )
+            events.append(vendor_error(stream_id))
             for call in calls():
                 incomplete(call, "stream_ended")
             ended = True

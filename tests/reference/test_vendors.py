@@ -2,15 +2,15 @@
 
 For each vendor format the reference reads (`tests/reference/chat.py`: OpenAI Chat
 Completions; `tests/reference/anthropic.py`: Anthropic Messages; `tests/reference/bedrock.py`:
-Amazon Bedrock ConverseStream), generated streams (`traffic.chat_stream`,
-`traffic.anthropic_stream`, `bedrock_traffic.bedrock_stream`) go through `callgate check
---format ...` (a recorded SSE file) and through the worker's processor (the events as
-records keyed by the stream id with their `content-format`, fed in fetched batches cut at
-drawn places; SSE's `[DONE]` is no record); both must give exactly the events the reference
-derives from the
-README, in the fields `Expected` names, with no `event_id` twice. With early verdicts on (the
-default) the events are the whole judgement's but for calls rejected early, which the whole
-judgement never accepts (`gate.early_sound`).
+Amazon Bedrock ConverseStream; `tests/reference/gemini.py`: Google Gemini), generated streams
+(`traffic.chat_stream`, `traffic.anthropic_stream`, `bedrock_traffic.bedrock_stream`,
+`gemini_traffic.gemini_stream`) go through `callgate check --format ...` (a recorded SSE file)
+and through the worker's processor (the events as records keyed by the stream id with their
+`content-format`, fed in fetched batches cut at drawn places; SSE's `[DONE]` is no record);
+both must give exactly the events the reference derives from the README, in the fields
+`Expected` names, with no `event_id` twice. With early verdicts on (the default) the events
+are the whole judgement's but for calls rejected early, which the whole judgement never
+accepts (`gate.early_sound`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,15 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.reference import anthropic, bedrock, bedrock_traffic, chat, traffic
+from tests.reference import (
+    anthropic,
+    bedrock,
+    bedrock_traffic,
+    chat,
+    gemini,
+    gemini_traffic,
+    traffic,
+)
 from tests.reference.conftest import TIMEOUT, repeat
 from tests.reference.envelope import Unmodeled
 from tests.reference.gate import RealGate, decided_as_reference
@@ -33,6 +41,7 @@ VENDORS: dict[str, tuple[Callable[[], st.SearchStrategy[list[bytes]]], Any]] = {
     "openai.chat": (traffic.chat_stream, chat.judge),
     "anthropic.messages": (traffic.anthropic_stream, anthropic.judge),
     "bedrock.converse": (bedrock_traffic.bedrock_stream, bedrock.judge),
+    "google.gemini": (gemini_traffic.gemini_stream, gemini.judge),
 }
 
 
