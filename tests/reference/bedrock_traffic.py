@@ -103,7 +103,7 @@ def bedrock_stream(draw: st.DrawFn) -> list[bytes]:
         elif kind.startswith("contentBlock") and how == 3:
             body["contentBlockIndex"] = draw(st.sampled_from([str(body["contentBlockIndex"]), 7]))
         elif kind == "contentBlockStart" and how < 2:
-            del body["start"]["toolUse"][draw(st.sampled_from(["toolUseId", "name"]))]
+            body["start"]["toolUse"].pop(draw(st.sampled_from(["toolUseId", "name"])), None)
         elif kind == "messageStop":
             body["stopReason"] = draw(st.sampled_from([None, *STOP_REASONS]))
         else:
