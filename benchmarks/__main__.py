@@ -8,9 +8,11 @@ early (early verdicts: the share of invalid calls' streams left unread, the cost
 on valid traffic against early verdicts off), e2e_profile (py-spy's samples of callgate and the
 pass-through draining the e2e workload, per record and by part; needs py-spy and the right to
 attach to a process), tracing (what tracing costs a round, off and on, in instructions;
-`--baseline ROOT` counts another checkout's); none
+`--baseline ROOT` counts another checkout's), startup (`callgate run`'s spawn to its first
+event, a fresh group and a restart with state to restore, in phases, against the pass-through's;
+`--broker` limits it to one broker); none
 means core, memory, checkpoints and e2e. `--quick` runs a benchmark at a tiny size (the smoke
-tests use it; its figures mean nothing). `--broker` limits e2e to one broker (and picks
+tests use it; its figures mean nothing). `--broker` limits e2e and startup to one broker (and picks
 e2e_profile's, Apache Kafka by default).
 """
 
@@ -33,6 +35,7 @@ from benchmarks import (
     observability,
     profile,
     scaling,
+    startup,
     topic_check,
     tracing,
 )
@@ -110,6 +113,13 @@ def _topic_check(args: argparse.Namespace) -> dict[str, Any]:
     return topic_check.run(quick=args.quick, repeats=args.repeats or (1 if args.quick else 3))
 
 
+def _startup(args: argparse.Namespace) -> dict[str, Any]:
+    brokers = e2e.BROKERS if args.broker is None else (args.broker,)
+    return startup.run(
+        quick=args.quick, repeats=args.repeats or (1 if args.quick else 3), brokers=brokers
+    )
+
+
 def _tracing(args: argparse.Namespace) -> dict[str, Any]:
     return tracing.run(calls=80 if args.quick else tracing.CALLS, baseline=args.baseline)
 
@@ -128,6 +138,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "topic_check": _topic_check,
     "tracing": _tracing,
     "early": _early,
+    "startup": _startup,
 }
 DEFAULT = ("core", "memory", "checkpoints", "e2e")
 

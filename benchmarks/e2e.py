@@ -49,7 +49,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -373,7 +373,9 @@ def _check_callgate(written: list[Any], expected: dict[str, str]) -> dict[str, A
     }
 
 
-async def _tail(bootstrap: str, topic: str, seen: dict[str, float], stop: asyncio.Event) -> None:
+@contextlib.asynccontextmanager
+async def tail_reader(bootstrap: str, topic: str) -> AsyncIterator[AIOKafkaConsumer]:
+    """A reader of every partition of `topic` from its start, whose fetches wait 10 ms at most."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=10
     )
@@ -382,6 +384,13 @@ async def _tail(bootstrap: str, topic: str, seen: dict[str, float], stop: asynci
         tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
+        yield consumer
+    finally:
+        await consumer.stop()
+
+
+async def _tail(bootstrap: str, topic: str, seen: dict[str, float], stop: asyncio.Event) -> None:
+    async with tail_reader(bootstrap, topic) as consumer:
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=50)
             now = time.monotonic()
@@ -391,8 +400,6 @@ async def _tail(bootstrap: str, topic: str, seen: dict[str, float], stop: asynci
                     # an outcome event, or the pass-through's copy of a call's last chunk
                     if "outcome" in value or value.get("final"):
                         seen.setdefault(value["call_id"], now)
-    finally:
-        await consumer.stop()
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,9 @@ def load_and_log(settings_file: Path | None) -> Settings:
 
 def run_command(args: argparse.Namespace) -> int:
     try:
-        return serve(load_and_log(args.settings))
+        started = time.perf_counter()
+        settings = load_and_log(args.settings)
+        return serve(settings, settings_ms=(time.perf_counter() - started) * 1000)
     except (ConfigError, SchemaLoadError) as exc:
         print(f"callgate run: {exc}", file=sys.stderr)
         return 2

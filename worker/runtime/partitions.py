@@ -266,6 +266,7 @@ class Assignment:
         them. A failure stops the worker."""
         if self.closed or not partitions:
             return
+        log.info("given %d partitions by the group; opening and restoring them", len(partitions))
         self._fetcher.pause(partitions)
         try:
             await self._delivery.open(partitions)

@@ -164,6 +164,9 @@ class Worker:
         )
         self._membership = Membership(kafka_settings.session_timeout_ms / 1000, clock)
         self._rounds = itertools.count()
+        #: start-up's last steps, each said once (`benchmarks/startup.py` splits a start on
+        #: them): 0 nothing fetched yet, 1 records fetched, 2 a round judged, 3 events acknowledged
+        self._start_step = 0
         self._stop = asyncio.Event()
         #: held by a round from its fetched batch to its end, and by a rebalance
         self._round = asyncio.Lock()
@@ -202,8 +205,11 @@ class Worker:
         settings = self.settings
         try:
             await self._kafka.start()
+            log.info("connected to %s", ",".join(settings.kafka.bootstrap_servers))
             await self._check_topics()
+            log.info("topics checked: the inputs named and the outcome topics exist")
             await self.state.prepare(settings.topics.input_topics)
+            log.info("internal topics made sure of: idempotency, approvals, changelogs")
             kafka = settings.kafka
             self._fetcher = Fetcher(
                 self._kafka.consumer(),
@@ -395,6 +401,9 @@ class Worker:
             self.broker.membership_lost = self._membership.lost
         if self._stop.is_set():
             return  # what was fetched is fetched again by whoever judges it next
+        if self._start_step == 0 and batch:
+            self._start_step = 1
+            log.info("first records fetched: %d", sum(len(r) for r in batch.values()))
         async with self._round:
             await self._apply_check()
             # a partition revoked (or rewound) since this batch was fetched is elsewhere now
@@ -412,7 +421,13 @@ class Worker:
                 fetcher.put_back(batch)
             elif batch:
                 delivery.submit(self._judge.round(next(self._rounds), batch, delivery.add))
+                if self._start_step == 1:
+                    self._start_step = 2
+                    log.info("first round judged: %d events made", self.stats.emitted)
             await assignment.recover(await delivery.advance())
+            if self._start_step == 2 and self.stats.events:
+                self._start_step = 3
+                log.info("first events acknowledged: %d", self.stats.events)
             self._apply_flow()
             self._observe_progress()
             if self._clock() - self._lag_reported >= LAG_INTERVAL_S:
