@@ -10,7 +10,7 @@ pass-through draining the e2e workload, per record and by part; needs py-spy and
 attach to a process), tracing (what tracing costs a round, off and on, in instructions;
 `--baseline ROOT` counts another checkout's), startup (`callgate run`'s spawn to its first
 event, a fresh group and a restart with state to restore, in phases, against the pass-through's;
-`--broker` limits it to one broker); none
+`--broker` limits it to one broker, `--baseline ROOT` starts another checkout's worker too); none
 means core, memory, checkpoints and e2e. `--quick` runs a benchmark at a tiny size (the smoke
 tests use it; its figures mean nothing). `--broker` limits e2e and startup to one broker (and picks
 e2e_profile's, Apache Kafka by default).
@@ -116,7 +116,10 @@ def _topic_check(args: argparse.Namespace) -> dict[str, Any]:
 def _startup(args: argparse.Namespace) -> dict[str, Any]:
     brokers = e2e.BROKERS if args.broker is None else (args.broker,)
     return startup.run(
-        quick=args.quick, repeats=args.repeats or (1 if args.quick else 3), brokers=brokers
+        quick=args.quick,
+        repeats=args.repeats or (1 if args.quick else 3),
+        brokers=brokers,
+        before=args.baseline,
     )
 
 
@@ -154,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline",
         type=Path,
         default=None,
-        help="tracing: another checkout whose untraced rounds are counted too",
+        help="tracing: another checkout whose untraced rounds are counted too; startup: "
+        "another checkout's worker started too (callgate_before)",
     )
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in BENCHMARKS]

@@ -144,12 +144,14 @@ def _worker_env(bootstrap: str, group: str, source: str, target: str) -> dict[st
     return env
 
 
-def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def _start(
+    command: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
             command,
             env=env,
-            cwd=ROOT,
+            cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

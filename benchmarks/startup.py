@@ -67,6 +67,9 @@ from benchmarks.e2e import (
 )
 
 CONTENDERS = ("callgate", "passthrough")
+#: the contender that runs another checkout's worker (`--baseline ROOT`): before a change
+BEFORE = "callgate_before"
+WORKERS = ("callgate", BEFORE)
 CASES = ("fresh", "restart")
 #: what the rebalance delay of the brokers measured here is (`tests.support.apache_kafka`)
 APACHE_INITIAL_REBALANCE_DELAY_MS = 0
@@ -233,6 +236,7 @@ async def _spawn_to_first(
     env: dict[str, str],
     log: Path,
     *,
+    cwd: Path,
     output: str,
     from_end: bool,
     source: str,
@@ -247,7 +251,7 @@ async def _spawn_to_first(
         # records before the position too: only those past it count)
         start = {tp: await reader.position(tp) for tp in reader.assignment()}
         spawned = time.time()
-        process = _start(command, env, log)
+        process = _start(command, env, log, cwd)
         try:
             readable = await _first_read(reader, start, process, log)
             drained = await _wait_done(bootstrap, group, source, process, timeout_s=600)
@@ -292,17 +296,29 @@ READ_TIMEOUT_S = 120.0
 
 
 async def _contender(
-    bootstrap: str, kind: str, source: str, where: tuple[str, str], *, case: str, logs: Path
+    bootstrap: str,
+    kind: str,
+    source: str,
+    where: tuple[str, str],
+    *,
+    case: str,
+    logs: Path,
+    before: Path | None,
 ) -> dict[str, Any]:
     group, output = where
     log = logs / f"{kind}-{case}-{group}.log"
-    if kind == "callgate":
+    cwd = ROOT
+    if kind in WORKERS:
         command = [PYTHON, "-m", "worker", "run"]
         env = {
             **_worker_env(bootstrap, group, source, output),
             "CALLGATE_LOG_LEVEL": "INFO",
             "CALLGATE_LOG__FORMAT": "json",
         }
+        if kind == BEFORE:  # the other checkout's `worker` (its directory first on the path)
+            assert before is not None
+            cwd = before
+            env["PYTHONPATH"] = str(before)
     else:
         command = [PYTHON, "-m", "benchmarks.passthrough", bootstrap, group, source, output]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -311,13 +327,14 @@ async def _contender(
         command,
         env,
         log,
+        cwd=cwd,
         output=output,
         from_end=case == "restart",
         source=source,
         group=group,
     )
     figures: dict[str, Any] = {"spawn_to_first_event_s": round(readable - spawned, 3)}
-    if kind == "callgate":
+    if kind in WORKERS:
         lines = log.read_text(errors="replace").splitlines()
         figures["phases"] = split(spawned, lines, readable)
         figures["restored_frames"] = restored_frames(lines)
@@ -335,7 +352,8 @@ class Plan:
 FIRST_SHARE = 0.9
 
 
-async def _on_broker(bootstrap: str, plan: Plan, logs: Path) -> dict[str, Any]:
+async def _on_broker(bootstrap: str, plan: Plan, logs: Path, before: Path | None) -> dict[str, Any]:
+    contenders = CONTENDERS if before is None else (*CONTENDERS, BEFORE)
     rounds = []
     for repeat in range(plan.repeats):
         run = uuid.uuid4().hex[:8]
@@ -347,20 +365,22 @@ async def _on_broker(bootstrap: str, plan: Plan, logs: Path) -> dict[str, Any]:
         await _load(bootstrap, source, _nonempty(partitioned(records[:cut])))
         where = {
             kind: (f"bench-start-{kind}-{run}", f"bench.start.out.{kind}.{run}")
-            for kind in CONTENDERS
+            for kind in contenders
         }
         for _group, output in where.values():
             await _create(bootstrap, output)
         if not repeat:  # the broker's first group makes its offsets topic: no contender pays it
             await _committed_to_end(bootstrap, f"bench-start-warm-{run}", source)
         # they take turns at going first (a broker's or machine's state favours neither)
-        order = CONTENDERS if repeat % 2 == 0 else CONTENDERS[::-1]
+        order = contenders if repeat % 2 == 0 else contenders[::-1]
         one: dict[str, Any] = {}
         for case in CASES:
             if case == "restart":  # more input waits for the restarted contenders
                 await _load(bootstrap, source, _nonempty(partitioned(records[cut:])))
             one[case] = {
-                kind: await _contender(bootstrap, kind, source, where[kind], case=case, logs=logs)
+                kind: await _contender(
+                    bootstrap, kind, source, where[kind], case=case, logs=logs, before=before
+                )
                 for kind in order
             }
         rounds.append(one)
@@ -370,31 +390,51 @@ async def _on_broker(bootstrap: str, plan: Plan, logs: Path) -> dict[str, Any]:
     }
 
 
+def _checkout(root: Path) -> dict[str, str]:
+    """Where the `callgate_before` contender's worker came from, and its commit."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return {"root": str(root), "commit": done.stdout.strip() or "unknown"}
+
+
 def _nonempty(by_partition: dict[int, list[workload.Record]]) -> dict[int, list[workload.Record]]:
     return {p: records for p, records in by_partition.items() if records}
 
 
 def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over the repeats: each contender's time, callgate's over the pass-through's
-    (paired by repeat), and callgate's phases."""
-    callgate = [r["callgate"]["spawn_to_first_event_s"] for r in rounds]
-    passthrough = [r["passthrough"]["spawn_to_first_event_s"] for r in rounds]
-    return {
-        "callgate_s": round(median(callgate), 3),
-        "passthrough_s": round(median(passthrough), 3),
-        "callgate_over_passthrough": round(
-            median([c / p for c, p in zip(callgate, passthrough, strict=True)]), 2
-        ),
-        "callgate_phases_median_s": {
-            phase.name: round(median([r["callgate"]["phases"][i]["s"] for r in rounds]), 3)
-            for i, phase in enumerate(PHASES)
-        },
-        "restored_frames": [r["callgate"]["restored_frames"] for r in rounds],
-    }
+    """Medians over the repeats: each contender's time, callgate's over the pass-through's and
+    (with a checkout before a change) over that checkout's, paired by repeat, and the phases."""
+    seconds = {kind: [r[kind]["spawn_to_first_event_s"] for r in rounds] for kind in rounds[0]}
+
+    def ratio(kind: str) -> float:
+        pairs = zip(seconds["callgate"], seconds[kind], strict=True)
+        return round(median([c / o for c, o in pairs]), 2)
+
+    out: dict[str, Any] = {f"{kind}_s": round(median(s), 3) for kind, s in seconds.items()}
+    out["callgate_over_passthrough"] = ratio("passthrough")
+    if BEFORE in seconds:
+        out["callgate_over_callgate_before"] = ratio(BEFORE)
+    for kind in WORKERS:
+        if kind in seconds:
+            out[f"{kind}_phases_median_s"] = {
+                phase.name: round(median([r[kind]["phases"][i]["s"] for r in rounds]), 3)
+                for i, phase in enumerate(PHASES)
+            }
+    out["restored_frames"] = [r["callgate"]["restored_frames"] for r in rounds]
+    return out
 
 
 def run(
-    *, quick: bool = False, repeats: int = 3, brokers: tuple[str, ...] = BROKERS
+    *,
+    quick: bool = False,
+    repeats: int = 3,
+    brokers: tuple[str, ...] = BROKERS,
+    before: Path | None = None,
 ) -> dict[str, Any]:
     plan = Plan(60, 20, repeats) if quick else Plan(6000, LANES, repeats)
     logs = Path(tempfile.mkdtemp(prefix="callgate-bench-startup-"))
@@ -402,7 +442,7 @@ def run(
     for kind in brokers:
         print(f"   startup on {kind}", file=sys.stderr, flush=True)
         with broker(kind, logs) as bootstrap:
-            out[kind] = asyncio.run(_on_broker(bootstrap, plan, logs))
+            out[kind] = asyncio.run(_on_broker(bootstrap, plan, logs, before))
     return {
         "description": __doc__.split("\n\n")[0],
         "calls": plan.calls,
@@ -413,6 +453,7 @@ def run(
         "repeats": repeats,
         "apache_group_initial_rebalance_delay_ms": APACHE_INITIAL_REBALANCE_DELAY_MS,
         "phases": {phase.name: phase.holds for phase in PHASES},
+        "before": None if before is None else _checkout(before),
         "statistic": "median of repeats; ratio = median of per-repeat callgate s / pass-through s",
         "logs": str(logs),
         "brokers": out,

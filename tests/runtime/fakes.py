@@ -486,6 +486,8 @@ class FakeKafka:
         self.reads = 0
         #: topic -> the partition count the cluster answers, lagging behind what it has
         self.lagging: dict[str, int] = {}
+        #: the topics of each `ensure_topics` request, in order
+        self.ensured: list[list[str]] = []
 
     async def start(self) -> None:
         pass
@@ -516,6 +518,7 @@ class FakeKafka:
         return {t: self.lagging.get(t, count) for t, count in counts.items()}
 
     async def ensure_topics(self, specs: Sequence[TopicSpec]) -> None:
+        self.ensured.append([spec.name for spec in specs])
         for spec in specs:
             self.broker.create_topic(spec.name, spec.partitions)
             logs = self.broker.logs[spec.name]

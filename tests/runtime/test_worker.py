@@ -30,7 +30,7 @@ from worker.compose import build_key_store, build_processor, build_registry, too
 from worker.errors import BrokerError, StateError
 from worker.metrics import Metrics
 from worker.runtime.exactly_once import ExactlyOnce
-from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
+from worker.runtime.topics import approvals_topic, changelog_topic, keys_topic, requests_topic
 from worker.runtime.worker import Worker
 from worker.settings import Settings
 
@@ -305,6 +305,26 @@ async def test_every_call_gets_its_event_and_offsets_follow_checkpoints() -> Non
     for partition in range(PARTITIONS):
         if broker.logs[INPUT][partition]:
             assert broker.logs[changelog_topic(GROUP, INPUT)][partition], "a checkpoint each"
+    await worker.close()
+
+
+async def test_a_fresh_groups_internal_topics_and_changelogs_are_made_in_one_request() -> None:
+    # one creation and one wait for the cluster to list them at start, not two in a row
+    broker = new_broker()
+    kafka = FakeKafka(broker, GROUP)
+    worker = new_worker(broker, fake_kafka=kafka)
+    await worker.start()
+    assert kafka.ensured == [
+        [
+            requests_topic(GROUP),
+            keys_topic(GROUP),
+            "tool-calls.pending-approval",
+            approvals_topic(GROUP),
+            changelog_topic(GROUP, INPUT),
+        ]
+    ]
+    for topic in kafka.ensured[0]:
+        assert topic in broker.logs
     await worker.close()
 
 

@@ -27,7 +27,7 @@ restored it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka.errors import KafkaError
@@ -97,25 +97,28 @@ class State:
 
     async def prepare(self, inputs: Iterable[str]) -> None:
         """The idempotency and approval topics, and the changelogs of the inputs named, made
-        sure of."""
+        sure of, in one `ensure_topics` (on a fresh group: one creation and one wait for the
+        cluster to list them, not one after the other)."""
         partitions = self._idempotency_partitions
         approval = self._approval_partitions
-        await self._kafka.ensure_topics(
-            [
+        await self._ensure_changelogs(
+            dict.fromkeys(inputs, 0),
+            with_topics=[
                 TopicSpec(self._requests, partitions, compacted=False),
                 TopicSpec(self._keys, partitions, compacted=True),
                 TopicSpec(self._pending, approval, compacted=False),
                 TopicSpec(self._approvals_topic, approval, compacted=True),
-            ]
+            ],
         )
-        await self._ensure_changelogs(dict.fromkeys(inputs, 0))
 
-    async def _ensure_changelogs(self, inputs: Mapping[str, int]) -> None:
+    async def _ensure_changelogs(
+        self, inputs: Mapping[str, int], *, with_topics: Sequence[TopicSpec] = ()
+    ) -> None:
         """Each input topic's changelog exists, compacted, with a partition for each of the
         input's; it is watched from then on. `inputs`: input topic -> the partitions it has at
         least (those its assignment shows: the cluster's answer may lag the assignment).
-        Raises `ConfigError` for a changelog that cannot serve, `BrokerError` or `KafkaError`
-        from the broker."""
+        `with_topics` are made sure of in the same request. Raises `ConfigError` for a topic
+        that cannot serve, `BrokerError` or `KafkaError` from the broker."""
         listed = await self._kafka.partition_counts(inputs)
         counts: dict[str, int] = {}
         for name, at_least in inputs.items():
@@ -126,7 +129,7 @@ class State:
             TopicSpec(self.changelog(name), count, compacted=True, grows=True)
             for name, count in counts.items()
         ]
-        await self._kafka.ensure_topics(specs)
+        await self._kafka.ensure_topics([*with_topics, *specs])
         self._changelog_partitions.update(counts)
         self._topics.watch_state(spec.name for spec in specs)
 
