@@ -461,6 +461,7 @@ def test_a_call_kind_no_contract_kind_exists_for_is_rejected_never_ignored(
     calls = {c.call_id: c for c in assemble(RESPONSES, encode(events))}
     (rejected,) = [c for c in calls.values() if c.assembly_error == Code.UNSUPPORTED_CALL_KIND]
     assert f"item {item['call_id']} is of kind {item['type']}" in (rejected.assembly_detail or "")
+    assert rejected.call_id == item["call_id"]  # the agent waiting for the call hears of it
     assert calls["call_weather_1"].incomplete is None  # the stream's other calls go on
 
 

@@ -2,7 +2,9 @@
 
 For each vendor format the reference reads (`tests/reference/chat.py`: OpenAI Chat
 Completions; `tests/reference/anthropic.py`: Anthropic Messages; `tests/reference/bedrock.py`:
-Amazon Bedrock ConverseStream; `tests/reference/gemini.py`: Google Gemini), generated streams
+Amazon Bedrock ConverseStream; `tests/reference/gemini.py`: Google Gemini;
+`tests/reference/responses.py`: OpenAI
+Responses, `responses.responses_stream`), generated streams
 (`traffic.chat_stream`, `traffic.anthropic_stream`, `bedrock_traffic.bedrock_stream`,
 `gemini_traffic.gemini_stream`) go through `callgate check --format ...` (a recorded SSE file)
 and through the worker's processor (the events as records keyed by the stream id with their
@@ -29,6 +31,7 @@ from tests.reference import (
     chat,
     gemini,
     gemini_traffic,
+    responses,
     traffic,
 )
 from tests.reference.conftest import TIMEOUT, repeat
@@ -42,6 +45,7 @@ VENDORS: dict[str, tuple[Callable[[], st.SearchStrategy[list[bytes]]], Any]] = {
     "anthropic.messages": (traffic.anthropic_stream, anthropic.judge),
     "bedrock.converse": (bedrock_traffic.bedrock_stream, bedrock.judge),
     "google.gemini": (gemini_traffic.gemini_stream, gemini.judge),
+    "openai.responses": (responses.responses_stream, responses.judge),
 }
 
 

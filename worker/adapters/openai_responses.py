@@ -44,8 +44,8 @@ interpreter, image generation, remote MCP calls and tool lists, a program and it
 hosted shell, a server-side tool search), and every `*_output` item, yield nothing. A call the
 client runs of a kind no contract kind exists for (`computer_call`, a client-side
 `tool_search_call`, any new `*_call` or `*_request`) is a rejected record of code
-`unsupported_call_kind` naming the item's call id and kind, when it is first seen; it never
-passes in silence, and the stream's other calls go on.
+`unsupported_call_kind` under the item's call id (its detail names its kind), when it is first
+seen; it never passes in silence, and the stream's other calls go on.
 
 `sequence_number` is per stream, not per call, and older streams lack it. When a stream has it,
 every event must. A repeated or older number is refused like any event out of place: the SDK
@@ -501,7 +501,10 @@ class OpenAIResponsesAdapter(VendorAdapter):
             "no contract kind judges it"
         )
         code = Code.UNSUPPORTED_CALL_KIND.value
-        return [Chunk(self._stream, ChunkKind.MALFORMED, delta=detail, error=code)]
+        # named by the item's call id when it has one, so the agent waiting for it hears of it
+        named = item.get("call_id", item.get("id"))
+        named = named if isinstance(named, str) and named else None
+        return [Chunk(self._stream, ChunkKind.MALFORMED, call_id=named, delta=detail, error=code)]
 
     def _target(self, event: Mapping[str, Any], kind: str) -> _Call:
         """The call an event about its text names, by output_index (and item_id)."""

@@ -44,7 +44,13 @@ pub struct Chunk<'a> {
 #[derive(Clone, Debug)]
 pub enum Fed<'a> {
     Piece(Piece<'a>),
-    Malformed { code: String, detail: String },
+    /// `named`: the stream and call a `malformed` chunk names (its adapter could read them:
+    /// the agent waiting for that call hears of it), each within the identifier bound.
+    Malformed {
+        code: String,
+        detail: String,
+        named: Option<(&'a str, &'a str)>,
+    },
 }
 
 impl<'a> Chunk<'a> {
@@ -101,11 +107,17 @@ impl<'a> Chunk<'a> {
             ("traceparent", self.traceparent),
             ("caller", self.caller),
         ];
+        let malformed = self.kind == "malformed";
         for (name, value) in ids {
+            // a malformed chunk's call id only names its rejection, when it fits (below)
+            if malformed && name == "call_id" {
+                continue;
+            }
             if value.is_some_and(|v| v.len() > max_id_bytes) {
                 return Fed::Malformed {
                     code: MALFORMED_RECORD.to_owned(),
                     detail: format!("{name} is longer than {max_id_bytes} bytes"),
+                    named: None,
                 };
             }
         }
@@ -124,10 +136,14 @@ impl<'a> Chunk<'a> {
                 call_id: call_id(),
             },
             "malformed" => {
+                let call = self
+                    .call_id
+                    .filter(|id| !id.is_empty() && id.len() <= max_id_bytes);
                 return Fed::Malformed {
                     code: self.error.unwrap_or(MALFORMED_RECORD).to_owned(),
                     detail: self.delta.to_owned(),
-                }
+                    named: call.map(|call| (self.stream_id, call)),
+                };
             }
             kind => {
                 let trace = Trace {
@@ -266,7 +282,7 @@ mod tests {
     #[test]
     fn an_identifier_past_its_bound_makes_the_chunk_malformed() {
         match chunk("tool_call", "stream").to_fed(5) {
-            Fed::Malformed { code, detail } => {
+            Fed::Malformed { code, detail, .. } => {
                 assert_eq!(code, MALFORMED_RECORD);
                 assert_eq!(detail, "stream_id is longer than 5 bytes");
             }
@@ -297,7 +313,7 @@ mod tests {
 
     #[test]
     fn a_malformed_chunk_names_its_code_or_the_default() {
-        let Fed::Malformed { code, detail } = chunk("malformed", "s").to_fed(64) else {
+        let Fed::Malformed { code, detail, .. } = chunk("malformed", "s").to_fed(64) else {
             panic!("malformed");
         };
         assert_eq!((code.as_str(), detail.as_str()), (MALFORMED_RECORD, "{}"));
@@ -309,5 +325,30 @@ mod tests {
             panic!("malformed");
         };
         assert_eq!(code, "unsupported_format");
+    }
+
+    #[test]
+    fn a_malformed_chunk_names_its_call_when_the_id_fits_the_bound() {
+        let named = Chunk {
+            call_id: Some("call_1"),
+            error: Some("unsupported_call_kind"),
+            ..chunk("malformed", "s")
+        };
+        let Fed::Malformed { code, named, .. } = named.to_fed(64) else {
+            panic!("malformed");
+        };
+        assert_eq!(
+            (code.as_str(), named),
+            ("unsupported_call_kind", Some(("s", "call_1")))
+        );
+        let long = Chunk {
+            call_id: Some("call_1"),
+            error: Some("unsupported_call_kind"),
+            ..chunk("malformed", "s")
+        };
+        let Fed::Malformed { code, named, .. } = long.to_fed(5) else {
+            panic!("malformed");
+        };
+        assert_eq!((code.as_str(), named), ("unsupported_call_kind", None));
     }
 }

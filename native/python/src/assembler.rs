@@ -307,8 +307,13 @@ impl Batch<'_, '_> {
         for item in fed {
             match item {
                 Fed::Piece(mut piece) => self.feed.feed(offset, &mut piece, &mut self.closed),
-                Fed::Malformed { code, detail } => {
-                    self.malformed(offset, key, (None, None), &code, &detail)?
+                Fed::Malformed {
+                    code,
+                    detail,
+                    named,
+                } => {
+                    let named = named.map_or((None, None), |(s, c)| (Some(s), Some(c)));
+                    self.malformed(offset, key, named, &code, &detail)?
                 }
             }
         }
