@@ -26,6 +26,7 @@ from worker.runtime.delivery import (
     Outcomes,
     Partition,
 )
+from worker.runtime.kafka import close_within
 from worker.runtime.ledger import Ledger
 from worker.runtime.outbox import Outbox, Record
 
@@ -277,7 +278,4 @@ class AtLeastOnce(Outcomes):
         producer, self._producer = self._producer, None
         if producer is None:
             return
-        try:
-            await asyncio.wait_for(producer.stop(), timeout=max(0.1, timeout_s))
-        except (TimeoutError, KafkaError) as exc:
-            log.warning("closing the producer: %r", exc)
+        await close_within(producer.stop(), timeout_s, "the producer")

@@ -5,7 +5,7 @@ refresh, fetch, heartbeat and commit, and the worker every failed fetch, commit 
 thousands of ERROR lines a minute that say one thing. So:
 
 - The worker's own view decides the state (`BrokerState`, fed between rounds by
-  `Worker._observe_progress`: the fetches of its partitions answered, its writes acknowledged,
+  `worker.runtime.progress`: the fetches of its partitions answered, its writes acknowledged,
   both within `metrics.ready_within_ms`, the rule /readyz answers by). Each change is one line:
   `Kafka unreachable: <why>` (ERROR), `Kafka still unreachable after <n> min: <why>; <k> client
   warnings and errors since` every `REMINDER_S` (ERROR), `Kafka reachable again after <n> s; <k>

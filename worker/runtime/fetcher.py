@@ -37,6 +37,7 @@ from worker.errors import BrokerError
 from worker.metrics import Metrics
 from worker.runtime.broker_log import REPEATS
 from worker.runtime.delivery import Partition
+from worker.runtime.kafka import close_within
 
 log = logging.getLogger("callgate.worker")
 
@@ -358,10 +359,7 @@ class Fetcher:
     async def close(self, timeout_s: float) -> None:
         if self._stopped is not None:
             self._stopped.cancel()
-        try:
-            await asyncio.wait_for(self.consumer.stop(), timeout=max(0.1, timeout_s))
-        except (TimeoutError, KafkaError) as exc:
-            log.warning("closing the consumer: %r", exc)
+        await close_within(self.consumer.stop(), timeout_s, "the consumer")
 
 
 class Membership:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import (
@@ -53,6 +53,15 @@ from worker.settings import Settings
 log = logging.getLogger("callgate.kafka")
 
 READ_COMMITTED = "read_committed"
+
+
+async def close_within(closing: Awaitable[object], timeout_s: float, what: str) -> None:
+    """Await a client's stop for at most `timeout_s` (at least 0.1 s). A failure or a timeout is
+    logged (`closing <what>: ...`), never raised: what closes is given up either way."""
+    try:
+        await asyncio.wait_for(closing, timeout=max(0.1, timeout_s))
+    except (TimeoutError, KafkaError) as exc:
+        log.warning("closing %s: %r", what, exc)
 
 
 def transactional_id(settings: Settings, topic: str, partition: int) -> str:

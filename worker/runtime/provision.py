@@ -196,6 +196,16 @@ def grants(settings: Settings) -> list[Grant]:
     return found
 
 
+def missing_topics(missing: list[str], inputs: list[str]) -> BrokerError:
+    """What a worker that finds its topics missing says: which, and how to make them."""
+    roles = ", ".join(f"{t} (input)" if t in inputs else f"{t} (output)" for t in missing)
+    return BrokerError(
+        f"topics do not exist: {roles}. Create them with `callgate topics create` (the same "
+        "settings; --input-partitions N and --output-partitions N size them; `callgate topics "
+        "check` verifies them), or with your cluster's tools as `callgate topics check` lists"
+    )
+
+
 def not_authorized(settings: Settings, resource: str, name: str) -> BrokerError:
     """What a worker the cluster refuses says: the operations and the resource whose grant
     is missing (as `grants` states it), and where every grant is printed."""

@@ -33,6 +33,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
+from worker.runtime.kafka import close_within
 from worker.runtime.ledger import Partition
 from worker.runtime.outbox import (
     Outbox,
@@ -211,8 +212,5 @@ class Transactions:
 
     @staticmethod
     async def _stop(producer: Any, timeout_s: float) -> None:
-        try:
-            await asyncio.wait_for(producer.stop(), timeout=max(0.1, timeout_s))
-        except (TimeoutError, KafkaError) as exc:
-            log.warning("closing a transactional producer: %r", exc)
+        await close_within(producer.stop(), timeout_s, "a transactional producer")
         observe_failed_transaction(producer)

@@ -17,12 +17,8 @@ under a commit that then never ends). A revoked partition's rounds are finished 
 offsets committed, its state dropped; an assigned partition's state is restored and fetching
 resumes where that state ends. Written topics are checked (`topic_watch`): a deleted outcome
 topic rewinds every partition to its checkpoint and is waited for, a deleted state topic stops
-the worker.
-
-Calls pending approval: the group reads the pending-approval topic like the idempotency requests
-(`worker.runtime.approvals`), and the worker's wall clock (never the core's) says when a held
-call's expiry has passed: it then writes an `expire` decision for it to that topic, which the
-call's owner rules on by the decision's record time (`worker.core.approval`).
+the worker. Between rounds: readiness observed (`progress`), lag read, and `expire` decisions
+written for calls held for approval past their expiry (`expiries`).
 """
 
 from __future__ import annotations
@@ -32,13 +28,12 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiokafka import TopicPartition
 from aiokafka.errors import GroupAuthorizationFailedError, KafkaError, OffsetOutOfRangeError
 
 from worker.compose import build_approval_store
-from worker.core.approval import CALLGATE, DECISION_RECORD, RECORD_HEADER, Decision, decision_record
 from worker.core.idempotency import KeyStore
 from worker.core.processor import Processor
 from worker.errors import BrokerError, CallgateError, InfrastructureError
@@ -48,13 +43,15 @@ from worker.runtime.at_least_once import AtLeastOnce
 from worker.runtime.broker_log import BrokerState
 from worker.runtime.delivery import Context, Delivery, Partition, Stats
 from worker.runtime.exactly_once import ExactlyOnce
+from worker.runtime.expiries import Expiries
 from worker.runtime.fetcher import AUTHORIZATION_ERRORS, Fetcher, Membership
 from worker.runtime.flow import FlowControl
 from worker.runtime.judging import Judge
-from worker.runtime.kafka import Kafka, Listener
+from worker.runtime.kafka import Kafka, Listener, close_within
 from worker.runtime.keys import KeyOwners
 from worker.runtime.partitions import Assignment, State
-from worker.runtime.provision import not_authorized
+from worker.runtime.progress import Progress
+from worker.runtime.provision import missing_topics, not_authorized
 from worker.runtime.topic_watch import TopicWatch
 from worker.runtime.topics import (
     approvals_topic,
@@ -76,16 +73,6 @@ __all__ = ["Stats", "Worker"]
 LAG_INTERVAL_S = 1.0
 #: how often the loop's pulse beats (`Worker._pulse`): a stall is seen within this of its end
 PULSE_S = 0.25
-
-
-def missing_topics_message(missing: list[str], inputs: list[str]) -> str:
-    """What a worker that finds its topics missing says: which, and how to make them."""
-    roles = ", ".join(f"{t} (input)" if t in inputs else f"{t} (output)" for t in missing)
-    return (
-        f"topics do not exist: {roles}. Create them with `callgate topics create` (the same "
-        "settings; --input-partitions N and --output-partitions N size them; `callgate topics "
-        "check` verifies them), or with your cluster's tools as `callgate topics check` lists"
-    )
 
 
 class Worker:
@@ -113,8 +100,6 @@ class Worker:
         self._group = settings.kafka.group_id
         self._requests = requests_topic(self._group)
         self._pending = settings.topics.pending_approval
-        self._expiry_checked = float("-inf")
-        self._expiry_producer: Any = None
         # the topics it writes outputs to (the shadow topic too): they must exist, never input
         self._outcome_topics = frozenset(settings.written_topics)
         self._topics = TopicWatch(
@@ -125,6 +110,9 @@ class Worker:
         )
         owners = KeyOwners(self._requests, new_key_store, settings.limits.max_feedback_bytes)
         self.approvals = ApprovalOwners(self._pending, lambda: build_approval_store(settings))
+        self._expiries = Expiries(
+            self._kafka, self.approvals, self._pending, clock=clock, wall=wall
+        )
         keys = keys_topic(self._group)
         approvals = approvals_topic(self._group)
         self._judge = Judge(
@@ -172,14 +160,7 @@ class Worker:
         self._round = asyncio.Lock()
         self._fatal: InfrastructureError | None = None
         self._lag_reported = float("-inf")
-        #: readiness (`readiness`), observed between rounds: the bound, when the last round
-        #: ended, when writes were last acknowledged (or none waited), the partitions whose
-        #: fetches the broker has not answered within the bound
-        self._ready_within_s = settings.metrics.ready_within_ms / 1000
-        self._stepped_at = clock()
-        self._acked_at = clock()
-        self._acks = 0
-        self._unanswered: list[Partition] = []
+        self._progress: Progress | None = None  # readiness, once started
         #: reachable or not, said once per change (`worker.runtime.broker_log`)
         self.broker = BrokerState(clock, session_s=kafka_settings.session_timeout_ms / 1000)
 
@@ -241,6 +222,17 @@ class Worker:
             self._assignment = Assignment(
                 self.state, self._fetcher, self._delivery, self.metrics, self._stop_fatally
             )
+            self._progress = Progress(
+                ready_within_s=settings.metrics.ready_within_ms / 1000,
+                fetcher=self._fetcher,
+                delivery=self._delivery,
+                assignment=self._assignment,
+                topics=self._topics,
+                stats=self.stats,
+                membership=self._membership,
+                broker=self.broker,
+                clock=self._clock,
+            )
         except AUTHORIZATION_ERRORS as exc:
             await self._close_clients()
             raise self._not_authorized(exc) from None
@@ -267,7 +259,7 @@ class Worker:
         wanted = sorted({*self._outcome_topics, *named_inputs})
         missing = await self._kafka.missing_topics(wanted)
         if missing:
-            raise BrokerError(missing_topics_message(missing, named_inputs))
+            raise missing_topics(missing, named_inputs)
 
     def _subscribe(self) -> None:
         listener = Listener(self._on_revoked, self._on_assigned)
@@ -364,19 +356,11 @@ class Worker:
         delivery, self._delivery = self._delivery, None
         if delivery is not None:
             await delivery.close(timeout_s / 2)
-        try:
-            await asyncio.wait_for(self._kafka.close(), timeout=max(0.1, timeout_s / 2))
-        except (TimeoutError, KafkaError) as exc:
-            log.warning("closing the admin client: %r", exc)
+        await close_within(self._kafka.close(), timeout_s / 2, "the admin client")
         fetcher, self._fetcher = self._fetcher, None
         if fetcher is not None:
             await fetcher.close(timeout_s / 2)
-        producer, self._expiry_producer = self._expiry_producer, None
-        if producer is not None:
-            try:
-                await asyncio.wait_for(producer.stop(), timeout=max(0.1, timeout_s / 2))
-            except (TimeoutError, KafkaError) as exc:
-                log.warning("closing the expiry producer: %r", exc)
+        await self._expiries.close(timeout_s / 2)
 
     # -- a round -------------------------------------------------------------------------------
 
@@ -429,77 +413,12 @@ class Worker:
                 self._start_step = 3
                 log.info("first events acknowledged: %d", self.stats.events)
             self._apply_flow()
-            self._observe_progress()
+            assert self._progress is not None
+            self._progress.observe()
             if self._clock() - self._lag_reported >= LAG_INTERVAL_S:
                 self._lag_reported = self._clock()
                 await fetcher.report_lag(assignment.owned)
-        await self._ask_expiries()
-
-    def _observe_progress(self) -> None:
-        """What readiness is decided from (between rounds, on the loop's thread)."""
-        delivery, assignment = self.delivery, self._assignment
-        assert assignment is not None
-        now = self._clock()
-        self._stepped_at = now
-        self.broker.round_ended()
-        acks = self.stats.acknowledged + self.stats.checkpoints
-        if acks != self._acks or not delivery.pending_records:
-            self._acks, self._acked_at = acks, now
-        self._unanswered = (
-            []
-            if assignment.throttled
-            else self.fetcher.unanswered(assignment.owned, self._ready_within_s)
-        )
-        self.broker.membership_lost = self._membership.lost
-        self.broker.observe(self._progress_problem(now))
-
-    def _progress_problem(self, now: float) -> str | None:
-        """Why the worker is not making progress with Kafka (None: it is): fetches of an
-        assigned partition not answered, or writes waiting with none acknowledged, within
-        `metrics.ready_within_ms`."""
-        assert self._assignment is not None
-        assert self._delivery is not None
-        bound = self._ready_within_s
-        unanswered = self._unanswered
-        if unanswered:
-            shown = ", ".join(f"{t}[{p}]" for t, p in unanswered[:5])
-            more = f" and {len(unanswered) - 5} more" if len(unanswered) > 5 else ""
-            return (
-                f"no fetch answered within {bound:g} s for {len(unanswered)} of "
-                f"{len(self._assignment.owned)} partitions: {shown}{more}"
-            )
-        pending = self._delivery.pending_records
-        if pending and now - self._acked_at > bound:
-            waited = now - self._acked_at
-            return f"{pending} records written and none acknowledged for {waited:.0f} s"
-        return None
-
-    async def _ask_expiries(self) -> None:
-        """Once a second: an `expire` decision for each held call whose expiry the wall clock
-        has passed (its owner rules on it by the record's time; one lost is asked again)."""
-        now = self._clock()
-        if now - self._expiry_checked < 1.0:
-            return
-        self._expiry_checked = now
-        due = self.approvals.due(round(self._wall() * 1000), again_after_ms=30_000)
-        if not due:
-            return
-        try:
-            if self._expiry_producer is None:
-                self._expiry_producer = self._kafka.producer()
-                await self._expiry_producer.start()
-            for partition, event_id, found in due:
-                value = decision_record(event_id, found, Decision.EXPIRE, CALLGATE)
-                await self._expiry_producer.send(
-                    self._pending,
-                    value,
-                    key=event_id.encode(),
-                    partition=partition,
-                    headers=[(RECORD_HEADER, DECISION_RECORD.encode())],
-                )
-            log.info("asked to expire %d calls pending approval", len(due))
-        except KafkaError as exc:  # asked again later: the calls stay pending until then
-            log.warning("cannot write expire decisions: %r", exc)
+        await self._expiries.ask()
 
     async def _apply_check(self) -> None:
         """Act on a finished check (`worker.runtime.topic_watch`). A broker may acknowledge
@@ -556,23 +475,10 @@ class Worker:
     # -- readiness -----------------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
-        """For /readyz (asked on the health server's thread). Ready: joined the group, not
-        stopping, rounds running, every assigned partition being fetched has had a fetch
-        answered within `metrics.ready_within_ms`, writes waiting have had an acknowledgement
-        within it, and no topic's writes are failing. The reason says which does not hold."""
+        """For /readyz (asked on the health server's thread): not stopping, started, and the
+        rule `Progress.readiness` states."""
         if self._stop.is_set():
             return False, "stopping"
-        if self._delivery is None:
+        if self._progress is None or self._delivery is None:
             return False, "starting"
-        if self._assignment is None or not self._assignment.joined:
-            return False, "joining the consumer group"
-        now = self._clock()
-        if now - self._stepped_at > self._ready_within_s:
-            return False, f"no round ended for {now - self._stepped_at:.0f} s"
-        problem = self._progress_problem(now)
-        if problem is not None:
-            return False, problem
-        if self._topics.failing:
-            failing = "; ".join(f"{t}: {e}" for t, e in sorted(self._topics.failing.items()))
-            return False, f"writes failing ({failing}); {self._delivery.waiting()}"
-        return True, f"consuming {len(self._assignment.owned)} partitions"
+        return self._progress.readiness()
