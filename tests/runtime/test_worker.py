@@ -1401,7 +1401,7 @@ async def test_every_assigned_partition_has_its_lag_idle_ones_at_zero() -> None:
     assert lag == dict.fromkeys(sorted(worker.assignment), 0.0)
     assert {(INPUT, p) for p in range(PARTITIONS)} <= set(lag)
     # records arrive while fetching is paused: the lag counts them
-    worker._assignment.throttle(True)  # type: ignore[union-attr]
+    worker.fetcher.pause(worker.assignment)
     for i in range(7):
         broker.append(INPUT, busy, key=b"s", value=b"x", timestamp=2000 + i)
     now[0] += 2.0
