@@ -13,7 +13,9 @@ event, a fresh group and a restart with state to restore, in phases, against the
 `--broker` limits it to one broker, `--baseline ROOT` starts another checkout's worker too); none
 means core, memory, checkpoints and e2e. `--quick` runs a benchmark at a tiny size (the smoke
 tests use it; its figures mean nothing). `--broker` limits e2e and startup to one broker (and picks
-e2e_profile's, Apache Kafka by default).
+e2e_profile's, Apache Kafka by default). `--delivery` picks e2e's delivery modes (at_least_once,
+exactly_once against a transactional pass-through, or both, the default; tansu has no
+transactions, so exactly_once is skipped there).
 """
 
 from __future__ import annotations
@@ -58,11 +60,18 @@ def _checkpoints(args: argparse.Namespace) -> dict[str, Any]:
     return checkpoints.run(repeats=args.repeats or 7)
 
 
+#: `--delivery`: e2e's delivery modes
+DELIVERY_CHOICES = {**{mode: (mode,) for mode in e2e.DELIVERIES}, "both": e2e.DELIVERIES}
+
+
 def _e2e(args: argparse.Namespace) -> dict[str, Any]:
     brokers = e2e.BROKERS if args.broker is None else (args.broker,)
+    deliveries = DELIVERY_CHOICES[args.delivery]
     if args.quick:
-        return e2e.run(quick=True, repeats=args.repeats or 1, brokers=brokers)
-    return e2e.run(repeats=args.repeats or 3, brokers=brokers)
+        return e2e.run(
+            quick=True, repeats=args.repeats or 1, brokers=brokers, deliveries=deliveries
+        )
+    return e2e.run(repeats=args.repeats or 3, brokers=brokers, deliveries=deliveries)
 
 
 def _e2e_profile(args: argparse.Namespace) -> dict[str, Any]:
@@ -153,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="repeats per measurement")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--broker", choices=e2e.BROKERS, default=None, help="e2e on this one")
+    parser.add_argument(
+        "--delivery",
+        choices=tuple(DELIVERY_CHOICES),
+        default="both",
+        help="e2e: callgate's delivery guarantee against the pass-through of the same mode "
+        "(exactly_once: transactional; Apache Kafka only, skipped on tansu)",
+    )
     parser.add_argument(
         "--baseline",
         type=Path,

@@ -109,22 +109,53 @@ def checkpoints(doc: dict[str, Any]) -> Table:
     return out
 
 
+def _modes(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+    """(broker, delivery, the broker's figures, the mode's figures) of an e2e results file."""
+    return [
+        (name, delivery, b, b[delivery])
+        for name, b in doc["brokers"].items()
+        for delivery in doc["deliveries"]
+        if delivery in b
+    ]
+
+
+def _cpu(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def e2e(doc: dict[str, Any]) -> Table:
     out = _head(
-        "broker", "consume-only rec/s", "pass-through rec/s", "callgate rec/s",
+        "broker", "delivery", "consume-only rec/s", "pass-through rec/s", "callgate rec/s",
         "callgate / pass-through", "target", "per round", "callgate / consume-only",
+        "CPU per wall s: callgate (target 0.9) / pass-through", "machine busy cores",
         "shadow mode rec/s", "shadow / callgate (per round)",
     )  # fmt: skip
-    for name, b in doc["brokers"].items():
-        rounds = ", ".join(f"{r['share_of_passthrough']:.2f}" for r in b["rounds"])
-        shadow = ", ".join(f"{r['shadow_share_of_callgate']:.2f}" for r in b["rounds"])
+    for name, delivery, b, m in _modes(doc):
+        if "skipped" in m:
+            out.append(_row(name, delivery, m["skipped"], *("" for _ in range(10))))
+            continue
+        rounds = ", ".join(f"{r[delivery]['share_of_passthrough']:.2f}" for r in b["rounds"])
+        shadow = (
+            (
+                f"{m['callgate_shadow_records_per_s']:,}",
+                f"**{m['shadow_share_of_callgate']:.0%}** ("
+                + ", ".join(f"{r[delivery]['shadow_share_of_callgate']:.2f}" for r in b["rounds"])
+                + ")",
+            )
+            if "shadow_share_of_callgate" in m
+            else ("-", "-")
+        )
         out.append(
             _row(
-                name, f"{b['consume_only_records_per_s']:,}", f"{b['passthrough_records_per_s']:,}",
-                f"{b['callgate_records_per_s']:,}", f"**{b['share_of_passthrough']:.0%}**",
-                f"≥ {b['target_share']:.0%}", rounds, f"{b['share_of_consume_only']:.0%}",
-                f"{b['callgate_shadow_records_per_s']:,}",
-                f"**{b['shadow_share_of_callgate']:.0%}** ({shadow})",
+                name, delivery, f"{b['consume_only_records_per_s']:,}",
+                f"{m['passthrough_records_per_s']:,}", f"{m['callgate_records_per_s']:,}",
+                f"**{m['share_of_passthrough']:.0%}**", f"≥ {m['target_share']:.0%}", rounds,
+                f"{m['share_of_consume_only']:.0%}",
+                f"**{_cpu(m['callgate_cpu_per_wall_s'])}** / "
+                f"{_cpu(m['passthrough_cpu_per_wall_s'])}",
+                f"{_cpu(m['machine_busy_cores_callgate'])} / "
+                f"{_cpu(m['machine_busy_cores_passthrough'])}",
+                *shadow,
             )
         )  # fmt: skip
     return out
@@ -151,24 +182,26 @@ def e2e_profile(doc: dict[str, Any]) -> Table:
 
 def latency(doc: dict[str, Any]) -> Table:
     out = _head(
-        "broker", "rate (share of callgate's max)", "contender", "achieved rec/s",
+        "broker", "delivery", "rate (share of callgate's max)", "contender", "achieved rec/s",
         "p50 / p90 / **p99** / max ms", "topics in the cluster", "target p99",
     )  # fmt: skip
-    for name, b in doc["brokers"].items():
-        for point in b.get("latency_by_rate", []):
+    for name, delivery, _, m in _modes(doc):
+        for point in m.get("latency_by_rate", []):
             rate = point["callgate"]["target_records_per_s"]
             share = point["fraction_of_callgate_max"]
             for kind, run in point.items():
                 if kind == "fraction_of_callgate_max":
                     continue
                 f = run["from_last_chunk_acknowledged"]
+                achieved = f"{run['achieved_records_per_s']:,}" + (
+                    " (void: fell behind)" if run["void"] else ""
+                )
                 out.append(
                     _row(
-                        name, f"{rate:,} ({share:.0%})", kind,
-                        f"{run['achieved_records_per_s']:,}",
+                        name, delivery, f"{rate:,} ({share:.0%})", kind, achieved,
                         f"{f['p50_ms']:.0f} / {f['p90_ms']:.0f} / **{f['p99_ms']:.0f}** / "
                         f"{f['max_ms']:.0f}",
-                        run.get("topics_in_cluster", "-"), f"≤ {TARGET_P99_MS:g}",
+                        run["topics_in_cluster"], f"≤ {TARGET_P99_MS:g}",
                     )
                 )  # fmt: skip
     return out
