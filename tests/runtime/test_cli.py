@@ -39,6 +39,29 @@ def test_run_help_lists_every_setting_with_its_environment_name() -> None:
     assert "--settings FILE" in result.stdout
 
 
+def test_the_command_line_builds_the_published_model_only_for_a_decision() -> None:
+    # `callgate run` starts through the whole command line; the pydantic model of the published
+    # events (about 17 ms to build) serves `approve` and `deny`, and is built when they look
+    # for the call, not at every start
+    code = (
+        "import sys\n"
+        "from worker.cli import build_parser\n"
+        "build_parser().parse_args(['run'])\n"
+        "assert 'worker.published.model' not in sys.modules\n"
+        "from worker.runtime.approve_cli import find\n"
+        "assert 'worker.published.model' not in sys.modules\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

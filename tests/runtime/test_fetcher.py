@@ -84,6 +84,58 @@ async def test_a_batch_of_a_partition_placed_again_since_is_not_the_partition_s(
     assert [r.offset for r in again[TopicPartition(TOPIC, 1)]] == list(range(4, 10))
 
 
+class CountingConsumer(FakeConsumer):
+    """Counts the committed-offset requests in flight at once (each yields to the loop once,
+    as a request to the broker does)."""
+
+    in_flight = 0
+    most_in_flight = 0
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0)
+        self.in_flight -= 1
+        return await super().committed(tp)
+
+
+@pytest.mark.asyncio
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    places=st.lists(
+        st.tuples(
+            st.none() | st.integers(0, 50),  # its checkpoint's offset, or none
+            st.none() | st.integers(0, 50),  # its committed offset, or none
+            st.integers(0, 5),  # where its log starts
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+async def test_each_partition_is_placed_at_its_checkpoint_else_its_commit_else_its_start(
+    places: list[tuple[int | None, int | None, int]],
+) -> None:
+    broker = FakeBroker()
+    broker.create_topic(TOPIC, len(places))
+    consumer = CountingConsumer(broker, "g")
+    consumer.subscribe(topics=[TOPIC], listener=Listener())
+    fetcher = Fetcher(consumer, Metrics(frozenset()), fetch_timeout_ms=1, max_records=10)
+    await consumer.join()
+    for partition, (_, committed, start) in enumerate(places):
+        broker.starts[(TOPIC, partition)] = start
+        if committed is not None:
+            broker.committed[("g", TOPIC, partition)] = committed
+    await fetcher.place(
+        {(TOPIC, partition): checkpoint for partition, (checkpoint, _, _) in enumerate(places)}
+    )
+    assert consumer.positions() == {
+        TopicPartition(TOPIC, partition): next(o for o in place if o is not None)
+        for partition, place in enumerate(places)
+    }
+    # the committed offsets asked for are asked at once, not one round trip after another
+    assert consumer.most_in_flight == sum(checkpoint is None for checkpoint, _, _ in places)
+
+
 @pytest.mark.asyncio
 async def test_a_batch_put_back_is_fetched_again_from_its_first_record() -> None:
     broker = loaded([10, 0, 0])

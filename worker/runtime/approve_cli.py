@@ -29,7 +29,7 @@ import logging
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -48,11 +48,13 @@ from worker.core.approval import (
 )
 from worker.errors import CallgateError, ConfigError
 from worker.model import SchemaRef
-from worker.published.model import PendingApproval, parse_event
 from worker.runtime.cli import settings_argument
 from worker.runtime.kafka import Kafka
 from worker.runtime.kafka_options import producer_options
 from worker.settings import Settings, load_settings
+
+if TYPE_CHECKING:  # the published model is built when a decision is made, never for `run`
+    from worker.published.model import PendingApproval
 
 WRITTEN, NOT_PENDING, BAD_SETTINGS = 0, 1, 2
 _EVENT_ID = re.compile(r"[0-9a-f]{32}")
@@ -70,6 +72,8 @@ class Found:
 
 async def find(kafka: Kafka, settings: Settings, event_id: str) -> Found:
     """The call's pending event and what was written for it, from the whole topic."""
+    from worker.published.model import PendingApproval, parse_event  # noqa: PLC0415 (see above)
+
     topic = settings.topics.pending_approval
     if await kafka.missing_topics([topic]):
         raise ConfigError(f"the pending-approval topic {topic} does not exist")

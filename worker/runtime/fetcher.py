@@ -280,14 +280,19 @@ class Fetcher:
         its start. Raises `BrokerError`."""
         consumer = self.consumer
         self.drop(resume)
+        offsets = {TopicPartition(*where): offset for where, offset in resume.items()}
         try:
-            for (topic, partition), checkpointed in resume.items():
-                tp = TopicPartition(topic, partition)
-                offset = checkpointed if checkpointed is not None else await consumer.committed(tp)
-                if offset is None:
-                    await consumer.seek_to_beginning(tp)
-                else:
+            # one request each, all in flight at once: one after the other, a restart's 15
+            # partitions took 15 round trips before the first fetch
+            unplaced = [tp for tp, offset in offsets.items() if offset is None]
+            committed = await asyncio.gather(*(consumer.committed(tp) for tp in unplaced))
+            offsets.update(zip(unplaced, committed, strict=True))
+            for tp, offset in offsets.items():
+                if offset is not None:
                     consumer.seek(tp, offset)
+            from_start = [tp for tp, offset in offsets.items() if offset is None]
+            if from_start:
+                await consumer.seek_to_beginning(*from_start)
         except KafkaError as exc:
             raise BrokerError(
                 f"cannot read the committed offsets of {len(resume)} partitions: {exc!r}"
