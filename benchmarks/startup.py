@@ -25,11 +25,18 @@ an empty group wait before it is given partitions. The harness's broker sets it 
 `tests/support/apache_kafka.py` says), so no such wait is in these figures; on a broker left at
 the default, a fresh group's join, and a restart's (the stopped member left the group empty),
 take up to 3 s more.
+
+Every contender's Python sources are compiled to bytecode before the first spawn (`compiled`),
+as `pip install` compiles an installed callgate: a source checkout run with
+`PYTHONDONTWRITEBYTECODE` set (as this machine's shells have it) compiles each module it imports
+again at every start, about 100 ms of callgate's imports here against a few of the
+pass-through's, which no installed worker pays.
 """
 
 from __future__ import annotations
 
 import asyncio
+import compileall
 import os
 import re
 import subprocess
@@ -429,6 +436,20 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: the packages each contender imports from a checkout (the rest is installed, compiled)
+COMPILED = ("worker", "benchmarks")
+
+
+def compiled(*roots: Path) -> None:
+    """Each checkout's packages compiled to bytecode beside their sources, as an install
+    compiles them (a source already compiled is left as it is). Raises `RuntimeError` naming
+    a checkout whose sources do not compile."""
+    for root in roots:
+        for package in COMPILED:
+            if (root / package).is_dir() and not compileall.compile_dir(root / package, quiet=1):
+                raise RuntimeError(f"the sources of {root / package} do not compile")
+
+
 def run(
     *,
     quick: bool = False,
@@ -438,6 +459,7 @@ def run(
 ) -> dict[str, Any]:
     plan = Plan(60, 20, repeats) if quick else Plan(6000, LANES, repeats)
     logs = Path(tempfile.mkdtemp(prefix="callgate-bench-startup-"))
+    compiled(ROOT, *(() if before is None else (before,)))
     out = {}
     for kind in brokers:
         print(f"   startup on {kind}", file=sys.stderr, flush=True)
@@ -453,6 +475,8 @@ def run(
         "repeats": repeats,
         "apache_group_initial_rebalance_delay_ms": APACHE_INITIAL_REBALANCE_DELAY_MS,
         "phases": {phase.name: phase.holds for phase in PHASES},
+        "bytecode": "each checkout's packages compiled before the first spawn, as an install "
+        "compiles them",
         "before": None if before is None else _checkout(before),
         "statistic": "median of repeats; ratio = median of per-repeat callgate s / pass-through s",
         "logs": str(logs),

@@ -16,6 +16,7 @@ import orjson
 from benchmarks.common import RESULTS
 from benchmarks.e2e import TARGET_P99_MS
 from benchmarks.e2e_profile import BUCKETS, NOT_RUNNING
+from benchmarks.startup import PHASES
 
 Table = list[str]
 
@@ -243,6 +244,39 @@ def observability(doc: dict[str, Any]) -> Table:
     return out
 
 
+def startup(doc: dict[str, Any]) -> Table:
+    """A column per broker and case: each phase's median seconds, callgate's (and, with a
+    checkout before a change, that checkout's first); then the totals and the ratios."""
+    columns = [(b, case) for b in doc["brokers"] for case in ("fresh", "restart")]
+    summaries = [doc["brokers"][b][case] for b, case in columns]
+    before = doc.get("before") is not None
+
+    def cell(summary: dict[str, Any], name: str) -> str:
+        after = summary["callgate_phases_median_s"][name]
+        if not before:
+            return f"{after:.3f}"
+        return f"{summary['callgate_before_phases_median_s'][name]:.3f} / {after:.3f}"
+
+    out = _head("phase", *(f"{b} {case}" for b, case in columns))
+    for name in (phase.name for phase in PHASES):
+        out.append(_row(name, *(cell(s, name) for s in summaries)))
+    totals = [f"**{s['callgate_s']:.3f}**" for s in summaries]
+    if before:
+        totals = [
+            f"{s['callgate_before_s']:.3f} / {t}" for s, t in zip(summaries, totals, strict=True)
+        ]
+    out.append(_row("**callgate, spawn to first event**", *totals))
+    out.append(_row("pass-through, spawn to first event", *(s["passthrough_s"] for s in summaries)))
+    out.append(
+        _row("callgate / pass-through", *(s["callgate_over_passthrough"] for s in summaries))
+    )
+    if before:
+        out.append(
+            _row("callgate / before", *(s["callgate_over_callgate_before"] for s in summaries))
+        )
+    return out
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], Table]] = {
     "core": core,
     "instructions": instructions,
@@ -253,6 +287,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], Table]] = {
     "e2e_profile": e2e_profile,
     "scaling": scaling,
     "observability": observability,
+    "startup": startup,
 }
 
 

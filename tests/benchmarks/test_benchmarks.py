@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from benchmarks import e2e, e2e_profile, instructions, topic_check, workload
+from benchmarks import e2e, e2e_profile, instructions, startup, topic_check, workload
 from benchmarks.baseline import SeedGate, load_validators
 from benchmarks.common import BENCH_SCHEMAS, ENGINES, SEED_SCHEMAS
 from benchmarks.floors import BarePythonGate
@@ -395,6 +395,32 @@ def test_topic_check_times_both_ways_of_checking_on_a_growing_cluster(tmp_path: 
         assert _positive(figures["wall_ms_per_check"])
         assert figures["cpu_ms_per_check"] >= 0
     assert _positive(row["wall_listing_over_by_name"])
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_startup_times_every_contender_from_its_spawn_on_both_brokers(tmp_path: Path) -> None:
+    # the baseline is this same checkout: its worker starts as a contender of its own
+    document = _run("startup", tmp_path, "--baseline", str(ROOT), timeout=580)
+    assert set(document["brokers"]) == {"tansu", "apache"}
+    assert document["before"]["root"] == str(ROOT)
+    names = [phase.name for phase in startup.PHASES]
+    for result in document["brokers"].values():
+        for case in startup.CASES:
+            (round_,) = result[case]["rounds"]
+            assert set(round_) == {*startup.CONTENDERS, startup.BEFORE}
+            for kind, figures in round_.items():
+                assert _positive(figures["spawn_to_first_event_s"]), (case, kind)
+                if kind in startup.WORKERS:  # its phases add up to its start
+                    assert [p["phase"] for p in figures["phases"]] == names
+                    assert sum(p["s"] for p in figures["phases"]) == pytest.approx(
+                        figures["spawn_to_first_event_s"], abs=0.01
+                    )
+            assert _positive(result[case]["callgate_over_passthrough"])
+            assert _positive(result[case]["callgate_over_callgate_before"])
+        # the restart restored the calls the first run left open; the fresh start had none
+        assert result["fresh"]["restored_frames"] == [0]
+        assert result["restart"]["restored_frames"][0] > 0
 
 
 def test_an_e2e_window_is_never_shorter_than_the_timestamps_resolution() -> None:
