@@ -38,14 +38,16 @@ CPU per wall second (`benchmarks.cpu`): each writer's process is sampled from `/
 20 ms while it runs; over its drain window (the first output record's timestamp to the last's,
 a backlog waiting all along: the contender saturated) its CPU seconds per wall second (target
 0.9 for callgate: the worker busy, not waiting), and the machine's busy cores in the same
-window (2 cores here, shared with the broker, the benchmark and whatever else runs).
+window (2 cores here, shared with the broker, the benchmark and whatever else runs), and the
+broker's own CPU per wall second in it.
 
 Latency: a fresh worker on fresh topics, a warm-up call per partition answered, then calls
 produced paced at half of callgate's measured rate (each 10 ms tick's records in one batch per
 partition, acks=all, no linger). Per call, from its last chunk's acknowledgement (and from its
 send) to its outcome event read by a tail consumer: p50, p90, p99, max (target p99 25 ms). The
 load generator runs in this process, beside the tail; it reports how far it fell behind its
-schedule at worst, and a run whose achieved rate is under 95 % of the target is void. The
+schedule at worst, and a run where it fell behind (by more than 100 ms at any tick, or an
+achieved rate under 95 % of the target) is void: its load was not the rate asked for. The
 pass-through runs the same paced traffic (its copy of a call's last chunk is what the tail
 waits for): the stack's own latency at that rate, two hops and no work. Both again at a quarter
 and at a twentieth of the rate, to show how the latency moves with the load, and (full size
@@ -100,8 +102,17 @@ NO_TRANSACTIONS = {
     "tansu": "skipped: tansu (the embedded broker) has no transactions; exactly_once needs a "
     "broker with them (Apache Kafka)"
 }
-#: a latency run whose load generator achieved less than this share of its rate is void
+#: a latency run whose load generator achieved less than this share of its rate, or was
+#: behind its schedule by more than this at any tick (ten ticks' records sent at once), is void
 KEPT_RATE = 0.95
+MAX_BEHIND_S = 0.1
+
+
+def fell_behind(rate: float, achieved: float, behind_s: float) -> bool:
+    """Whether a paced load generator failed its schedule: a void latency run."""
+    return achieved < KEPT_RATE * rate or behind_s > MAX_BEHIND_S
+
+
 PYTHON = sys.executable
 POLL_S = 0.5
 TICK_S = 0.01
@@ -120,11 +131,11 @@ VARIANTS: dict[str, dict[str, str]] = {
 
 
 @contextlib.contextmanager
-def broker(kind: str, logs: Path) -> Iterator[str]:
-    """A fresh broker of `kind` for the duration: its bootstrap servers."""
+def running_broker(kind: str, logs: Path) -> Iterator[tuple[str, int | None]]:
+    """A fresh broker of `kind` for the duration: its bootstrap servers and its process."""
     if kind == "tansu":
         with EmbeddedBroker(log_file=logs / "tansu.log") as tansu:
-            yield tansu.bootstrap_servers
+            yield tansu.bootstrap_servers, tansu.pid
         return
     # Apache Kafka: the jars from Maven Central (tools/kafka/fetch), one KRaft node on loopback
     from tests.support.apache_kafka import ApacheKafka, fetch_libs  # noqa: PLC0415
@@ -132,9 +143,16 @@ def broker(kind: str, logs: Path) -> Iterator[str]:
     kafka = ApacheKafka(fetch_libs(timeout_s=300), logs / "apache-kafka")
     try:  # a start that fails half way (not only by its timeout) still stops its process
         kafka.start(timeout_s=90)
-        yield kafka.bootstrap_servers
+        yield kafka.bootstrap_servers, kafka.pid
     finally:
         kafka.stop()
+
+
+@contextlib.contextmanager
+def broker(kind: str, logs: Path) -> Iterator[str]:
+    """A fresh broker of `kind` for the duration: its bootstrap servers."""
+    with running_broker(kind, logs) as (bootstrap, _):
+        yield bootstrap
 
 
 #: the contender that runs callgate in shadow mode (its candidate contracts in the logs directory)
@@ -363,9 +381,11 @@ async def _drain(
     *,
     delivery: str = AT_LEAST_ONCE,
     watch: Callable[[int], None] | None = None,
+    broker_pid: int | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """One contender drains `source` in a fresh group: its figures, and what it wrote.
-    `watch` is given the pid of a writer's process once it is started (a profiler attaches)."""
+    `watch` is given the pid of a writer's process once it is started (a profiler attaches);
+    the broker's process, when given, is sampled for its CPU in the same window."""
     run = uuid.uuid4().hex[:8]
     label = _label(kind, delivery)
     group, target = f"bench-{label}-{run}", f"bench.out.{label}.{run}"
@@ -395,29 +415,37 @@ async def _drain(
         kind, delivery, bootstrap=bootstrap, group=group, source=source, target=target, logs=logs
     )
     process = _start(command, env, log)
-    samples: list[cpu.Sample] = []
-    sampler = asyncio.create_task(cpu.sample(process.pid, samples))
+    watched = [process.pid] if broker_pid is None else [process.pid, broker_pid]
+    samples: list[list[cpu.Sample]] = [[] for _ in watched]
+    samplers = [
+        asyncio.create_task(cpu.sample(pid, into))
+        for pid, into in zip(watched, samples, strict=True)
+    ]
     if watch is not None:
         watch(process.pid)
     try:
         done_ok = await _wait_done(bootstrap, group, source, process, timeout_s=600)
     finally:
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
+        for sampler in samplers:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
         _stop(process)
     if not done_ok:
         raise RuntimeError(f"{label} did not drain {source}; see {log}")
     written = await _read_all(bootstrap, target, delivery)
     window = _window(written)
     first = min(r.timestamp for r in written) / 1000
+    # None when the window is shorter than the sampling period (a quick run)
+    figures = [cpu.per_wall(taken, first, first + window) for taken in samples]
+    broker_figures = figures[1] if len(figures) > 1 else None
     return {
         "records_in": total,
         "records_out": len(written),
         "window_s": round(window, 3),
         "records_per_s": round(total / window),
-        # None when the window is shorter than the sampling period (a quick run)
-        "cpu": cpu.per_wall(samples, first, first + window),
+        "cpu": figures[0],
+        "broker_cpu_per_wall_s": broker_figures and broker_figures["cpu_per_wall_s"],
     }, written
 
 
@@ -610,7 +638,7 @@ async def _latency(
         "target_records_per_s": round(rate),
         "achieved_records_per_s": round(achieved),
         "load_generator_max_behind_ms": round(behind * 1000, 1),
-        "void": achieved < KEPT_RATE * rate,
+        "void": fell_behind(rate, achieved, behind),
         "seconds": round(sent_s, 1),
         "calls": len(acked),
         "answered": len(answered),
@@ -654,20 +682,38 @@ class Loaded:
 
 
 async def _mode_round(
-    bootstrap: str, delivery: str, loaded: Loaded, consume: dict[str, Any], logs: Path
+    bootstrap: str,
+    delivery: str,
+    loaded: Loaded,
+    consume: dict[str, Any],
+    logs: Path,
+    *,
+    broker_pid: int | None,
 ) -> dict[str, Any]:
     """One round of a delivery mode: its pass-through, then its callgate contenders, back to
     back; their figures, checks and shares."""
     out: dict[str, Any] = {}
     passthrough, copied = await _drain(
-        bootstrap, "passthrough", loaded.source, loaded.records, logs, delivery=delivery
+        bootstrap,
+        "passthrough",
+        loaded.source,
+        loaded.records,
+        logs,
+        delivery=delivery,
+        broker_pid=broker_pid,
     )
     passthrough["copied_every_record"] = _check_passthrough(copied, loaded.by_partition)
     del copied
     out["passthrough"] = passthrough
     for kind in WRITERS[delivery]:
         figures, events = await _drain(
-            bootstrap, kind, loaded.source, loaded.records, logs, delivery=delivery
+            bootstrap,
+            kind,
+            loaded.source,
+            loaded.records,
+            logs,
+            delivery=delivery,
+            broker_pid=broker_pid,
         )
         figures["check"] = _check_callgate(events, loaded.expected)
         del events
@@ -715,6 +761,10 @@ def summary(broker: str, delivery: str, rounds: list[dict[str, Any]]) -> dict[st
         "machine_busy_cores_passthrough": _median_of(
             mode, "passthrough", "cpu", "machine_busy_cores"
         ),
+        "broker_cpu_per_wall_s_callgate": _median_of(mode, "callgate", "broker_cpu_per_wall_s"),
+        "broker_cpu_per_wall_s_passthrough": _median_of(
+            mode, "passthrough", "broker_cpu_per_wall_s"
+        ),
         "target_cpu_per_wall_s": TARGET_CPU_PER_WALL,
         "meets_cpu_target": gate_cpu is not None and gate_cpu >= TARGET_CPU_PER_WALL,
     }
@@ -756,7 +806,9 @@ async def _latencies(
     }
 
 
-async def _on_broker(broker_kind: str, bootstrap: str, plan: Plan, logs: Path) -> dict[str, Any]:
+async def _on_broker(
+    broker_kind: str, bootstrap: str, broker_pid: int | None, plan: Plan, logs: Path
+) -> dict[str, Any]:
     work = workload.calls(workload.SMALL, plan.calls, INVALID_SHARE, prefix="e")
     records = workload.records(work, FRAGMENTS)
     by_partition = partitioned(records)
@@ -773,7 +825,9 @@ async def _on_broker(broker_kind: str, bootstrap: str, plan: Plan, logs: Path) -
         consume, _ = await _drain(bootstrap, "consume", source, len(records), logs)
         round_: dict[str, Any] = {"consume_only": consume}
         for delivery in deliveries:
-            round_[delivery] = await _mode_round(bootstrap, delivery, loaded, consume, logs)
+            round_[delivery] = await _mode_round(
+                bootstrap, delivery, loaded, consume, logs, broker_pid=broker_pid
+            )
         rounds.append(round_)
     out: dict[str, Any] = {
         "records": len(records),
@@ -804,8 +858,8 @@ def _run(brokers: tuple[str, ...], plan: Plan, logs: Path) -> dict[str, Any]:
                 f"   {EXACTLY_ONCE} on {kind} {NO_TRANSACTIONS[kind]}", file=sys.stderr, flush=True
             )
         # a broker starts outside any event loop (Apache Kafka's start probes with its own)
-        with broker(kind, logs) as bootstrap:
-            out[kind] = asyncio.run(_on_broker(kind, bootstrap, plan, logs))
+        with running_broker(kind, logs) as (bootstrap, pid):
+            out[kind] = asyncio.run(_on_broker(kind, bootstrap, pid, plan, logs))
     return out
 
 

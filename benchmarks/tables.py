@@ -128,7 +128,8 @@ def e2e(doc: dict[str, Any]) -> Table:
     out = _head(
         "broker", "delivery", "consume-only rec/s", "pass-through rec/s", "callgate rec/s",
         "callgate / pass-through", "target", "per round", "callgate / consume-only",
-        "CPU per wall s: callgate (target 0.9) / pass-through", "machine busy cores",
+        "CPU per wall s: callgate (target 0.9) / pass-through",
+        "machine busy cores (the broker's CPU per wall s)",
         "shadow mode rec/s", "shadow / callgate (per round)",
     )  # fmt: skip
     for name, delivery, b, m in _modes(doc):
@@ -154,8 +155,10 @@ def e2e(doc: dict[str, Any]) -> Table:
                 f"{m['share_of_consume_only']:.0%}",
                 f"**{_cpu(m['callgate_cpu_per_wall_s'])}** / "
                 f"{_cpu(m['passthrough_cpu_per_wall_s'])}",
-                f"{_cpu(m['machine_busy_cores_callgate'])} / "
-                f"{_cpu(m['machine_busy_cores_passthrough'])}",
+                f"{_cpu(m['machine_busy_cores_callgate'])} "
+                f"({_cpu(m['broker_cpu_per_wall_s_callgate'])}) / "
+                f"{_cpu(m['machine_busy_cores_passthrough'])} "
+                f"({_cpu(m['broker_cpu_per_wall_s_passthrough'])})",
                 *shadow,
             )
         )  # fmt: skip
@@ -195,7 +198,9 @@ def latency(doc: dict[str, Any]) -> Table:
                     continue
                 f = run["from_last_chunk_acknowledged"]
                 achieved = f"{run['achieved_records_per_s']:,}" + (
-                    " (void: fell behind)" if run["void"] else ""
+                    f" (void: fell {run['load_generator_max_behind_ms']:,.0f} ms behind)"
+                    if run["void"]
+                    else ""
                 )
                 out.append(
                     _row(

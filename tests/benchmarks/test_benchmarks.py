@@ -320,6 +320,8 @@ def test_e2e_drains_through_every_contender_on_both_brokers_in_both_modes(tmp_pa
                 # a quick drain may be shorter than the sampling period: no figure then
                 cpu = mode[contender]["cpu"]
                 assert cpu is None or 0 <= cpu["cpu_per_wall_s"] <= (os.cpu_count() or 1)
+                broker_cpu = mode[contender]["broker_cpu_per_wall_s"]
+                assert broker_cpu is None or 0 <= broker_cpu <= (os.cpu_count() or 1)
             figures = result[delivery]
             assert _positive(figures["share_of_passthrough"])
             assert figures["target_share"] == e2e.TARGET_SHARE[name]

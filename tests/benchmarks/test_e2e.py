@@ -36,7 +36,11 @@ def test_exactly_once_runs_the_transactional_pass_through_and_callgate_under_it(
 
 def _writer(rate: int, cpu: float | None) -> dict[str, Any]:
     figures = None if cpu is None else {"cpu_per_wall_s": cpu, "machine_busy_cores": 1.9}
-    return {"records_per_s": rate, "cpu": figures}
+    return {
+        "records_per_s": rate,
+        "cpu": figures,
+        "broker_cpu_per_wall_s": None if cpu is None else 0.7,
+    }
 
 
 rates = st.integers(1, 10**6)
@@ -81,6 +85,8 @@ def test_a_mode_s_figures_are_medians_of_its_rounds_against_the_broker_s_targets
         assert figures["callgate_cpu_per_wall_s"] is None
         assert figures["meets_cpu_target"] is False
     assert ("shadow_share_of_callgate" in figures) == (delivery == e2e.AT_LEAST_ONCE)
+    broker_cpu = figures["broker_cpu_per_wall_s_callgate"]
+    assert broker_cpu == (0.7 if measured else None)
     assert figures["passthrough"] == (
         "transactional" if delivery == e2e.EXACTLY_ONCE else "acknowledged"
     )
@@ -91,6 +97,7 @@ def _latency(delivery: str, p99: float, *, void: bool) -> dict[str, Any]:
         "delivery": delivery,
         "target_records_per_s": 1000,
         "achieved_records_per_s": 900 if void else 1000,
+        "load_generator_max_behind_ms": 150.0 if void else 2.0,
         "void": void,
         "topics_in_cluster": 5,
         "from_last_chunk_acknowledged": {
@@ -142,9 +149,22 @@ def test_the_tables_show_each_mode_its_cpu_and_a_skipped_pairing() -> None:
     skipped = next(row for row in rows if "skipped" in row)
     assert skipped.startswith("| tansu | exactly_once | skipped: tansu")
     apache_rows = [row for row in rows if row.startswith("| apache")]
-    assert all("**0.95** / 0.80" in row for row in apache_rows)
+    assert all("**0.95** / 0.80 | 1.90 (0.70) / 1.90 (0.70)" in row for row in apache_rows)
     assert "≥ 75%" in apache_rows[0]
     latency = tables.latency(doc)[2:]
     assert len(latency) == 4
-    assert all("(void: fell behind)" in row for row in latency if "passthrough" in row)
+    assert all("(void: fell 150 ms behind)" in row for row in latency if "passthrough" in row)
     assert all("**30**" in row for row in latency if "callgate" in row)
+
+
+@given(
+    rate=st.floats(1.0, 1e6),
+    achieved_share=st.floats(0.0, 1.2),
+    behind_s=st.floats(0.0, 10.0),
+)
+def test_a_latency_run_is_void_when_its_load_generator_fell_behind(
+    rate: float, achieved_share: float, behind_s: float
+) -> None:
+    void = e2e.fell_behind(rate, rate * achieved_share, behind_s)
+    on_schedule = behind_s <= e2e.MAX_BEHIND_S and achieved_share >= e2e.KEPT_RATE
+    assert void == (not on_schedule) or abs(achieved_share - e2e.KEPT_RATE) < 1e-9
