@@ -156,9 +156,9 @@ def e2e(doc: dict[str, Any]) -> Table:
                 f"**{_cpu(m['callgate_cpu_per_wall_s'])}** / "
                 f"{_cpu(m['passthrough_cpu_per_wall_s'])}",
                 f"{_cpu(m['machine_busy_cores_callgate'])} "
-                f"({_cpu(m['broker_cpu_per_wall_s_callgate'])}) / "
+                f"({_cpu(m.get('broker_cpu_per_wall_s_callgate'))}) / "
                 f"{_cpu(m['machine_busy_cores_passthrough'])} "
-                f"({_cpu(m['broker_cpu_per_wall_s_passthrough'])})",
+                f"({_cpu(m.get('broker_cpu_per_wall_s_passthrough'))})",
                 *shadow,
             )
         )  # fmt: skip
