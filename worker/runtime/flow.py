@@ -9,6 +9,16 @@ polling while paused, so its group membership stays.
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from worker.runtime.delivery import Delivery, Stats
+    from worker.runtime.partitions import Assignment
+    from worker.runtime.topic_watch import TopicWatch
+
+log = logging.getLogger("callgate.worker")
+
 
 class FlowControl:
     """Pause above `max_records` or `max_bytes` in flight, or while held; resume at half."""
@@ -29,3 +39,26 @@ class FlowControl:
             self.paused = False
             return False
         return None
+
+    def regulate(
+        self, delivery: Delivery, assignment: Assignment, topics: TopicWatch, stats: Stats
+    ) -> None:
+        """After a round: pause or resume fetching the owned partitions as `update` decides
+        from what the delivery has in flight and what holds it, and say so."""
+        held = (bool(topics.failing) and delivery.pauses_while_failing) or topics.missing
+        decision = self.update(delivery.pending_records, delivery.pending_bytes, held)
+        if decision is None or not assignment.owned:
+            return
+        owned = len(assignment.owned)
+        if decision:
+            failing = topics.failing
+            log.warning(
+                "pausing %d partitions: %d records unacknowledged%s",
+                owned,
+                delivery.pending_records,
+                f", failing: {', '.join(sorted(failing))}" if failing else "",
+            )
+            stats.pauses += 1
+        else:
+            log.info("resuming %d partitions", owned)
+        assignment.throttle(decision)

@@ -1,5 +1,5 @@
 """Whether the worker makes progress with Kafka: what /readyz answers, and what the log's view of
-the broker (`worker.runtime.broker_log`) is fed from.
+the broker (`worker.runtime.broker_log`) is fed from; and start-up's last steps, said once.
 
 Observed between rounds on the loop's thread (`observe`); asked from the health server's thread
 (`readiness`), which reads what the rounds last left. Time is the caller's clock.
@@ -7,6 +7,7 @@ Observed between rounds on the loop's thread (`observe`); asked from the health 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from worker.runtime.broker_log import BrokerState
@@ -14,6 +15,31 @@ from worker.runtime.delivery import Delivery, Partition, Stats
 from worker.runtime.fetcher import Fetcher, Membership
 from worker.runtime.partitions import Assignment
 from worker.runtime.topic_watch import TopicWatch
+
+log = logging.getLogger("callgate.worker")
+
+
+class StartSteps:
+    """Start-up's last steps, each said once, in order (`benchmarks/startup.py` splits a start
+    on these lines): records fetched, a round judged, events acknowledged."""
+
+    def __init__(self) -> None:
+        self._done = 0
+
+    def fetched(self, records: int) -> None:
+        if self._done == 0 and records:
+            self._done = 1
+            log.info("first records fetched: %d", records)
+
+    def judged(self, events: int) -> None:
+        if self._done == 1:
+            self._done = 2
+            log.info("first round judged: %d events made", events)
+
+    def acknowledged(self, events: int) -> None:
+        if self._done == 2 and events:
+            self._done = 3
+            log.info("first events acknowledged: %d", events)
 
 
 class Progress:

@@ -50,7 +50,7 @@ from worker.runtime.judging import Judge
 from worker.runtime.kafka import Kafka, Listener, close_within
 from worker.runtime.keys import KeyOwners
 from worker.runtime.partitions import Assignment, State
-from worker.runtime.progress import Progress
+from worker.runtime.progress import Progress, StartSteps
 from worker.runtime.provision import missing_topics, not_authorized
 from worker.runtime.topic_watch import TopicWatch
 from worker.runtime.topics import (
@@ -152,9 +152,7 @@ class Worker:
         )
         self._membership = Membership(kafka_settings.session_timeout_ms / 1000, clock)
         self._rounds = itertools.count()
-        #: start-up's last steps, each said once (`benchmarks/startup.py` splits a start on
-        #: them): 0 nothing fetched yet, 1 records fetched, 2 a round judged, 3 events acknowledged
-        self._start_step = 0
+        self._start_steps = StartSteps()
         self._stop = asyncio.Event()
         #: held by a round from its fetched batch to its end, and by a rebalance
         self._round = asyncio.Lock()
@@ -385,9 +383,7 @@ class Worker:
             self.broker.membership_lost = self._membership.lost
         if self._stop.is_set():
             return  # what was fetched is fetched again by whoever judges it next
-        if self._start_step == 0 and batch:
-            self._start_step = 1
-            log.info("first records fetched: %d", sum(len(r) for r in batch.values()))
+        self._start_steps.fetched(sum(len(r) for r in batch.values()))
         async with self._round:
             await self._apply_check()
             # a partition revoked (or rewound) since this batch was fetched is elsewhere now
@@ -405,14 +401,10 @@ class Worker:
                 fetcher.put_back(batch)
             elif batch:
                 delivery.submit(self._judge.round(next(self._rounds), batch, delivery.add))
-                if self._start_step == 1:
-                    self._start_step = 2
-                    log.info("first round judged: %d events made", self.stats.emitted)
+                self._start_steps.judged(self.stats.emitted)
             await assignment.recover(await delivery.advance())
-            if self._start_step == 2 and self.stats.events:
-                self._start_step = 3
-                log.info("first events acknowledged: %d", self.stats.events)
-            self._apply_flow()
+            self._start_steps.acknowledged(self.stats.events)
+            self._flow.regulate(delivery, assignment, self._topics, self.stats)
             assert self._progress is not None
             self._progress.observe()
             if self._clock() - self._lag_reported >= LAG_INTERVAL_S:
@@ -434,28 +426,6 @@ class Worker:
             self._stop_fatally(state_topics_deleted(found.state_gone))
         elif found.newly_missing and self._assignment is not None:
             await self._assignment.rewind()
-
-    def _apply_flow(self) -> None:
-        delivery, assignment = self.delivery, self._assignment
-        assert assignment is not None
-        writes_fail = bool(self._topics.failing) and delivery.pauses_while_failing
-        held = writes_fail or self._topics.missing
-        decision = self._flow.update(delivery.pending_records, delivery.pending_bytes, held)
-        if decision is None or not assignment.owned:
-            return
-        owned = len(assignment.owned)
-        if decision:
-            failing = self._topics.failing
-            log.warning(
-                "pausing %d partitions: %d records unacknowledged%s",
-                owned,
-                delivery.pending_records,
-                f", failing: {', '.join(sorted(failing))}" if failing else "",
-            )
-            self.stats.pauses += 1
-        else:
-            log.info("resuming %d partitions", owned)
-        assignment.throttle(decision)
 
     # -- rebalance -----------------------------------------------------------------------------
 
