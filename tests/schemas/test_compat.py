@@ -14,6 +14,8 @@ from tests.support.contracts import LIMITS
 from worker.errors import SchemaLoadError
 from worker.schemas.compat import Mode, compare
 from worker.schemas.engines import compile_check
+from worker.schemas.grammars import input_check
+from worker.schemas.registry import contract_meta
 from worker.schemas.vetting import JSONSCHEMA_RS
 
 
@@ -201,6 +203,111 @@ def test_safe_changes_stay_compatible() -> None:
     assert rules({"description": "x", "anyOf": [S]}, {"title": "y", "anyOf": [S]}) == set()
     assert rules({"$schema": DRAFT7, "items": [S]}, {"prefixItems": [S]}) == set()
     assert rules({"contentMediaType": "application/json"}, {"contentMediaType": "text/x"}) == set()
+
+
+# --- a contract's x-callgate decides which calls reach its schema -----------------------------
+
+GRAMMARS: list[Any] = [
+    {"type": "text"},
+    {"type": "grammar", "syntax": "regex", "definition": "[a-z]+"},
+    {"type": "grammar", "syntax": "regex", "definition": "a+"},
+]
+PRINCIPALS = ["ann", "bob", "cy"]
+KEY_ARGUMENTS = ["k", "key"]
+
+
+@st.composite
+def annotations(draw: st.DrawFn) -> dict[str, Any]:
+    """An `x-callgate` annotation: its call kind, grammar, principals and idempotency."""
+    kind = draw(st.sampled_from(["function_call", "custom_tool_call"]))
+    out: dict[str, Any] = {}
+    if kind != "function_call" or draw(st.booleans()):
+        out["call_kind"] = kind
+    if kind == "custom_tool_call" and draw(st.booleans()):
+        out["format"] = draw(st.sampled_from(GRAMMARS))
+    if draw(st.booleans()):
+        out["allowed_principals"] = draw(st.lists(st.sampled_from(PRINCIPALS), unique=True))
+    if draw(st.booleans()):
+        out["side_effects"] = draw(st.booleans())
+    if draw(st.booleans()):
+        out["idempotency"] = draw(st.sampled_from(["required", "optional", "none"]))
+    if draw(st.booleans()):
+        out["idempotency_key_argument"] = draw(st.sampled_from(KEY_ARGUMENTS))
+    return out
+
+
+@st.composite
+def calls(draw: st.DrawFn) -> tuple[str, str, str | None, str | None, dict[str, str]]:
+    """A call as the contract's annotation sees it: its kind, its text (a custom tool's input),
+    its principal, its envelope's idempotency key and the key-like arguments it carries."""
+    return (
+        draw(st.sampled_from(["function_call", "custom_tool_call"])),
+        draw(st.sampled_from(["", "a", "aa", "ab", "AB", "a b"])),
+        draw(st.none() | st.sampled_from(PRINCIPALS)),
+        draw(st.none() | st.sampled_from(["k1", "k2"])),
+        draw(st.dictionaries(st.sampled_from(KEY_ARGUMENTS), st.sampled_from(["k1", "k2"]))),
+    )
+
+
+def passes(annotation: dict[str, Any], call: tuple[Any, ...]) -> bool:
+    """Whether a call passes the annotation, as the README states each part (Contract kinds,
+    Authorization, Idempotency), the annotation read as the registry reads it."""
+    meta = contract_meta({"x-callgate": annotation}, "C")
+    grammar = input_check(annotation.get("format"), "C")
+    kind, text, principal, envelope_key, arguments = call
+    argument_key = arguments.get(meta.idempotency_key_argument or "")
+    if kind != meta.call_kind or (grammar is not None and grammar(text) is not None):
+        return False
+    if meta.allowed_principals is not None and principal not in meta.allowed_principals:
+        return False
+    if None not in (argument_key, envelope_key) and argument_key != envelope_key:
+        return False  # idempotency_key_mismatch
+    return not meta.needs_key or (argument_key or envelope_key) is not None
+
+
+@settings(derandomize=True, deadline=None, max_examples=300, print_blob=True)
+@given(annotations(), annotations(), st.lists(calls(), min_size=20, max_size=20))
+def test_every_compatible_verdict_holds_for_generated_calls(
+    old: dict[str, Any], new: dict[str, Any], sample: list[tuple[Any, ...]]
+) -> None:
+    """`compatible` (backward) means every call the old contract let through, the new one lets
+    through: its x-callgate as much as its schema."""
+    schema = {"type": "object"}
+    changes = compare({**schema, "x-callgate": old}, {**schema, "x-callgate": new})
+    event("compatible" if not changes else "breaking")
+    if changes:
+        return
+    for call in sample:
+        if passes(old, call):
+            event("a call OLD lets through")
+            assert passes(new, call), (old, new, call)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ({}, {"call_kind": "custom_tool_call"}, ("/x-callgate/call_kind", "call-kind-changed")),
+        (
+            {"call_kind": "custom_tool_call"},
+            {"call_kind": "custom_tool_call", "format": GRAMMARS[1]},
+            ("/x-callgate/format", "grammar-changed"),
+        ),
+        (
+            {},
+            {"allowed_principals": ["ann"]},
+            ("/x-callgate/allowed_principals", "principals-narrowed"),
+        ),
+        ({}, {"side_effects": True}, ("/x-callgate/idempotency", "key-required")),
+    ],
+)
+def test_a_contract_change_that_refuses_calls_is_breaking(
+    old: dict[str, Any], new: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    """Each part of x-callgate that refuses calls is breaking where it is added, and only a
+    changed call kind breaks the other way too."""
+    assert expected in rules({"x-callgate": old}, {"x-callgate": new})
+    widened = rules({"x-callgate": new}, {"x-callgate": old})
+    assert (expected in widened) is (expected[1] == "call-kind-changed")
 
 
 # --- every "compatible" verdict, checked on generated instances ------------------------------

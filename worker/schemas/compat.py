@@ -27,6 +27,12 @@ schema lacks is a variant removed. `patternProperties` themselves, any other `an
 `not`, `if`/`then`/`else`, `contains`, dependencies and the rest are compared as written;
 `unevaluated*` makes any change of its schema object breaking.
 
+A contract is more than its schema: its `x-callgate` (read as the registry reads it,
+`worker.schemas.registry.contract_meta`) decides which calls reach the schema at all, so the
+reading contract breaks the other's calls when it judges another call kind, applies a custom
+tool's grammar the other did not (added or changed), allows fewer principals, needs an
+idempotency key the other did not, or reads that key from another argument.
+
 Both documents must load as contracts (`worker.schemas.vetting`, with jsonschema-rs's rules).
 Local `$ref`s are inlined first as each draft means them: in 2020-12 beside their siblings (as
 one more `allOf` schema), in draft 7 alone; a loop of references is compared as written, with the
@@ -47,6 +53,7 @@ from worker.schemas.drafts import Draft, children, is_annotation, map_subschemas
 from worker.schemas.keywords import exact, is_multiple
 from worker.schemas.patterns import Re2Search
 from worker.schemas.refs import Document, Pointer
+from worker.schemas.registry import contract_meta
 from worker.schemas.vetting import JSONSCHEMA_RS, vet
 
 
@@ -95,10 +102,46 @@ def compare(old: Any, new: Any, mode: Mode = Mode.BACKWARD) -> list[BreakingChan
     was, now = _prepare(old, "OLD"), _prepare(new, "NEW")
     changes: list[BreakingChange] = []
     if mode in (Mode.BACKWARD, Mode.FULL):
+        changes.extend(_contract_narrower(old, new, Mode.BACKWARD))
         changes.extend(_Comparison(was, now, Mode.BACKWARD).narrower(was.schema, now.schema, ()))
     if mode in (Mode.FORWARD, Mode.FULL):
+        changes.extend(_contract_narrower(new, old, Mode.FORWARD))
         changes.extend(_Comparison(now, was, Mode.FORWARD).narrower(now.schema, was.schema, ()))
     return changes
+
+
+def _grammar(schema: Any) -> Any:
+    """A custom tool's declared grammar (None: any text)."""
+    declared = schema.get("x-callgate", {}).get("format") if isinstance(schema, dict) else None
+    return declared if isinstance(declared, dict) and declared.get("type") == "grammar" else None
+
+
+def _contract_narrower(writing: Any, reading: Any, direction: Mode) -> list[BreakingChange]:
+    """The calls the writing contract's `x-callgate` let through that the reading one refuses."""
+    was, now = contract_meta(writing, "OLD"), contract_meta(reading, "NEW")
+    out: list[BreakingChange] = []
+
+    def add(key: str, rule: str, why: str) -> None:
+        out.append(BreakingChange(direction, f"/x-callgate/{key}", rule, why))
+
+    if now.call_kind is not was.call_kind:
+        add("call_kind", "call-kind-changed", f"judges {now.call_kind} calls, not {was.call_kind}")
+    grammar = _grammar(reading)
+    if grammar is not None and not _same(grammar, _grammar(writing)):
+        add("format", "grammar-changed", "a different or new grammar applies")
+    allowed = now.allowed_principals
+    if allowed is not None and (was.allowed_principals is None or was.allowed_principals - allowed):
+        add("allowed_principals", "principals-narrowed", "a principal allowed before is not")
+    if now.needs_key and not was.needs_key:
+        add("idempotency", "key-required", "a call without an idempotency key is now rejected")
+    argument = now.idempotency_key_argument
+    if argument is not None and argument != was.idempotency_key_argument:
+        add(
+            "idempotency_key_argument",
+            "key-argument-changed",
+            "the key is read from another argument",
+        )
+    return out
 
 
 # --- one side: vetted, references inlined, annotations left out --------------------------------
