@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import hypothesis  # noqa: F401  (see below)
+import hypothesis
 import pytest
 
 from callgate_demo.broker import BrokerStartError, EmbeddedBroker
@@ -24,6 +24,14 @@ from tests.support.tools import KUSTOMIZE, ToolError, built
 # hypothesis is imported above, at collection, even for a run of tests that do not use it:
 # otherwise its pytest plugin imports it at the session's end, from a stack deep enough for
 # Python 3.11.7's parser to fail ("AST constructor recursion depth mismatch").
+
+# No generated test is timed: a per-example deadline and the "too slow" health checks are
+# wall-clock bounds, which fail when the machine is shared (a test bounds itself by pytest's
+# timeout and by waiting on events). A test that sets its own settings keeps this default.
+hypothesis.settings.register_profile(
+    "untimed", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
+)
+hypothesis.settings.load_profile("untimed")
 
 # every published record a test makes in this process is held to its schema as it is made
 published.install()
