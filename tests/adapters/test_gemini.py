@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.adapters import streamgen
 from tests.adapters.oracles import GEMINI, assemble, chunks_of, encode, sdk_calls
@@ -265,9 +267,40 @@ def test_two_candidates_name_their_calls_apart_and_end_the_stream_together() -> 
     events = [first, second, chunk(finish="STOP"), chunk(finish="MAX_TOKENS", index=1)]
     chunks = chunks_of(GEMINI, encode(events))
     assert not any(c.kind == ChunkKind.END for c in chunks_of(GEMINI, encode(events[:3])))
-    assert chunks[-1].finish_reason == FinishReason.LENGTH
+    assert (chunks[-1].kind, chunks[-1].finish_reason) == (ChunkKind.END, None)
     assert outcomes(events) == {"c1": "complete", "c1:1": IncompleteReason.MAX_TOKENS}
     assert set(sdk_calls(GEMINI, events).calls) == {"c1", "c1:1"}
+
+
+#: a candidate as generated: its calls (how many), whether text follows them, its finish reason
+_CANDIDATE = st.tuples(
+    st.integers(1, 2),
+    st.booleans(),
+    st.sampled_from(["STOP", "MAX_TOKENS", "SAFETY", "OTHER", "MALFORMED_FUNCTION_CALL"]),
+)
+
+
+def _candidate_events(index: int, calls: int, text_after: bool, finish: str) -> list[Any]:
+    parts = [call(name=f"t{n}", args={"n": n}) for n in range(calls)]
+    if text_after:
+        parts.append({"text": "done"})
+    return [chunk(*parts, index=index), chunk(finish=finish, index=index)]
+
+
+@given(st.lists(_CANDIDATE, min_size=2, max_size=3))
+def test_each_call_ends_as_its_own_candidate_finished(
+    candidates: list[tuple[int, bool, str]],
+) -> None:
+    """A call of a response of several candidates ends exactly as it would in a response of
+    its candidate alone, whatever the other candidates' finish reasons."""
+    contents = [_candidate_events(k, *c)[0] for k, c in enumerate(candidates)]
+    finishes = [_candidate_events(k, *c)[1] for k, c in enumerate(candidates)]
+    together = {k: v for k, v in outcomes(contents + finishes).items() if k.startswith("s1:")}
+    for k, candidate in enumerate(candidates):
+        alone = outcomes(_candidate_events(0, *candidate))
+        assert {f"s1:{k}:{n}": alone[f"s1:0:{n}"] for n in range(candidate[0])} == {
+            f"s1:{k}:{n}": together[f"s1:{k}:{n}"] for n in range(candidate[0])
+        }
 
 
 def test_continuation_does_not_end_the_candidate() -> None:

@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.adapters import streamgen
 from tests.adapters.oracles import (
@@ -115,6 +117,38 @@ def test_choices_get_their_own_ids_and_are_released_together_at_the_end() -> Non
     done = {c.call_id: c for c in assemble(CHAT, encode([*events, chunk(1, finish="length")]))}
     assert (done["call_same"].incomplete, done["call_same"].arguments) == (None, b'{"a":1}')
     assert done["call_same:1"].incomplete == IncompleteReason.MAX_TOKENS
+
+
+#: a choice as generated: its calls (how many) and its finish reason (None: it never finishes)
+_CHOICE = st.tuples(
+    st.integers(1, 2), st.sampled_from(["tool_calls", "stop", "length", "content_filter", None])
+)
+_USAGE = {"object": "chat.completion.chunk", "choices": [], "usage": {"total_tokens": 3}}
+
+
+def _choice_events(index: int, calls: int, finish: str | None) -> list[dict[str, Any]]:
+    events = [chunk(index, tool_calls=tool(n, f'{{"n":{n}}}', f"c{n}", "t")) for n in range(calls)]
+    return [*events, chunk(index, finish=finish)] if finish is not None else events
+
+
+@given(st.lists(_CHOICE, min_size=2, max_size=3), st.randoms(use_true_random=False))
+def test_each_call_ends_as_its_own_choice_finished(
+    choices: list[tuple[int, str | None]], rng: random.Random
+) -> None:
+    """A call of a completion of several choices (their chunks interleaved, the usage chunk
+    last) ends exactly as it would in a completion of its choice alone, whatever the other
+    choices' finish reasons."""
+    queues = [_choice_events(k, *c) for k, c in enumerate(choices)]
+    events = [queue.pop(0) for queue in queues]  # each choice opened after the one before
+    while any(queues):
+        events.append(rng.choice([queue for queue in queues if queue]).pop(0))
+    together = outcomes([*events, _USAGE])
+    for k, (calls, finish) in enumerate(choices):
+        alone = outcomes([*_choice_events(0, calls, finish), _USAGE])
+        suffix = f":{k}" if k else ""
+        assert {n: together[f"c{n}{suffix}"] for n in range(calls)} == {
+            n: alone[f"c{n}"] for n in range(calls)
+        }
 
 
 def test_a_refusal_is_the_refusal_channel_closed_at_stop() -> None:

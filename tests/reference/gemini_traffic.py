@@ -1,16 +1,15 @@
 """Hostile Google Gemini `streamGenerateContent` traffic for the reference judge (Hypothesis).
 
 A response as Gemini streams it (one `GenerateContentResponse` a record): `CANDIDATES`
-candidates (one: with several whose finish reasons differ, the gate ends every unreleased call
-with one reason for the stream, where the README gives each candidate's; not generated until
-fixed), each with perhaps some text, then one to three whole `functionCall` parts (with or
-without an `id`; an id or a name past the identifier bound now and then), in chunks of one
-part or several, a last chunk with the finish reason (and the usage), or a blocked prompt, or
-an `error` chunk, or no end at all. A call's `args` is the argument text the other formats'
-traffic streams, spliced into the record as it is (numbers in every spelling, a key twice, odd
-whitespace and Unicode: the record is read strictly). Then the transport is made hostile
-(`traffic.vendor_faults`: chunks deleted, repeated, swapped, changed, sent after the end), and
-perhaps a record that is not JSON.
+candidates, each with perhaps some text, then one to three whole `functionCall` parts (with or
+without an `id`; an id or a name past the identifier bound now and then), in chunks of one part
+or several, a last chunk with its own finish reason (and the usage); the candidates' chunks
+interleaved (each opened after the one before), now and then two candidates in one chunk; or the
+stream ends with a blocked prompt, an `error` chunk, or not at all. A call's `args` is the
+argument text the other formats' traffic streams, spliced into the record as it is (numbers in
+every spelling, a key twice, odd whitespace and Unicode: the record is read strictly). Then the
+transport is made hostile (`traffic.vendor_faults`: chunks deleted, repeated, swapped, changed,
+sent after the end), and perhaps a record that is not JSON.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ FINISH_REASONS = [
     "TOO_MANY_TOOL_CALLS",
 ]
 #: how many candidates a response has
-CANDIDATES = [1]
+CANDIDATES = [1, 1, 2, 3]
 _USAGE = {"usageMetadata": {"promptTokenCount": 9, "candidatesTokenCount": 9}}
 #: past the default identifier bound (`CALLGATE_LIMITS__MAX_ID_BYTES`, 256 bytes)
 _LONG = "x" * 257
@@ -60,12 +59,28 @@ def _record(chunk: Any, args: list[str]) -> bytes:
     return text.encode()
 
 
+def _joined(draw: st.DrawFn, chunks: list[tuple[Any, list[str]]]) -> list[tuple[Any, list[str]]]:
+    """`chunks`, now and then two in a row of different candidates sent as one chunk."""
+    out: list[tuple[Any, list[str]]] = []
+    for value, texts in chunks:
+        if out and draw(st.integers(0, 3)) == 0:
+            before, before_texts = out[-1]
+            if value["candidates"][0]["index"] not in [c["index"] for c in before["candidates"]]:
+                both = {**before, **value, "candidates": before["candidates"] + value["candidates"]}
+                out[-1] = (both, before_texts + texts)
+                continue
+        out.append((value, texts))
+    return out
+
+
 @st.composite
 def gemini_stream(draw: st.DrawFn) -> list[bytes]:
     """One Gemini stream's records, made hostile."""
-    chunks: list[tuple[Any, list[str]]] = []  # (a chunk, the argument texts it holds)
+    outputs: list[list[tuple[Any, list[str]]]] = []  # each candidate's (chunk, its texts)
     candidates = draw(st.sampled_from(CANDIDATES))
+    ending = draw(st.sampled_from(["finish"] * 7 + ["blocked", "error", "cut"]))
     for index in range(candidates):
+        own: list[tuple[Any, list[str]]] = []
         parts: list[tuple[Any, list[str]]] = []
         if draw(st.booleans()):
             parts.append(({"text": draw(st.text(min_size=1, max_size=8))}, []))
@@ -86,16 +101,15 @@ def gemini_stream(draw: st.DrawFn) -> list[bytes]:
             size = draw(st.integers(1, len(parts)))
             taken, parts = parts[:size], parts[size:]
             texts = [t for _, ts in taken for t in ts]
-            chunks.append((_chunk(index, [p for p, _ in taken]), texts))
-    ending = draw(st.sampled_from(["finish"] * 7 + ["blocked", "error", "cut"]))
-    if ending == "finish":
-        for index in range(candidates):
-            reasons = st.just("STOP") | st.sampled_from(FINISH_REASONS)
-            reason = draw(reasons)
+            own.append((_chunk(index, [p for p, _ in taken]), texts))
+        if ending == "finish":
+            reason = draw(st.just("STOP") | st.sampled_from(FINISH_REASONS))
             if draw(st.integers(0, 7)) == 0:
-                chunks.append((_chunk(index, None, "CONTINUATION"), []))
-            chunks.append(({**_chunk(index, None, reason), **_USAGE}, []))
-    elif ending == "blocked":
+                own.append((_chunk(index, None, "CONTINUATION"), []))
+            own.append(({**_chunk(index, None, reason), **_USAGE}, []))
+        outputs.append(own)
+    chunks = _joined(draw, draw(traffic.opened_in_order(outputs)))
+    if ending == "blocked":
         chunks.append(({"promptFeedback": {"blockReason": "SAFETY"}}, []))
     elif ending == "error":
         error = {"code": 429, "message": "Resource exhausted", "status": "RESOURCE_EXHAUSTED"}

@@ -16,11 +16,13 @@ import math
 import sys
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from hypothesis import strategies as st
 
 from tests.reference import exact
+
+T = TypeVar("T")
 
 #: the contracts the judge's tests load (a directory is written from these)
 SCHEMAS: dict[str, dict[str, dict[str, Any]]] = {
@@ -395,6 +397,24 @@ def interleaved(draw: st.DrawFn, groups: list[list[bytes]]) -> list[bytes]:
 
 
 @st.composite
+def opened_in_order(draw: st.DrawFn, outputs: list[list[T]]) -> list[T]:
+    """The events of a stream's outputs (Chat Completions choices, Gemini candidates) merged,
+    each output's own order kept and each opened after the one before (a new output has the
+    next index)."""
+    queues = [list(output) for output in outputs if output]
+    out: list[T] = []
+    opened = 1
+    while any(queues):
+        live = [q for q in queues[:opened] if q]
+        pick = draw(st.integers(0, len(live) - 1 + (opened < len(queues))))
+        if pick == len(live):
+            live, opened = [queues[opened]], opened + 1
+            pick = 0
+        out.append(live[pick].pop(0))
+    return out
+
+
+@st.composite
 def mutated(draw: st.DrawFn, records: list[bytes], *, in_place: bool = True) -> list[bytes]:
     """`records` after up to four transport faults (a piece changed in place too, unless
     `in_place` is false: then a changed piece is always a later copy)."""
@@ -563,16 +583,20 @@ def numbered_traffic(
     return records, calls
 
 
-def _chunk(delta: dict[str, Any] | None = None, finish: str | None = None) -> dict[str, Any]:
+def _chunk(
+    delta: dict[str, Any] | None = None, finish: str | None = None, choice: int = 0
+) -> dict[str, Any]:
     return {
         "id": "chatcmpl-1",
         "object": "chat.completion.chunk",
         "created": 1,
         "model": "gpt-test",
-        "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}],
+        "choices": [{"index": choice, "delta": delta or {}, "finish_reason": finish}],
     }
 
 
+#: how many choices a completion has (`n`)
+CHOICES = [1, 1, 2, 3]
 _USAGE = {
     "id": "chatcmpl-1",
     "object": "chat.completion.chunk",
@@ -585,28 +609,39 @@ _USAGE = {
 
 @st.composite
 def chat_stream(draw: st.DrawFn) -> list[bytes]:
-    """One Chat Completions stream (one choice): text perhaps, one to three tool calls whose
-    arguments come in pieces, a finish reason (or none), the usage chunk and `[DONE]` (or
-    not); then up to four transport faults: a chunk deleted, repeated later, swapped with the
-    next, its arguments changed, or chunks sent at the end (after the finish, when there is
-    one): a call opened at the next index or out of order, more text for the last call, a
-    second finish, a chunk that carries nothing, the usage chunk."""
-    chunks: list[Any] = [_chunk({"role": "assistant", "content": None})]
-    if draw(st.booleans()):
-        chunks.append(_chunk({"content": draw(_TEXT)}))
-    for index in range(draw(st.integers(1, 3))):
-        tool, _, text = draw(arguments_text())
-        pieces = _cut(draw, text)
-        first = pieces.pop(0) if draw(st.booleans()) else ""
-        function = {"name": tool, "arguments": first}
-        opening = {"index": index, "id": f"call_{index}", "type": "function", "function": function}
-        chunks.append(_chunk({"tool_calls": [opening]}))
-        for piece in pieces:
-            call = {"index": index, "function": {"arguments": piece}}
-            chunks.append(_chunk({"tool_calls": [call]}))
-    reason = draw(st.sampled_from(["tool_calls", "stop", "length", "content_filter", None]))
-    if reason is not None:
-        chunks.append(_chunk(finish=reason))
+    """One Chat Completions stream of `CHOICES` choices, their chunks interleaved (each choice
+    opened after the one before), each choice text perhaps, one to three tool calls whose
+    arguments come in pieces (their ids alike in every choice: the gate names them apart) and
+    its own finish reason (or none); the usage chunk and `[DONE]` (or not); then up to four
+    transport faults: a chunk deleted, repeated later, swapped with the next, its arguments
+    changed, or chunks sent at the end (after the finish, when there is one): a call opened at
+    the next index or out of order, more text for the last call, a second finish, a chunk that
+    carries nothing, the usage chunk."""
+    outputs: list[list[Any]] = []
+    for choice in range(draw(st.sampled_from(CHOICES))):
+        own: list[Any] = [_chunk({"role": "assistant", "content": None}, choice=choice)]
+        if draw(st.booleans()):
+            own.append(_chunk({"content": draw(_TEXT)}, choice=choice))
+        for index in range(draw(st.integers(1, 3))):
+            tool, _, text = draw(arguments_text())
+            pieces = _cut(draw, text)
+            first = pieces.pop(0) if draw(st.booleans()) else ""
+            function = {"name": tool, "arguments": first}
+            opening = {
+                "index": index,
+                "id": f"call_{index}",
+                "type": "function",
+                "function": function,
+            }
+            own.append(_chunk({"tool_calls": [opening]}, choice=choice))
+            for piece in pieces:
+                call = {"index": index, "function": {"arguments": piece}}
+                own.append(_chunk({"tool_calls": [call]}, choice=choice))
+        reason = draw(st.sampled_from(["tool_calls", "stop", "length", "content_filter", None]))
+        if reason is not None:
+            own.append(_chunk(finish=reason, choice=choice))
+        outputs.append(own)
+    chunks = draw(opened_in_order(outputs))
     if draw(st.booleans()):
         chunks.append(_USAGE)
     done = draw(st.booleans())

@@ -24,6 +24,9 @@ The rules every streaming adapter keeps:
   is held: a later event that contradicts it breaks it like one that is still streaming. This
   costs no latency for a one-choice Chat Completion (its finish is its end); a Messages or
   Responses call waits for the end of its message (what the SDKs' final message waits for).
+- A stream of several outputs (Chat Completions choices, Gemini candidates) decides each call
+  by its own output's finish alone: at the END, a call its output did not release is ended
+  first by that output's finish (`_end_call`), never by another output's.
 - A stream holds at most `max_calls` calls; one more is an event it cannot place (each call held
   is a call the reassembler holds, so a stream never evicts its own calls).
 """
@@ -109,6 +112,24 @@ class VendorAdapter:
         return Chunk(
             self._stream, ChunkKind.END, finish_reason=finish, traceparent=self._traceparent
         )
+
+    def _end_call(self, call_id: str, finish: FinishReason | None) -> Chunk:
+        """The end of one call its own output (a choice, a candidate) finished without
+        releasing it: the call ends incomplete as the stream's END with `finish` would end it,
+        whatever the stream's other outputs did."""
+        return Chunk(
+            self._stream,
+            ChunkKind.END,
+            call_id,
+            finish_reason=finish,
+            traceparent=self._traceparent,
+        )
+
+    @staticmethod
+    def _shared(finishes: list[FinishReason | None]) -> FinishReason | None:
+        """The stream's finish when its outputs all finished alike, else none (each call was
+        ended by its own output's finish, `_end_call`)."""
+        return finishes[0] if finishes and len(set(finishes)) == 1 else None
 
     def _error(self, code: str) -> list[Chunk]:
         """A vendor error ends the stream: its ERROR chunk (only `code`), then END (ERROR).

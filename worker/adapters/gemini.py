@@ -23,19 +23,20 @@ replay names the calls as the first run did). A call of candidate k > 0 with a v
 the suffix `:k`, as Chat Completions choices do.
 
 A candidate ends with its `finishReason`; the stream ends (one END) once every candidate seen
-has ended. Every call is held until then (see `_base`), and released only when its candidate
-stopped normally (`STOP`) or at the token limit (`MAX_TOKENS`) and the call is whole. At the token
-limit the candidate's last call is released only when a part came after it: the limit may have
-cut it, and Gemini does not say which part it cut. A call still streaming ends incomplete. The
-content filters (`SAFETY`, `RECITATION`, `BLOCKLIST`, `PROHIBITED_CONTENT`, `SPII`, `MODEL_ARMOR`,
-the image ones) end the calls `incomplete` `content_filter`. `MALFORMED_FUNCTION_CALL` and
-`UNEXPECTED_TOOL_CALL` release nothing and are each a rejected record with its own code
-(`malformed_tool_call`, `unexpected_tool_call`; the vendor's `finishMessage`, model text, is never
-echoed). Any other reason (`OTHER`, `TOO_MANY_TOOL_CALLS`, `MALFORMED_RESPONSE`, ...) releases
-nothing: the calls end `stream_ended`. `CONTINUATION` does not end the candidate: the next
-request's chunks continue it under the same stream id (as the SDK continues it). A chunk whose
-`promptFeedback` has a `blockReason` ends the stream as filtered; a chunk with an `error` member
-ends it as a vendor error.
+has ended. Every call is held until then (see `_base`), and released only when its own candidate
+stopped normally (`STOP`) or at the token limit (`MAX_TOKENS`) and the call is whole. At the
+token limit the candidate's last call is released only when a part came after it: the limit may
+have cut it, and Gemini does not say which part it cut. A call still streaming ends incomplete.
+A call not released ends as its own candidate's finish says, whatever the others did. The
+content filters (`SAFETY`, `RECITATION`, `BLOCKLIST`, `PROHIBITED_CONTENT`, `SPII`,
+`MODEL_ARMOR`, the image ones) end the calls `incomplete` `content_filter`.
+`MALFORMED_FUNCTION_CALL` and `UNEXPECTED_TOOL_CALL` release nothing and are each a rejected
+record with its own code (`malformed_tool_call`, `unexpected_tool_call`; the vendor's
+`finishMessage`, model text, is never echoed). Any other reason (`OTHER`, `TOO_MANY_TOOL_CALLS`,
+`MALFORMED_RESPONSE`, ...) releases nothing: the calls end `stream_ended`. `CONTINUATION` does
+not end the candidate: the next request's chunks continue it under the same stream id (as the
+SDK continues it). A chunk whose `promptFeedback` has a `blockReason` ends the stream as
+filtered; a chunk with an `error` member ends it as a vendor error.
 
 An event is refused (the stream breaks, see `_base`) when it cannot be placed: not an object
 where one is expected, a candidate `index` that is neither a known one nor the next, a role
@@ -80,15 +81,6 @@ _REJECTS = {
     "UNEXPECTED_TOOL_CALL": Code.UNEXPECTED_TOOL_CALL,
 }
 _CONTINUES = "CONTINUATION"
-#: when candidates end differently, the END carries the reason that matters most for open calls
-_PRIORITY = (
-    FinishReason.CONTENT_FILTER,
-    FinishReason.LENGTH,
-    FinishReason.ERROR,
-    FinishReason.TOOL_CALLS,
-    FinishReason.STOP,
-)
-
 Step = str | int  # an object member or an array index
 #: the members a call part and a partial argument have (the SDK's models refuse any other)
 _CALL_MEMBERS = frozenset({"id", "name", "args", "partialArgs", "willContinue"})
@@ -523,21 +515,21 @@ class GeminiAdapter(VendorAdapter):
             candidate.finish = None
 
     def _close_stream(self, out: list[Chunk]) -> list[Chunk]:
-        """The END: the whole calls of every candidate that stopped are released."""
+        """The END: the whole calls of every candidate that stopped are released; every other
+        call ends as its own candidate's finish says."""
         for candidate in self._candidates:
-            if candidate.finish not in (FinishReason.STOP, FinishReason.LENGTH):
-                continue
-            calls = candidate.calls
-            if candidate.finish is FinishReason.LENGTH and candidate.last_is_call:
-                calls = calls[:-1]  # the limit may have cut the last one
-            for call_id in calls:
-                if call_id != candidate.streaming:
+            released = 0  # how many of its first calls it releases
+            if candidate.finish in _RELEASES.values():
+                released = len(candidate.calls)
+                if candidate.finish is FinishReason.LENGTH and candidate.last_is_call:
+                    released -= 1  # the limit may have cut the last one
+            for position, call_id in enumerate(candidate.calls):
+                if position < released and call_id != candidate.streaming:
                     out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, final=True))
-        reasons = {candidate.finish for candidate in self._candidates}
-        finish = next((reason for reason in _PRIORITY if reason in reasons), None)
+                else:
+                    out.append(self._end_call(call_id, candidate.finish))
+        finish = self._shared([candidate.finish for candidate in self._candidates])
         if finish is FinishReason.STOP and any(c.calls for c in self._candidates):
             finish = FinishReason.TOOL_CALLS
-        if None in reasons and finish in (FinishReason.STOP, FinishReason.TOOL_CALLS):
-            finish = None
         out.append(self._end(finish))
         return out

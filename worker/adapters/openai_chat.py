@@ -3,9 +3,11 @@
 Tool calls arrive as `choices[].delta.tool_calls[]`, keyed by `index` within the choice; `id` and
 `function.name` come only on a call's first delta. Chat Completions has no per-call close event:
 the calls of a choice are complete once that choice's `finish_reason` is `tool_calls` or `stop`;
-after `length` or `content_filter` they stay open, so the reassembler marks them incomplete.
-The stream ends (one END chunk) once every choice seen has its finish reason, or at the usage
-chunk (`choices: []`) that closes a stream. Every call is held until that END (see `_base`).
+after `length` or `content_filter` they end incomplete (`max_tokens`, `content_filter`), each
+call by its own choice's finish whatever the other choices' were (a choice that never finished:
+`stream_ended`). The stream ends (one END chunk) once every choice seen has its finish reason,
+or at the usage chunk (`choices: []`) that closes a stream. Every call is held until that END
+(see `_base`).
 
 The official SDK (`ChatCompletionStreamState`) is the reference for what a stream means, and it
 places pieces by position: a choice's `index` and a tool call's `index` are list positions, every
@@ -31,8 +33,8 @@ that equal vendor ids in two choices cannot merge. Text content is not a call an
 A stream read in a dialect (`worker.adapters.dialects`) relaxes only what its server does: with
 `reused_index` (Ollama, Dynamo) a delta at the current index that opens with a new id and a name
 is the next call; with `cut_calls_finish_as_tool_calls` (vLLM) each call's text is followed
-(where its JSON value ends) and a call whose text ends inside its value is not released, the
-END then saying `length`: a cut call is never accepted, whatever the finish reason says; with
+(where its JSON value ends) and a call whose text ends inside its value is not released, ending
+`max_tokens` instead: a cut call is never accepted, whatever the finish reason says; with
 `double_encoded_arguments` (vLLM) each call says so on its first chunk, and the gate decodes its
 text once if it is a JSON string (a recorded repair, `worker.core.repair`).
 """
@@ -59,19 +61,8 @@ _FINISH = {
     "length": FinishReason.LENGTH,
     "content_filter": FinishReason.CONTENT_FILTER,
 }
-#: finish reasons that say the choice's calls are structurally complete
-_CLOSES = frozenset({FinishReason.STOP, FinishReason.TOOL_CALLS})
-#: ... and the same once a refusal turned STOP into REFUSAL: what the END releases
-_RELEASES = _CLOSES | {FinishReason.REFUSAL}
-#: when choices end differently, the END carries the reason that matters most for open calls
-_PRIORITY = (
-    FinishReason.CONTENT_FILTER,
-    FinishReason.LENGTH,
-    FinishReason.ERROR,
-    FinishReason.REFUSAL,
-    FinishReason.TOOL_CALLS,
-    FinishReason.STOP,
-)
+#: finish reasons that release a choice's calls (REFUSAL: a STOP after a refusal)
+_RELEASES = frozenset({FinishReason.STOP, FinishReason.TOOL_CALLS, FinishReason.REFUSAL})
 #: delta values that change nothing in the SDK's snapshot (allowed after a choice finished)
 _EMPTY: tuple[Any, ...] = (None, "", [])
 
@@ -348,18 +339,25 @@ class OpenAIChatAdapter(VendorAdapter):
 
     def _close_stream(self, out: list[Chunk]) -> list[Chunk]:
         """The END: the calls (and refusal) of every choice its finish reason closed are
-        released, the others stay open for the END to make incomplete."""
-        cut = False
+        released; every other ends as its own choice's finish says (a choice that never
+        finished: with the stream)."""
         for index, choice in enumerate(self._choices):
-            if choice.done and choice.finish in _RELEASES:
-                for position, call_id in enumerate(choice.calls):
-                    if choice.ends and not choice.ends[position].ended:
-                        cut = True  # the token limit cut it, whatever the finish reason says
-                        continue
+            releases = choice.done and choice.finish in _RELEASES
+            for position, call_id in enumerate(choice.calls):
+                if not releases:
+                    out.append(self._end_call(call_id, choice.finish))
+                elif choice.ends and not choice.ends[position].ended:
+                    # the token limit cut it, whatever the finish reason says
+                    out.append(self._end_call(call_id, FinishReason.LENGTH))
+                else:
                     out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, final=True))
-                if choice.refusal:
-                    out.append(self._chunk(ChunkKind.REFUSAL, self._refusal_id(index), final=True))
-        out.append(self._end(FinishReason.LENGTH if cut else self._end_reason()))
+            if choice.refusal:
+                refusal_id = self._refusal_id(index)
+                if releases:
+                    out.append(self._chunk(ChunkKind.REFUSAL, refusal_id, final=True))
+                else:
+                    out.append(self._end_call(refusal_id, choice.finish))
+        out.append(self._end(self._shared([choice.finish for choice in self._choices])))
         return out
 
     def _error_event(self, error: Any) -> list[Chunk]:
@@ -367,13 +365,6 @@ class OpenAIChatAdapter(VendorAdapter):
         if isinstance(error, dict):
             code = f.short_code(error.get("code"), f.short_code(error.get("type"), "error"))
         return self._error(code)
-
-    def _end_reason(self) -> FinishReason | None:
-        reasons = {choice.finish for choice in self._choices}
-        finish = next((reason for reason in _PRIORITY if reason in reasons), None)
-        if None in reasons and finish in _CLOSES:
-            finish = None  # a choice without a known finish reason: its calls ended with the stream
-        return finish
 
     def _refusal_id(self, choice_index: int) -> str:
         base = f"{self._stream}:refusal"

@@ -19,7 +19,7 @@
 //! - A call ends complete with `final` (when the adapter sent the vendor's final text as
 //!   `expected`, it must equal the assembled text, else `stream_corrupt`), or incomplete: its
 //!   stream's end while open (`max_tokens`, `content_filter`, `stream_ended`), an `Abort` from
-//!   its adapter (`stream_corrupt`), a piece that contradicts the call (another channel, tool,
+//!   its adapter (`stream_corrupt`, or what its own choice's or candidate's finish made of it), a piece that contradicts the call (another channel, tool,
 //!   version or key: `stream_corrupt`), eviction (`evicted`: the oldest call of the least recently
 //!   active stream, when the partition holds `max_open_calls`), the timers above.
 //! - A piece that cannot open a call (an adapter's continuation) for a call that is neither open
@@ -186,7 +186,8 @@ impl Incomplete {
         }
     }
 
-    fn after(finish: Option<Finish>) -> Incomplete {
+    /// What a finish makes of a call it did not release.
+    pub fn after(finish: Option<Finish>) -> Incomplete {
         match finish {
             Some(Finish::Length) => Incomplete::MaxTokens,
             Some(Finish::ContentFilter) => Incomplete::ContentFilter,
@@ -250,10 +251,13 @@ pub enum Piece<'a> {
         stream_id: Cow<'a, str>,
         finish: Option<Finish>,
     },
-    /// The stream's adapter met an event it could not place: this call cannot be trusted.
+    /// The stream's adapter ends this call incomplete: an event it could not place
+    /// (`stream_corrupt`: the call cannot be trusted), or the output the call belongs to (a
+    /// choice, a candidate) finished without releasing it (`reason` what that finish makes of it).
     Abort {
         stream_id: Cow<'a, str>,
         call_id: Cow<'a, str>,
+        reason: Incomplete,
     },
 }
 
@@ -949,14 +953,18 @@ impl<'a> PartitionFeed<'a> {
         match piece {
             Piece::Call(call) => self.take(offset, call, out),
             Piece::End { stream_id, finish } => self.end_stream(offset, stream_id, *finish, out),
-            Piece::Abort { stream_id, call_id } => {
+            Piece::Abort {
+                stream_id,
+                call_id,
+                reason,
+            } => {
                 self.touch(stream_id);
                 let key = CallKey {
                     stream_id: Arc::from(&**stream_id),
                     call_id: Arc::from(&**call_id),
                 };
                 if self.touch_last_offset(&key, offset) {
-                    self.close(&key, Ending::Incomplete(Incomplete::StreamCorrupt), out);
+                    self.close(&key, Ending::Incomplete(*reason), out);
                 }
             }
         }
@@ -1834,6 +1842,7 @@ mod tests {
                     Piece::Abort {
                         stream_id: stream.clone().into(),
                         call_id: call.clone().into(),
+                        reason: Incomplete::StreamCorrupt,
                     }
                 };
                 assembler.feed(&scope, offset, piece, &mut out);

@@ -2,7 +2,8 @@
 //! into what the reassembler is fed.
 //!
 //! `kind` is a channel (`tool_call`, `text`, `refusal`, `error`, `mcp_result`), `end` (the
-//! stream ended; `finish_reason` says how), `abort` (the adapter met an event it could not place:
+//! stream ended; `finish_reason` says how; with a `call_id`, that call alone ended unreleased:
+//! the choice or candidate it belongs to finished so, [`Incomplete::after`]), `abort` (the adapter met an event it could not place:
 //! the call `call_id` cannot be trusted) or `malformed` (the record is not what its format says:
 //! `delta` says why, `error` names the code, `malformed_record` unless said otherwise).
 //! `expected` on a final piece is the vendor's own final text of the whole call. A tool call's
@@ -10,7 +11,7 @@
 
 use std::borrow::Cow;
 
-use crate::assembler::{CallPiece, Channel, Finish, Piece, Trace};
+use crate::assembler::{CallPiece, Channel, Finish, Incomplete, Piece, Trace};
 use crate::origin::{self, CallKind, Origin};
 use crate::record::MALFORMED_RECORD;
 
@@ -126,16 +127,20 @@ impl<'a> Chunk<'a> {
             Some(id) => Cow::Borrowed(id),
             None => Cow::Owned(format!("{}:{}", self.stream_id, self.kind)),
         };
-        let piece = match self.kind {
-            "end" => Piece::End {
+        let finish = self.finish_reason.and_then(Finish::parse);
+        let piece = match (self.kind, self.call_id) {
+            ("end", None) => Piece::End { stream_id, finish },
+            ("end", Some(call)) => Piece::Abort {
                 stream_id,
-                finish: self.finish_reason.and_then(Finish::parse),
+                call_id: Cow::Borrowed(call),
+                reason: Incomplete::after(finish),
             },
-            "abort" => Piece::Abort {
+            ("abort", _) => Piece::Abort {
                 stream_id,
                 call_id: call_id(),
+                reason: Incomplete::StreamCorrupt,
             },
-            "malformed" => {
+            ("malformed", _) => {
                 let call = self
                     .call_id
                     .filter(|id| !id.is_empty() && id.len() <= max_id_bytes);
@@ -145,7 +150,7 @@ impl<'a> Chunk<'a> {
                     named: call.map(|call| (self.stream_id, call)),
                 };
             }
-            kind => {
+            (kind, _) => {
                 let trace = Trace {
                     trace_id: self.trace_id.map(Into::into),
                     run_id: self.run_id.map(Into::into),
@@ -227,6 +232,41 @@ mod tests {
             done.check(),
             Err("unknown finish reason \"done\"".to_owned())
         );
+    }
+
+    #[test]
+    fn an_end_naming_a_call_ends_that_call_alone_as_its_finish_says() {
+        let stream_end = Chunk {
+            finish_reason: Some("length"),
+            ..chunk("end", "s")
+        };
+        let Fed::Piece(Piece::End { finish, .. }) = stream_end.to_fed(64) else {
+            panic!("the stream's end");
+        };
+        assert_eq!(finish, Some(Finish::Length));
+        for (reason, incomplete) in [
+            (Some("length"), Incomplete::MaxTokens),
+            (Some("content_filter"), Incomplete::ContentFilter),
+            (Some("stop"), Incomplete::StreamEnded),
+            (None, Incomplete::StreamEnded),
+        ] {
+            let call_end = Chunk {
+                call_id: Some("c"),
+                finish_reason: reason,
+                ..chunk("end", "s")
+            };
+            let Fed::Piece(Piece::Abort {
+                call_id, reason, ..
+            }) = call_end.to_fed(64)
+            else {
+                panic!("one call's end");
+            };
+            assert_eq!((&*call_id, reason), ("c", incomplete));
+        }
+        let Fed::Piece(Piece::Abort { reason, .. }) = chunk("abort", "s").to_fed(64) else {
+            panic!("an abort");
+        };
+        assert_eq!(reason, Incomplete::StreamCorrupt);
     }
 
     #[test]

@@ -26,7 +26,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::assembler::{
-    Assembler, CallPiece, Channel, Closed, Ending, Finish, Limits, Piece, Scope,
+    Assembler, CallPiece, Channel, Closed, Ending, Finish, Incomplete, Limits, Piece, Scope,
 };
 use jiter::Jiter;
 
@@ -174,6 +174,7 @@ fn script(data: &[u8]) -> Vec<Step> {
             6 => Piece::Abort {
                 stream_id: stream,
                 call_id: call,
+                reason: [Incomplete::StreamCorrupt, Incomplete::MaxTokens][usize::from(more % 2)],
             },
             _ => {
                 steps.push(Step::Write {

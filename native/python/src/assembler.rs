@@ -29,7 +29,8 @@ const PRINCIPAL: &str = "principal";
 /// One piece of model output for one stream, as an adapter makes it.
 ///
 /// `kind` is a channel (`tool_call`, `text`, `refusal`, `error`, `mcp_result`), `end` (the
-/// stream ended; `finish_reason` says how), `abort` (the adapter met an event it could not place:
+/// stream ended; `finish_reason` says how; with a `call_id`, that call alone ended unreleased:
+/// its choice or candidate finished so), `abort` (the adapter met an event it could not place:
 /// the call `call_id` cannot be trusted) or `malformed` (the record is not what its format says:
 /// `delta` says why, `error` names the code, `malformed_record` unless said otherwise).
 /// `expected` on a final piece is the vendor's own final text of the whole call. A tool call's
