@@ -23,11 +23,13 @@ response's output at `response.output_item.added`, later events find it by `outp
   `unsupported_call_kind` in phase `response_classification` when first seen, under the item's
   call id (the README's table); hosted items (`web_search_call`, messages) and their own
   events are not judged;
-- `response.completed` releases each finished call: its streamed text must equal its final
-  text (else `incomplete` `stream_corrupt`, "a final text that differs from the vendor's
-  own"), and it is judged by the chain (`envelope.verdict`: its tool the call's name, at its
-  latest version; a `custom_tool_call` as `{"input": <text>}`, whose contract must be of its
-  kind: none here, so `unsupported_call_kind` in `schema_validation` after the bytes bound);
+- `response.completed` releases each finished call: its streamed text must equal its final text
+  (else `incomplete` `stream_corrupt`, "a final text that differs from the vendor's own"),
+  unless the streamed text passed its bound: the bound decides first (rejected `too_large` /
+  `too_many_chunks`, whatever its final text), and it is judged by the chain
+  (`envelope.verdict`: its tool the call's name, at its latest version; a `custom_tool_call` as
+  `{"input": <text>}`, whose contract must be of its kind: none here, so `unsupported_call_kind`
+  in `schema_validation` after the bytes bound);
 - `response.incomplete` releases the finished calls alike; a call not finished is
   `incomplete`, `max_tokens` for `max_output_tokens`, `content_filter` for `content_filter`;
 - `response.failed` and an `error` event are a vendor error: a rejected `model_error` of the
@@ -43,8 +45,7 @@ it, so the traffic has none), an item added past the next index or finished with
 added (the SDK would place it elsewhere), a call id used twice, the vendor's own final texts
 disagreeing among themselves or with the final response, a final response naming a call never
 streamed or lacking a finished one, `response.completed` while a call is unfinished, other
-incomplete reasons, and item or event kinds the traffic does not generate. One more is the
-README's but not yet the gate's (`KNOWN_PAST_THE_BOUND`).
+incomplete reasons, and item or event kinds the traffic does not generate.
 """
 
 from __future__ import annotations
@@ -78,11 +79,6 @@ UNSUPPORTED = ("computer_call",)
 #: items OpenAI runs itself, or no calls (as generated), and their own events
 HOSTED = ("web_search_call", "message")
 HOSTED_EVENTS = ("response.web_search_call.searching", "response.output_text.delta")
-#: a disagreement found and not yet fixed: the README's chain puts `assembly` first, so a call
-#: whose streamed text differs from its final text is `stream_corrupt` even past its bound; the
-#: gate drops a call's text at its bound (keeping each piece's hash, not the whole text's) and
-#: cannot compare it, so it rejects the call with its bound (`too_large`)
-KNOWN_PAST_THE_BOUND = "a call past its bound whose streamed text differs from its final text"
 INCOMPLETE = {"max_output_tokens": "max_tokens", "content_filter": "content_filter"}
 
 
@@ -230,10 +226,8 @@ def judge(
         assert item.call is not None
         if final.get(CALLS[item.kind][0]) != item.final:
             raise Unmodeled("the final response's text of a call differs from its .done")
-        if "".join(item.deltas) != item.final:
-            if _overflow(item.deltas, limits):
-                raise Unmodeled(KNOWN_PAST_THE_BOUND)
-            incomplete(item, "stream_corrupt")
+        if "".join(item.deltas) != item.final and not _overflow(item.deltas, limits):
+            incomplete(item, "stream_corrupt")  # past its bound, the bound decides (below)
             return
         item.call.deltas = list(item.deltas)
         if item.kind == "function_call":

@@ -8,7 +8,8 @@ then sends the call's final text up to three times: `function_call_arguments.don
 when the response was cut), whose `output` is what the SDK hands its user. Every one of them must
 equal the others (the adapter keeps a digest of the first); the call is released at the END with
 the final response's text as its expected text, which the reassembler compares with the deltas
-it assembled (a difference: `stream_corrupt`). A call whose item never finished (a
+it assembled (a difference: `stream_corrupt`; a call past its bound keeps no text, and is
+rejected with its bound whatever its final text). A call whose item never finished (a
 `response.incomplete` mid-call, an `output_item.done` with status `incomplete`) stays open and
 the END makes it incomplete. A call a model-run program made (programmatic tool calling: the
 item's `caller` is `{"type": "program", ...}`) keeps its item `in_progress` in

@@ -17,7 +17,8 @@
 //!   only when it equals the piece already taken, its text and its `final` alike (else the call
 //!   is `stream_corrupt`); a jump is a `sequence_gap`. Pieces without `seq` are taken in record order.
 //! - A call ends complete with `final` (when the adapter sent the vendor's final text as
-//!   `expected`, it must equal the assembled text, else `stream_corrupt`), or incomplete: its
+//!   `expected`, it must equal the assembled text, else `stream_corrupt`; a call past its bound
+//!   has no text to compare, and its bound decides), or incomplete: its
 //!   stream's end while open (`max_tokens`, `content_filter`, `stream_ended`), an `Abort` from
 //!   its adapter (`stream_corrupt`, or what its own choice's or candidate's finish made of it), a piece that contradicts the call (another channel, tool,
 //!   version or key: `stream_corrupt`), eviction (`evicted`: the oldest call of the least recently
