@@ -319,12 +319,14 @@ class GeminiAdapter(VendorAdapter):
             content = candidate.get("content") if isinstance(candidate, dict) else None
             parts = content.get("parts") if isinstance(content, dict) else None
             index = candidate.get("index", number) if isinstance(candidate, dict) else number
+            if type(index) is not int:
+                continue  # the ids of its calls depend on a candidate that cannot be told
             for part in parts if isinstance(parts, list) else []:
                 call = part.get("functionCall") if isinstance(part, dict) else None
                 call_id = call.get("id") if isinstance(call, dict) else None
                 name = call.get("name") if isinstance(call, dict) else None
                 if isinstance(call_id, str) and call_id and isinstance(name, str) and name:
-                    suffix = f":{index}" if isinstance(index, int) and index > 0 else ""
+                    suffix = f":{index}" if index > 0 else ""
                     found.append((call_id + suffix, name))
         return found
 

@@ -180,13 +180,15 @@ class OpenAIChatAdapter(VendorAdapter):
         for choice in choices if isinstance(choices, list) else []:
             delta = choice.get("delta") if isinstance(choice, dict) else None
             calls = delta.get("tool_calls") if isinstance(delta, dict) else None
-            number = choice.get("index", 0) if isinstance(choice, dict) else 0
+            number = choice.get("index") if isinstance(choice, dict) else None
+            if type(number) is not int:
+                continue  # the ids of its calls depend on a choice that cannot be told
             for call in calls if isinstance(calls, list) else []:
                 function = call.get("function") if isinstance(call, dict) else None
                 name = function.get("name") if isinstance(function, dict) else None
                 call_id = call.get("id") if isinstance(call, dict) else None
                 if isinstance(call_id, str) and call_id and isinstance(name, str) and name:
-                    suffix = f":{number}" if isinstance(number, int) and number > 0 else ""
+                    suffix = f":{number}" if number > 0 else ""
                     found.append((call_id + suffix, name))
         return found
 
