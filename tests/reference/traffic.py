@@ -476,6 +476,8 @@ def mutated(draw: st.DrawFn, records: list[bytes], *, in_place: bool = True) -> 
                 fields["kind"] = draw(st.sampled_from(["text", "refusal", "error"]))
             else:
                 delta = fields.get("delta", "")
+                if not isinstance(delta, str):
+                    continue  # a piece already made malformed: its text is no string
                 at = draw(st.integers(0, len(delta)))
                 fields["delta"] = (
                     delta[:at] + draw(st.sampled_from(['"', "}", "1", ",", ""])) + delta[at + 1 :]
