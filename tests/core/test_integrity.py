@@ -154,6 +154,26 @@ def test_a_number_is_judged_as_its_exact_value_and_passed_on_as_judged(
         assert exact(value) == Fraction(Decimal(text))
 
 
+@FIXED
+@given(field=st.sampled_from(sorted(FIELD_RULES)), text=number_texts(), keyed=st.booleans())
+def test_a_streamed_number_is_refused_alike_in_every_spelling(
+    engine_processor: Any, field: str, text: str, keyed: bool
+) -> None:
+    """Streamed, the number is read by the early verdict before the call ends: a number the
+    strict parser refuses is `inexact_number` there too, never an early verdict on its rounding
+    or on a key read after it (3e28 past a maximum was `schema_violation`, its digits
+    `inexact_number`)."""
+    values = [
+        envelope("c", f'{{"{field}": {text},', seq=0, tool="numbers.check", tool_version="1"),
+        envelope("c", '"undeclared": 1}', seq=1, final=True),
+    ]
+    (event,) = feed(engine_processor(), values, keyed=keyed)
+    if admitted(text) is None:
+        assert (event["outcome"], event["error_code"]) == ("rejected", INEXACT), (text, event)
+    else:
+        assert event["error_code"] != INEXACT, (text, event)
+
+
 @pytest.mark.parametrize(
     "text",
     ["0.99999999999999999", "99999999.99999999999", "3e28", "1e28", "1e300", "3E+28", "1e-400"],

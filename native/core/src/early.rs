@@ -1063,28 +1063,22 @@ impl Judge {
         Ok(())
     }
 
-    /// A complete number: a fraction where only integers may be, a bound it is past.
+    /// A complete number: a fraction where only integers may be, a bound it is past. Its value
+    /// is the one the strict parser takes (`json::exact_number`); a number that parser refuses
+    /// (`inexact_number`) ends the early judgement, whatever its spelling: the call's verdict is
+    /// that parser's, never one on the number's rounding or on anything read after it.
     fn number_end(&mut self) -> Result<(), Stop> {
         let rules = self.schema.node(self.next);
-        let Ok(token) = std::str::from_utf8(&self.number) else {
-            return Ok(());
+        let value = match json::exact_number(&self.number) {
+            Some(json::Exact::Int(n)) => Num::Int(i128::from(n)),
+            Some(json::Exact::Uint(n)) => Num::Int(i128::from(n)),
+            Some(json::Exact::Float(f)) => Num::Float(f),
+            // the strict parser refuses it, and the call with it: nothing read after it decides
+            None => return Err(Stop::Off),
         };
-        let float = token.contains(['.', 'e', 'E']);
-        let value = if float {
-            match token.parse::<f64>() {
-                Ok(f) if f.is_finite() => Num::Float(f),
-                _ => return Ok(()), // the strict parser refuses it; not a schema matter
-            }
-        } else {
-            match token.parse::<i128>() {
-                Ok(n) if n >= i128::from(i64::MIN) && n <= i128::from(u64::MAX) => Num::Int(n),
-                _ => return Ok(()),
-            }
-        };
-        if let Num::Float(f) = value {
-            if rules.kinds & FRACTION == 0 && f.fract() != 0.0 {
-                return Err(self.reject("type", rules.type_param.as_deref()));
-            }
+        // a double the rule takes is never integral (an integral value is an integer)
+        if matches!(value, Num::Float(_)) && rules.kinds & FRACTION == 0 {
+            return Err(self.reject("type", rules.type_param.as_deref()));
         }
         for (keyword, bound) in &rules.bounds {
             let Some(order) = value.cmp(bound.value) else {
@@ -1261,5 +1255,38 @@ mod tests {
             schema_at(first(schema, r#"{"f":0.2}"#)).map(|f| f.2),
             Some("maximum")
         );
+    }
+
+    #[test]
+    fn a_number_the_strict_parser_refuses_is_left_to_it_in_every_spelling() {
+        // 3 x 10^28 and numbers a double rounds: past the bounds by their roundings, but the
+        // strict parser refuses them (inexact_number), however they are spelt
+        let schema = r#"{"additionalProperties":false,
+            "properties":{"n":{"type":"integer","minimum":1,"maximum":100000000},
+            "r":{"exclusiveMinimum":0,"maximum":1}}}"#;
+        for refused in [
+            r#"{"n":3e28,"#,
+            r#"{"n":3.0E+28,"#,
+            r#"{"n":30000000000000000000000000000.000,"#,
+            r#"{"n":300000000000000000000000000000e-1,"#,
+            r#"{"n":0.50000000000000000001,"#,
+            r#"{"n":1e300,"#,
+            r#"{"r":1e-400,"#,
+            r#"{"r":1.0000000000000000000001,"#,
+            r#"{"n":18446744073709551616,"undeclared":1}"#,
+            r#"{"r":1e-400,"undeclared":1}"#,
+        ] {
+            assert_eq!(first(schema, refused).map(|f| f.0), None, "{refused}");
+        }
+        for (taken, keyword) in [
+            (r#"{"n":1.5e8,"#, "maximum"),
+            (r#"{"n":0.5,"#, "type"),
+            (r#"{"n":1e9,"#, "maximum"),
+            (r#"{"r":0e5,"#, "exclusiveMinimum"),
+            (r#"{"r":10e-1,"#, ""),
+        ] {
+            let found = schema_at(first(schema, taken)).map(|f| f.2).unwrap_or("");
+            assert_eq!(found, keyword, "{taken}");
+        }
     }
 }
