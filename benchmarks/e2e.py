@@ -739,6 +739,28 @@ def _median_of(rounds: list[dict[str, Any]], *path: str) -> float | None:
     return round(median(values), 3) if values else None
 
 
+def _us_per_record(figures: dict[str, Any]) -> float | None:
+    """A writer's CPU microseconds per input record over its drain window, or None."""
+    if figures["cpu"] is None:
+        return None
+    return float(figures["cpu"]["cpu_per_wall_s"] / figures["records_per_s"] * 1e6)
+
+
+def cpu_per_record(mode: list[dict[str, Any]]) -> dict[str, float | None]:
+    """A delivery mode's CPU per input record over its rounds (`rounds[i][delivery]`):
+    callgate's and the pass-through's (medians), and callgate's over the pass-through's, round
+    by round (median). Unlike the rates, this moves little with what else the machine runs."""
+    pairs = [(_us_per_record(r["callgate"]), _us_per_record(r["passthrough"])) for r in mode]
+    gate = [g for g, _ in pairs if g is not None]
+    floor = [f for _, f in pairs if f is not None]
+    ratios = [g / f for g, f in pairs if g is not None and f is not None and f > 0]
+    return {
+        "callgate_cpu_us_per_record": round(median(gate), 2) if gate else None,
+        "passthrough_cpu_us_per_record": round(median(floor), 2) if floor else None,
+        "callgate_over_passthrough_cpu_per_record": round(median(ratios), 2) if ratios else None,
+    }
+
+
 def summary(broker: str, delivery: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """A delivery mode's figures over the rounds (`rounds[i][delivery]`), against the targets."""
     mode = [round_[delivery] for round_ in rounds]
@@ -767,6 +789,7 @@ def summary(broker: str, delivery: str, rounds: list[dict[str, Any]]) -> dict[st
         ),
         "target_cpu_per_wall_s": TARGET_CPU_PER_WALL,
         "meets_cpu_target": gate_cpu is not None and gate_cpu >= TARGET_CPU_PER_WALL,
+        **cpu_per_record(mode),
     }
     if SHADOW in WRITERS[delivery]:
         out["callgate_shadow_records_per_s"] = round(

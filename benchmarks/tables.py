@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from benchmarks.common import RESULTS
-from benchmarks.e2e import TARGET_P99_MS
+from benchmarks.e2e import TARGET_P99_MS, cpu_per_record
 from benchmarks.e2e_profile import BUCKETS, NOT_RUNNING
 from benchmarks.startup import PHASES
 
@@ -130,13 +130,16 @@ def e2e(doc: dict[str, Any]) -> Table:
         "callgate / pass-through", "target", "per round", "callgate / consume-only",
         "CPU per wall s: callgate (target 0.9) / pass-through",
         "machine busy cores (the broker's CPU per wall s)",
+        "CPU us/record: callgate / pass-through (ratio)",
         "shadow mode rec/s", "shadow / callgate (per round)",
     )  # fmt: skip
     for name, delivery, b, m in _modes(doc):
         if "skipped" in m:
-            out.append(_row(name, delivery, m["skipped"], *("" for _ in range(10))))
+            out.append(_row(name, delivery, m["skipped"], *("" for _ in range(11))))
             continue
         rounds = ", ".join(f"{r[delivery]['share_of_passthrough']:.2f}" for r in b["rounds"])
+        # from the rounds, so a file written before the summary had it reads the same
+        per_record = cpu_per_record([r[delivery] for r in b["rounds"]])
         shadow = (
             (
                 f"{m['callgate_shadow_records_per_s']:,}",
@@ -159,6 +162,9 @@ def e2e(doc: dict[str, Any]) -> Table:
                 f"({_cpu(m.get('broker_cpu_per_wall_s_callgate'))}) / "
                 f"{_cpu(m['machine_busy_cores_passthrough'])} "
                 f"({_cpu(m.get('broker_cpu_per_wall_s_passthrough'))})",
+                f"{_cpu(per_record['callgate_cpu_us_per_record'])} / "
+                f"{_cpu(per_record['passthrough_cpu_us_per_record'])} "
+                f"(**{_cpu(per_record['callgate_over_passthrough_cpu_per_record'])}**)",
                 *shadow,
             )
         )  # fmt: skip

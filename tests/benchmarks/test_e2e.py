@@ -85,6 +85,17 @@ def test_a_mode_s_figures_are_medians_of_its_rounds_against_the_broker_s_targets
         assert figures["callgate_cpu_per_wall_s"] is None
         assert figures["meets_cpu_target"] is False
     assert ("shadow_share_of_callgate" in figures) == (delivery == e2e.AT_LEAST_ONCE)
+    per_record = [
+        (gate_cpu / gate * 1e6, through_cpu / through * 1e6)
+        for _, (through, through_cpu), (gate, gate_cpu), _ in rounds
+        if gate_cpu is not None and through_cpu is not None and through_cpu > 0
+    ]
+    ratio = figures["callgate_over_passthrough_cpu_per_record"]
+    if per_record:
+        ratios = [g / f for g, f in per_record]
+        assert min(ratios) - 5e-3 <= ratio <= max(ratios) + 5e-3
+    else:
+        assert ratio is None
     broker_cpu = figures["broker_cpu_per_wall_s_callgate"]
     assert broker_cpu == (0.7 if measured else None)
     assert figures["passthrough"] == (
@@ -149,7 +160,11 @@ def test_the_tables_show_each_mode_its_cpu_and_a_skipped_pairing() -> None:
     skipped = next(row for row in rows if "skipped" in row)
     assert skipped.startswith("| tansu | exactly_once | skipped: tansu")
     apache_rows = [row for row in rows if row.startswith("| apache")]
-    assert all("**0.95** / 0.80 | 1.90 (0.70) / 1.90 (0.70)" in row for row in apache_rows)
+    # 0.95 s of CPU a second at 120 records/s, 0.8 at 200: 7,917 and 4,000 us a record
+    assert all(
+        "**0.95** / 0.80 | 1.90 (0.70) / 1.90 (0.70) | 7916.67 / 4000.00 (**1.98**)" in row
+        for row in apache_rows
+    )
     assert "≥ 75%" in apache_rows[0]
     latency = tables.latency(doc)[2:]
     assert len(latency) == 4
