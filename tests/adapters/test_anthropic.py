@@ -384,3 +384,45 @@ def test_a_block_the_token_limit_may_have_cut_is_never_released_with_or_without_
         if call.call_id.startswith("toolu_")
     }
     assert got == expected
+
+
+def _stop_reason(reason: str | None) -> dict[str, Any]:
+    delta = {"stop_reason": reason, "stop_sequence": None}
+    return {"type": "message_delta", "delta": delta, "usage": {"output_tokens": 9}}
+
+
+@pytest.mark.parametrize(
+    ("first", "later", "outcome"),
+    [
+        ("max_tokens", "tool_use", IncompleteReason.STREAM_CORRUPT),  # a cut call made whole
+        ("tool_use", "max_tokens", IncompleteReason.STREAM_CORRUPT),
+        ("tool_use", "end_turn", IncompleteReason.STREAM_CORRUPT),
+        ("tool_use", "tool_use", "complete"),  # the same again: a usage update
+        ("tool_use", None, "complete"),  # no reason: a usage update, the first stands
+        ("max_tokens", None, IncompleteReason.MAX_TOKENS),
+    ],
+)
+def test_the_first_stop_reason_stands(first: str, later: str | None, outcome: str) -> None:
+    events = stream(stop_reason=first)
+    stop = _at(events, "message_delta")
+    events.insert(stop + 1, _stop_reason(later))
+    found = outcomes(events)
+    assert found.pop("toolu_1") == outcome
+    refused = outcome == IncompleteReason.STREAM_CORRUPT
+    assert list(found.values()) == (["malformed_record"] if refused else [])
+
+
+def test_a_stop_reason_restored_without_its_name_is_not_changed_either() -> None:
+    """A state written before the adapter kept the reason's name has only its meaning: any
+    later reason is taken for another (refused), a later message_delta without one is not."""
+    events = stream(stop_reason="max_tokens")
+    stop = _at(events, "message_delta")
+    adapter = AnthropicAdapter("m1", {}, None, max_calls=8)
+    for event in events[: stop + 1]:
+        adapter.feed(event)
+    state = adapter.state()
+    del state["reason"]
+    restored = AnthropicAdapter("m1", {}, state, max_calls=8)
+    restored.feed(_stop_reason(None))
+    with pytest.raises(InputFormatError, match="stop_reason"):
+        restored.feed(_stop_reason("tool_use"))

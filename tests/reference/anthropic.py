@@ -7,8 +7,10 @@ without parameters") and the format as Anthropic streams it (the SDK places even
 - `message_start` opens the message, once; content blocks follow one at a time: a
   `content_block_start` at the next index, its deltas (`input_json_delta` text for a
   `tool_use` block, `text_delta` for a text block), its `content_block_stop`; `ping` may come
-  anywhere before the end; a `message_delta` names the stop reason, after which only more
-  `message_delta`s, `ping`s and `message_stop` come;
+  anywhere before the end; a `message_delta` names the stop reason (or none: then nothing is
+  released, every call `stream_ended`), after which only more `message_delta`s (without a stop
+  reason or with the same: the first one stands, another cannot be placed), `ping`s and
+  `message_stop` come;
 - `message_stop` ends the stream: a tool block that was stopped is released to be judged (its
   tool the block's name, at its latest version; a block that streamed no text is a call
   without arguments, `{}`) unless the stop reason is `refusal` (a rejected `refusal` of the
@@ -65,6 +67,7 @@ def judge(
     blocks: list[_Block] = []
     started = ended = corrupt = False
     stop_reason: str | None = None
+    delta_seen = False  # a message_delta came, with a stop reason or none
 
     def calls() -> list[Call]:
         return [b.call for b in blocks if b.call is not None]
@@ -82,7 +85,7 @@ def judge(
 
     def place(event: dict[str, Any]) -> bool:
         """Take one event before the end; False when it cannot be placed."""
-        nonlocal started, stop_reason
+        nonlocal started, stop_reason, delta_seen
         kind = event.get("type")
         if kind == "ping":
             return True
@@ -93,9 +96,13 @@ def judge(
             return False
         current = blocks[-1] if blocks and not blocks[-1].stopped else None
         if kind == "message_delta":
-            stop_reason = (event.get("delta") or {}).get("stop_reason") or stop_reason
+            given = (event.get("delta") or {}).get("stop_reason")
+            if given is not None and stop_reason is not None and given != stop_reason:
+                return False  # the first stop reason stands; another cannot be placed
+            stop_reason = given or stop_reason
+            delta_seen = True
             return True
-        if stop_reason is not None:
+        if delta_seen:
             return False
         index = event.get("index")
         if kind == "content_block_start":
@@ -135,6 +142,10 @@ def judge(
             for call in calls():
                 incomplete(call, "stream_ended")
             return
+        if stop_reason is None:  # the message stopped without saying why: nothing released
+            for call in calls():
+                incomplete(call, "stream_ended")
+            return
         if stop_reason not in RELEASES:
             raise Unmodeled(f"a stop reason the README does not name: {stop_reason!r}")
         for index, block in enumerate(blocks):
@@ -154,7 +165,7 @@ def judge(
         if ended:
             malformed()
         elif event.get("type") == "message_stop":
-            if stop_reason is None:
+            if not delta_seen:
                 malformed()
             else:
                 end()

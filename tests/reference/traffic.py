@@ -712,7 +712,8 @@ def vendor_faults(
 @st.composite
 def anthropic_stream(draw: st.DrawFn) -> list[bytes]:
     """One Messages stream: perhaps a text block, one to three `tool_use` blocks whose input
-    comes in `input_json_delta` pieces, pings, the stop reason and `message_stop`; then up to
+    comes in `input_json_delta` pieces, pings, the stop reason (sometimes followed by more
+    `message_delta`s: without a reason, the same, another) and `message_stop`; then up to
     four transport faults (`vendor_faults`), late events being a ping, a new block, a second
     stop reason or `message_stop`, or a whole second message."""
     events: list[dict[str, Any]] = [
@@ -753,25 +754,27 @@ def anthropic_stream(draw: st.DrawFn) -> list[bytes]:
         events.append({"type": "content_block_stop", "index": index})
         if draw(st.integers(0, 4)) == 2:
             events.append({"type": "ping"})
-    reason = draw(
-        st.sampled_from(
-            [
-                "tool_use",
-                "end_turn",
-                "max_tokens",
-                "model_context_window_exceeded",
-                "stop_sequence",
-                "refusal",
-            ]
-        )
+    reasons = st.sampled_from(
+        [
+            "tool_use",
+            "end_turn",
+            "max_tokens",
+            "model_context_window_exceeded",
+            "stop_sequence",
+            "refusal",
+        ]
     )
-    events.append(
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": reason, "stop_sequence": None},
-            "usage": {"output_tokens": 99},
-        }
-    )
+    reason = draw(reasons)
+
+    def stopping(reason: str | None) -> dict[str, Any]:
+        delta = {"stop_reason": reason, "stop_sequence": None}
+        return {"type": "message_delta", "delta": delta, "usage": {"output_tokens": 99}}
+
+    events.append(stopping(reason))
+    # more message_deltas before the end: usage updates without a reason, the same reason
+    # again, or another reason (a cut call's `max_tokens` turned into `tool_use`)
+    for _ in range(draw(st.integers(0, 2)) if draw(st.integers(0, 3)) == 0 else 0):
+        events.append(stopping(draw(st.sampled_from([None, reason]) | reasons)))
     events.append({"type": "message_stop"})
 
     def changed(event: dict[str, Any]) -> dict[str, Any] | None:

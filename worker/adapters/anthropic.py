@@ -27,7 +27,10 @@ reads every later event's `index` as a position in that list. An event is refuse
   `input_json_delta` in a text block, ...), or its text field (`partial_json`, `text`,
   `thinking`, `signature`) is not a string; a client call takes no delta but `input_json_delta`;
 - `message_delta` without an object `delta`, or a `usage` object with an integer
-  `output_tokens` (the SDK reads both); `message_stop` before any `message_delta`.
+  `output_tokens` (the SDK reads both); one whose `stop_reason` differs from the one an earlier
+  `message_delta` gave (the first stop reason stands: a later one without a reason, or with the
+  same, only updates the usage; one that changes it, e.g. `max_tokens` to `tool_use`, would turn
+  a cut call into a whole one); `message_stop` before any `message_delta`.
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ class AnthropicAdapter(VendorAdapter):
         self._texts: set[int] = set()  # the tool_use blocks that took argument text
         self._open = False  # the last block is started and not stopped
         self._delta_seen = False  # a message_delta came: no block events after it
+        self._reason: str | None = None  # the stop reason as the first message_delta gave it
         self._stop: FinishReason | None = None
         self._refusal: str | None = None
         if state is not None:
@@ -109,6 +113,7 @@ class AnthropicAdapter(VendorAdapter):
             self._texts = set(state["texts"])
             self._open = state["open"]
             self._delta_seen = state["delta_seen"]
+            self._reason = state.get("reason")  # absent in a state written before it was kept
             self._stop = FinishReason(state["stop"]) if state["stop"] is not None else None
             self._refusal = state["refusal"]
         self._ids = set(self._calls.values())
@@ -122,6 +127,7 @@ class AnthropicAdapter(VendorAdapter):
             "texts": sorted(self._texts),
             "open": self._open,
             "delta_seen": self._delta_seen,
+            "reason": self._reason,
             "stop": self._stop,
             "refusal": self._refusal,
         }
@@ -250,8 +256,16 @@ class AnthropicAdapter(VendorAdapter):
         f.opt_str(delta, "stop_sequence", f"{kind}.delta")
         details = f.opt_obj(delta, "stop_details", f"{kind}.delta")
         self._delta_seen = True
-        self._stop = _STOP.get(reason) if reason is not None else None
-        self._refusal = None
+        if reason is None or reason == self._reason:
+            return  # a usage update: the stop reason given stands
+        # (a state restored from before the reason was kept has only its `_stop`: then any
+        # later reason counts as another)
+        if self._reason is not None or self._stop is not None:
+            raise InputFormatError(
+                f"{kind}: stop_reason {reason!r} after the message stopped for {self._reason!r}"
+            )
+        self._reason = reason
+        self._stop = _STOP.get(reason)
         if self._stop is FinishReason.REFUSAL:
             explanation = (details or {}).get("explanation")
             self._refusal = explanation if isinstance(explanation, str) else ""
