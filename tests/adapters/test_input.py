@@ -59,9 +59,36 @@ def test_pretty_printed_documents_are_split_at_each_top_level_value() -> None:
 
 def test_sse_records_are_the_event_data_and_done_ends_them() -> None:
     path = RECORDED / "openai_chat" / "single_tool_call_GetWeatherArgs.sse"
-    values = records(path.read_bytes() + b'data: {"after": "done"}\n\n', "openai.chat")
+    values = records(path.read_bytes(), "openai.chat")
     assert all(orjson.loads(v)["object"] == "chat.completion.chunk" for v in values)
     assert len(values) == path.read_bytes().count(b"data: {")
+
+
+def test_an_sse_event_after_done_is_a_fault_never_dropped_unsaid() -> None:
+    path = RECORDED / "openai_chat" / "single_tool_call_GetWeatherArgs.sse"
+    late = b'data: {"after": "done"}\n\ndata: [DONE]\n\n'
+    values = records(path.read_bytes() + late, "openai.chat")
+    after = RecordFault("an event after data: [DONE], the end of the server's events")
+    assert values[-2:] == [after, after]
+    assert len(values) == path.read_bytes().count(b"data: {") + 2
+
+
+def test_a_tool_call_after_done_is_never_accepted_and_never_unsaid() -> None:
+    """A Chat stream whose `[DONE]` comes before its last chunks: those are malformed records,
+    and the calls still open end `stream_corrupt` (never judged from what came after)."""
+    path = RECORDED / "openai_chat" / "single_tool_call_GetWeatherArgs.sse"
+    body = path.read_bytes()
+    cut = body.index(b"data: {", body.index(b"data: {") + 1)  # after the first chunk
+    data = body[:cut] + b"data: [DONE]\n\n" + body[cut:]
+    settings = load_settings(schemas={"dir": SCHEMAS})
+    out = io.BytesIO()
+    check(settings, io.BytesIO(data), out, name="late.sse", fmt="openai.chat")
+    events = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    assert not [e for e in events if e["outcome"] == "accepted"]
+    assert {e["error_code"] or e["reason"] for e in events} == {
+        "malformed_record",
+        "stream_corrupt",
+    }
 
 
 def test_empty_input_and_unknown_format() -> None:

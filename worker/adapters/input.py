@@ -8,7 +8,8 @@ Four layouts are recognised from the start of the input, whatever the format:
 - a sequence of JSON documents spread over several lines (a pretty-printed MCP response as the
   specification prints it), split at the end of each top-level value;
 - server-sent events as recorded (`event:` / `data:` lines): every event's data is one record,
-  and `data: [DONE]` ends the stream;
+  and `data: [DONE]` ends the stream (no record); an event after it is a `RecordFault`, never
+  judged and never dropped unsaid;
 - the AWS event stream (`application/vnd.amazon.eventstream`, a Bedrock `ConverseStream`
   body as recorded), recognised by its first prelude's CRC: every message is one record,
   `{"<its :event-type>": <its JSON payload>}` (an exception message is named by its
@@ -32,7 +33,7 @@ from typing import BinaryIO, NamedTuple
 
 from worker.adapters.decoder import ENVELOPE, formats
 from worker.adapters.dialects import split_format
-from worker.adapters.sse import SSEDecoder
+from worker.adapters.sse import SSEDecoder, SSEEvent
 from worker.errors import InputFormatError
 
 DONE = b"[DONE]"
@@ -113,15 +114,22 @@ def read_lines(head: bytes, fp: BinaryIO, limit: int) -> Iterator[Read]:
 
 def _sse(head: bytes, fp: BinaryIO, limit: int) -> Iterator[Read]:
     decoder = SSEDecoder(max_event_bytes=limit)
+    done = False
+
+    def read(event: SSEEvent) -> Iterator[Read]:
+        nonlocal done
+        if done:
+            yield RecordFault("an event after data: [DONE], the end of the server's events")
+        elif event.data == DONE:
+            done = True
+        else:
+            yield RecordFault(event.fault) if event.fault else event.data
+
     for block in _blocks(head, fp):
         for event in decoder.feed(block):
-            if event.data == DONE:
-                return
-            yield RecordFault(event.fault) if event.fault else event.data
+            yield from read(event)
     for event in decoder.flush():
-        if event.data == DONE:
-            return
-        yield RecordFault(event.fault) if event.fault else event.data
+        yield from read(event)
 
 
 _PRELUDE = 12  # total length, headers length, prelude CRC (4 bytes each, big-endian)
