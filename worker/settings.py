@@ -131,6 +131,12 @@ class KafkaSettings(BaseModel):
         "committed); fetching pauses above it, and resumes at half",
     )
 
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        """How often the group consumer heartbeats: a third of the session, as Kafka's own
+        clients default to."""
+        return max(100, self.session_timeout_ms // 3)
+
     _split = field_validator("bootstrap_servers", mode="before")(_split_csv)
 
     @field_validator("bootstrap_servers")

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from tests.runtime.fakes import FakeBroker, FakeConsumer
 from worker.metrics import Metrics
 from worker.runtime.fetcher import Fetcher, Membership
+from worker.runtime.worker import PULSE_S
+from worker.settings import KafkaSettings
 
 TOPIC = "in"
 PARTITIONS = 3
@@ -159,11 +161,11 @@ class Clock:
 
 def test_a_round_that_outlived_the_session_loses_the_membership_until_assigned() -> None:
     clock = Clock()
-    membership = Membership(6.0, clock)
+    membership = Membership(6.0, 2.0, clock)
     began = clock.now
-    clock.now += 5.0
+    clock.now += 3.5
     membership.ran(began)
-    assert not membership.lost, "within the session"
+    assert not membership.lost, "within the session less a heartbeat interval"
     began = clock.now
     clock.now += 15.0  # paused (SIGSTOP) in the middle of a round
     membership.ran(began)
@@ -174,7 +176,7 @@ def test_a_round_that_outlived_the_session_loses_the_membership_until_assigned()
 
 def test_a_round_outlived_by_a_rebalance_that_assigned_during_it_keeps_the_membership() -> None:
     clock = Clock()
-    membership = Membership(6.0, clock)
+    membership = Membership(6.0, 2.0, clock)
     began = clock.now
     clock.now += 10.0  # the fetch waited out a rebalance, which assigned partitions
     membership.assigned()
@@ -187,10 +189,42 @@ def test_a_membership_taken_for_lost_that_no_rebalance_follows_is_kept_a_session
     """Heartbeats go on between the rounds: a member that was expelled hears it within one and
     rejoins; one that hears nothing for a session stayed."""
     clock = Clock()
-    membership = Membership(6.0, clock)
+    membership = Membership(6.0, 2.0, clock)
     began = clock.now
     clock.now += 7.0
     membership.ran(began)
     assert membership.lost
     clock.now += 6.0
     assert not membership.lost
+
+
+@settings(max_examples=500)
+@given(
+    session_ms=st.integers(1000, 60_000),
+    heartbeat_phase=st.floats(0.0, 1.0, exclude_max=True),
+    pulse_phase=st.floats(0.0, 1.0),
+    stall_share=st.floats(0.0, 2.0),
+)
+def test_every_stall_the_group_expels_the_member_for_is_taken_for_lost(
+    session_ms: int, heartbeat_phase: float, pulse_phase: float, stall_share: float
+) -> None:
+    """A model of the coordinator: it expels the member when no heartbeat reached it for a
+    session. The member heartbeats every `heartbeat_interval_ms` (the one the consumer is
+    given) until it stalls, at a point `heartbeat_phase` of an interval after its last
+    heartbeat; its pulse's last beat before the stall was `pulse_phase` of a beat earlier.
+    Whenever the group expels it, the beat after the stall takes the membership for lost; a
+    stall shorter than the session less a heartbeat interval never does. (A stall a little
+    shorter than the session, after a heartbeat a while back, was expelled unsaid before.)"""
+    kafka = KafkaSettings(session_timeout_ms=session_ms)
+    session_s, heartbeat_s = session_ms / 1000, kafka.heartbeat_interval_ms / 1000
+    clock = Clock()
+    membership = Membership(session_s, heartbeat_s, clock)
+    stalled_at = clock.now
+    last_heartbeat = stalled_at - heartbeat_phase * heartbeat_s
+    beat = stalled_at - pulse_phase * PULSE_S
+    clock.now = stalled_at + stall_share * session_s
+    membership.ran(beat)
+    if clock.now - last_heartbeat > session_s:
+        assert membership.lost, "expelled by the group, unsaid"
+    if clock.now - beat <= session_s - heartbeat_s:
+        assert not membership.lost, "within the session less a heartbeat interval"

@@ -1275,7 +1275,7 @@ async def test_a_stall_while_the_worker_runs_is_seen_by_its_pulse_and_said_once(
         caplog.set_level("WARNING", logger="callgate.worker")
         clock.now += session_s + 5  # the process was stopped this long
         await asyncio.wait_for(_until(lambda: worker.broker.membership_lost), ROUND_S)
-        stalls = [r for r in caplog.records if "past the session" in r.getMessage()]
+        stalls = [r for r in caplog.records if "long enough to be expelled" in r.getMessage()]
         assert len(stalls) == 1, [r.getMessage() for r in caplog.records]
         await fake.revoke([TopicPartition(INPUT, 0)])  # the group moves it on and back
         await fake.join([TopicPartition(INPUT, 0)])
@@ -1284,7 +1284,7 @@ async def test_a_stall_while_the_worker_runs_is_seen_by_its_pulse_and_said_once(
         worker.request_stop()
         await asyncio.wait_for(running, ROUND_S)
         await worker.close()
-    assert len([r for r in caplog.records if "past the session" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "long enough to be expelled" in r.getMessage()]) == 1
 
 
 async def _until(done: Callable[[], bool]) -> None:

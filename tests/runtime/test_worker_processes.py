@@ -545,7 +545,7 @@ PAUSES = 4
 #: what a worker logs when its producer of a partition was fenced by a newer one
 FENCED = "fenced, a newer owner has it"
 #: the one line a member that stalled past its session writes (`fetcher.Membership`)
-STALLED = "past the session"
+STALLED = "long enough to be expelled"
 
 
 def own_warnings(worker: WorkerProcess) -> list[str]:

@@ -375,15 +375,18 @@ class Membership:
     again it may hold partitions that another member owns now. Whatever it writes for them then
     is refused once the new owner has fenced it, but what it opens (a producer of a partition's
     transactional id) fences the new owner in turn. So a round, or a beat of the worker's
-    pulse, that outlived the session (the worker's rounds follow each other within a fetch
-    timeout, its pulse beats a few times a second, and its heartbeats run between them: a gap
-    that long means the loop stalled) with no assignment during it counts as
-    membership lost, until the group assigns partitions again or a session has passed without
-    that (the heartbeats then say the member stayed: an expelled one hears it within a
-    heartbeat and rejoins)."""
+    pulse, that ran long enough for the group to expel the member, with no assignment during
+    it, counts as membership lost, until the group assigns partitions again or a session has
+    passed without that (the heartbeats then say the member stayed: an expelled one hears it
+    within a heartbeat and rejoins). The coordinator counts the session from the last heartbeat
+    it received, which the member sent up to a heartbeat interval before it stalled: so a stall
+    is long enough once it passes the session less that interval. (The worker's rounds follow
+    each other within a fetch timeout, its pulse beats a few times a second and its heartbeats
+    run between them: a gap that long means the loop stalled.)"""
 
-    def __init__(self, session_s: float, clock: Callable[[], float]) -> None:
+    def __init__(self, session_s: float, heartbeat_s: float, clock: Callable[[], float]) -> None:
         self._session_s = session_s
+        self._heartbeat_s = heartbeat_s
         self._clock = clock
         self._assigned_at = float("-inf")
         self._lost_at: float | None = None
@@ -394,16 +397,19 @@ class Membership:
         self._lost_at = None
 
     def ran(self, since: float) -> None:
-        """A round ran from `since` until now: past the session, with no assignment during
-        it, the membership is lost."""
+        """A round ran from `since` until now: long enough for the group to have expelled the
+        member, with no assignment during it, the membership is lost."""
         now = self._clock()
-        if now - since > self._session_s and self._assigned_at < since:
+        expelled_after = self._session_s - self._heartbeat_s
+        if now - since > expelled_after and self._assigned_at < since:
             if self._lost_at is None:
                 log.warning(
-                    "stalled %.1f s, past the session (%.1f s): taking the group membership "
-                    "for lost until the group assigns partitions again",
+                    "stalled %.1f s, long enough to be expelled from the group (a %.1f s "
+                    "session from the last heartbeat, sent every %.1f s): taking the group "
+                    "membership for lost until the group assigns partitions again",
                     now - since,
                     self._session_s,
+                    self._heartbeat_s,
                 )
             self._lost_at = now
 

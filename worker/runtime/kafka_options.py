@@ -69,7 +69,7 @@ def consumer_options(settings: Settings) -> dict[str, Any]:
         "enable_auto_commit": False,
         "auto_offset_reset": "none",
         "session_timeout_ms": kafka.session_timeout_ms,
-        "heartbeat_interval_ms": max(100, kafka.session_timeout_ms // 3),
+        "heartbeat_interval_ms": kafka.heartbeat_interval_ms,
         "max_poll_interval_ms": kafka.max_poll_interval_ms,
         "max_poll_records": kafka.fetch_max_records,
         "fetch_max_wait_ms": kafka.fetch_max_wait_ms,

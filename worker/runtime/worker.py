@@ -150,7 +150,11 @@ class Worker:
         self._flow = FlowControl(
             kafka_settings.max_in_flight_records, kafka_settings.max_in_flight_bytes
         )
-        self._membership = Membership(kafka_settings.session_timeout_ms / 1000, clock)
+        self._membership = Membership(
+            kafka_settings.session_timeout_ms / 1000,
+            kafka_settings.heartbeat_interval_ms / 1000,
+            clock,
+        )
         self._rounds = itertools.count()
         self._start_steps = StartSteps()
         self._stop = asyncio.Event()
