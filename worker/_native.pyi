@@ -16,6 +16,9 @@ from worker.model import (
 
 # -- strict JSON (native/core/src/json.rs, native/python/src/json.rs) ------------------------------
 
+#: the deepest nesting any JSON callgate reads or writes (`worker.model.MAX_DEPTH`)
+MAX_DEPTH: Final[int]
+
 @final
 class ParseError:
     """Why a text is not strict JSON; returned by `parse_json`, never raised."""

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from worker._native import AssembledCall, Chunk, Verdict
+# MAX_DEPTH: the deepest nesting any JSON callgate reads or writes may have (254): every parser
+# (arguments, envelopes, vendor records, tool results) stops there with its own rejection, and
+# every encoder writes that deep (orjson's own limit is 254 levels). Defined once, in the native
+# core (`json::MAX_DEPTH`), which parses them all.
+from worker._native import MAX_DEPTH, AssembledCall, Chunk, Verdict
 
 __all__ = [
     "MAX_DEPTH",
@@ -31,11 +35,6 @@ __all__ = [
     "Verdict",
     "Violation",
 ]
-
-#: The deepest nesting any JSON callgate reads or writes may have: every parser (arguments,
-#: envelopes, vendor records, tool results) stops there with its own rejection, and every
-#: encoder writes that deep (orjson's own limit is 254 levels).
-MAX_DEPTH = 254
 
 
 class Outcome(StrEnum):

@@ -335,8 +335,9 @@ fn read_value<'j>(
 }
 
 /// Nesting allowed inside an unknown field's value (and a known field's container, which is
-/// refused for its type once it is known to be strict JSON).
-const MAX_FIELD_DEPTH: usize = 64;
+/// refused for its type once it is known to be strict JSON): the record, an object around them,
+/// nests at most [`json::MAX_DEPTH`] levels, as every JSON callgate reads.
+const MAX_FIELD_DEPTH: usize = json::MAX_DEPTH - 1;
 
 /// Takes one field value that is not read, checked as strictly as any JSON callgate parses (the
 /// one rule, in `json.rs`). The message says what and where (line, column) without echoing the
@@ -824,12 +825,13 @@ mod tests {
         text.extend_from_slice(b"[\"\xff\"]}");
         let bad = decode(&text, RecordHeaders::default(), 64).expect_err("not UTF-8");
         assert!(bad.message.contains("not valid UTF-8"), "{}", bad.message);
-        let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+        let deep = format!("{}{}", "[".repeat(254), "]".repeat(254));
         let bad = malformed(&format!(
             r#"{{"stream_id":"s","call_id":"c","kind":"tool_call","x":{deep}}}"#
         ));
-        assert!(bad.message.contains("deeper than 64"), "{}", bad.message);
-        let deep = format!("{}{}", "[".repeat(64), "]".repeat(64));
+        assert!(bad.message.contains("deeper than 253"), "{}", bad.message);
+        // the record nests json::MAX_DEPTH levels: read
+        let deep = format!("{}{}", "[".repeat(253), "]".repeat(253));
         call(&format!(
             r#"{{"stream_id":"s","call_id":"c","kind":"tool_call","x":{deep}}}"#
         ));

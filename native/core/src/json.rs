@@ -31,6 +31,12 @@ use jiter::{
 };
 use smallvec::SmallVec;
 
+/// The deepest nesting any JSON callgate reads or writes may have (arguments, envelopes, vendor
+/// records, tool results): every parser stops there with its own rejection, and every encoder
+/// writes that deep (orjson's own limit is 254 levels). Python reads this one definition as
+/// `worker.model.MAX_DEPTH`.
+pub const MAX_DEPTH: usize = 254;
+
 /// The deepest nesting the parser ever opens, whatever `max_depth` says: a bound on the stack it
 /// keeps and on the recursion of anything that later walks the value.
 pub const DEPTH_CAP: usize = 1024;

@@ -275,6 +275,7 @@ fn py_depth_over(text: &[u8], limit: usize) -> Option<usize> {
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("MAX_DEPTH", json::MAX_DEPTH)?;
     m.add_class::<ParseError>()?;
     m.add_function(wrap_pyfunction!(parse_json, m)?)?;
     m.add_function(wrap_pyfunction!(py_depth_over, m)?)?;
