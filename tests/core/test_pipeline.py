@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.datafiles import SCHEMAS
-from worker._native import AssembledCall
+from worker._native import AssembledCall, EarlyRejection
 from worker.compose import build_gate, build_registry, violation_limits
 from worker.core.canonical import request_digest
 from worker.core.events import encode
-from worker.core.feedback import MALFORMED_RECORD_MESSAGE, build_feedback
+from worker.core.feedback import MALFORMED_RECORD_MESSAGE, UNDECLARED, build_feedback
 from worker.core.pipeline import RETRYABLE, Gate, GateLimits
 from worker.core.tool_output import RESULT_MEMBERS
 from worker.model import (
@@ -42,6 +42,7 @@ from worker.model import (
 )
 from worker.plugins import Plugins, RuleContext, load_plugins
 from worker.schemas.contract import Contract, LookupFailure
+from worker.schemas.drafts import escape
 from worker.schemas.registry import SchemaRegistry
 from worker.settings import Settings
 
@@ -1281,6 +1282,59 @@ def test_feedback_never_holds_what_the_call_sent(
         return
     feedback = orjson.dumps(verdict.retry_feedback).decode()
     assert MARK not in feedback, (verdict, feedback)
+
+
+#: a value text that fails the strict parse at its own path, by the code it fails with
+PARSE_FAULTS = {
+    Code.INEXACT_NUMBER: "0.99999999999999999",
+    Code.NON_FINITE_NUMBER: "NaN",
+    Code.INVALID_UTF8: '"\\udc00"',
+    Code.DUPLICATE_KEY: "1",  # written twice
+}
+
+
+@FIXED
+@given(
+    tool=st.sampled_from(["get_weather", "create_payment", "unknown"]),
+    code=st.sampled_from(sorted(PARSE_FAULTS)),
+    pick=st.integers(0, 50),
+    undeclared=st.none() | marked_text,
+    streamed=st.booleans(),
+)
+def test_a_parse_failure_feedback_names_what_the_contract_declares(
+    tool: str, code: Code, pick: int, undeclared: str | None, streamed: bool
+) -> None:
+    """A text that fails to parse is judged before its contract is looked up; its feedback path
+    still shows a name the call's contract declares, as a schema violation's would, and hides
+    any other (an undeclared name, or every name when the tool resolves to no contract), at the
+    final judgement and at the early one alike. (It showed `/<undeclared>` for every name.)"""
+    contract = REGISTRY.resolve(tool, "1")
+    declared = sorted(contract.declared_names) if isinstance(contract, Contract) else ["city"]
+    name = undeclared if undeclared is not None else declared[pick % len(declared)]
+    member = orjson.dumps(name).decode() + ": " + PARSE_FAULTS[code]
+    if code is Code.DUPLICATE_KEY:
+        member += ", " + member
+    text = "{" + member + "}"
+    path = "/" + escape(name)
+    # streamed: the reassembler's early judge refused it first, and hands that on with the call
+    early = EarlyRejection("json", code.value, pointer=path, detail="why") if streamed else None
+    offset = None if early is None else 0
+    judged = GATE.judge(call(text, tool, early=early, early_offset=offset))
+    assert (judged.outcome, judged.code) == (Outcome.REJECTED, code), judged
+    assert [v.path for v in judged.violations] == [path]
+    assert judged.retry_feedback is not None
+    shown = [v["path"] for v in judged.retry_feedback["violations"]]
+    visible = isinstance(contract, Contract) and name in contract.declared_names
+    assert shown == ["/" + (escape(name) if visible else UNDECLARED)]
+
+
+def test_a_tool_result_that_fails_to_parse_shows_the_result_members_it_declares() -> None:
+    text = b'{"jsonrpc": "2.0", "id": 3, "result": {"structuredContent": {"temperature": NaN}}}'
+    verdict = GATE.judge(call(text, MCP_WEATHER, tool_version=None, channel="mcp_result"))
+    assert verdict.code is Code.NON_FINITE_NUMBER, verdict
+    assert verdict.retry_feedback is not None
+    shown = [v["path"] for v in verdict.retry_feedback["violations"]]
+    assert shown == ["/result/structuredContent/temperature"]
 
 
 @FIXED

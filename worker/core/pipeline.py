@@ -155,6 +155,14 @@ def _violations(found: Iterable[Any]) -> Iterator[Violation]:
         yield item
 
 
+def _shown_names(contract: Contract, channel: str) -> frozenset[str]:
+    """The names a feedback path may show (`worker.core.feedback`): a tool result's are those
+    its output schema declares and the result's own members; a call's, its input schema's."""
+    if channel == _MCP_RESULT:
+        return contract.output_declared_names | RESULT_MEMBERS
+    return contract.declared_names
+
+
 @dataclass(frozen=True, slots=True)
 class GateLimits:
     """The bounds the chain applies; all of them come from the settings."""
@@ -297,7 +305,15 @@ class Gate:
                 code = Code(value.code)
                 violation = Violation(value.path, value.code, value.message)
                 phase = _PARSE_PHASES.get(code, _JSON_PARSE)
-                return self._rejected(call, phase, code, (violation,), phases, repairs=repairs)
+                return self._rejected(
+                    call,
+                    phase,
+                    code,
+                    (violation,),
+                    phases,
+                    declared=self._declared_names(call),
+                    repairs=repairs,
+                )
             violation = Violation("", "type", ROOT_NOT_OBJECT_MESSAGE)
             return self._rejected(
                 call, _JSON_PARSE, Code.ROOT_NOT_OBJECT, (violation,), phases, repairs=repairs
@@ -539,7 +555,9 @@ class Gate:
             code = Code(early.keyword)
             violation = Violation(early.pointer, early.keyword, early.detail or code.value)
             phase = _PARSE_PHASES.get(code, _JSON_PARSE)
-            return self._rejected(call, phase, code, (violation,), phases)
+            return self._rejected(
+                call, phase, code, (violation,), phases, declared=self._declared_names(call)
+            )
         self._phase = _SCHEMA_VALIDATION
         contract = self.registry.resolve(call.tool, call.tool_version) if call.tool else None
         assert isinstance(contract, Contract), "early rules exist only for a resolved contract"
@@ -597,9 +615,18 @@ class Gate:
             phases,
             contract=contract,
             arguments=message,
-            declared=contract.output_declared_names | RESULT_MEMBERS,
+            declared=_shown_names(contract, call.channel),
             repairs=repairs,
         )
+
+    def _declared_names(self, call: AssembledCall) -> frozenset[str]:
+        """The names a feedback path may show for a call judged before its contract was looked
+        up (its text failed to parse): those of the contract its tool and version resolve to,
+        as a later phase's violation shows them; none when they resolve to none."""
+        contract = self.registry.resolve(call.tool, call.tool_version) if call.tool else None
+        if not isinstance(contract, Contract):
+            return frozenset()
+        return _shown_names(contract, call.channel)
 
     def _rejected(
         self,
