@@ -41,19 +41,22 @@ a backlog waiting all along: the contender saturated) its CPU seconds per wall s
 window (2 cores here, shared with the broker, the benchmark and whatever else runs), and the
 broker's own CPU per wall second in it.
 
-Latency: a fresh worker on fresh topics, a warm-up call per partition answered, then calls
-produced paced at half of callgate's measured rate (each 10 ms tick's records in one batch per
-partition, acks=all, no linger). Per call, from its last chunk's acknowledgement (and from its
-send) to its outcome event read by a tail consumer: p50, p90, p99, max (target p99 25 ms). The
-load generator runs in this process, beside the tail; it reports how far it fell behind its
-schedule at worst, and a run where it fell behind (by more than 100 ms at any tick, or an
-achieved rate under 95 % of the target) is void: its load was not the rate asked for. The
-pass-through runs the same paced traffic (its copy of a call's last chunk is what the tail
-waits for): the stack's own latency at that rate, two hops and no work. Both again at a quarter
-and at a twentieth of the rate, to show how the latency moves with the load, and (full size
-only) two more callgate runs with one setting changed each (`VARIANTS`), which show what bounds
-the latency. Under exactly_once at half rate only, the tail reading `read_committed`: an event
-is readable once its transaction commits, every `commit_interval_ms`.
+Latency: a fresh worker on fresh topics, warm-up calls answered, then calls produced paced at
+half of callgate's measured rate (each 10 ms tick's records in one batch per partition,
+acks=all, no linger). Per call, from its last chunk's acknowledgement (and from its send) to its
+outcome event read by a tail consumer: p50, p90, p99, max (target p99 25 ms). The load generator
+(`benchmarks.loadgen`) runs in a process of its own, started once the warm-up is answered; the
+tail runs in this one, and both read the one system-wide monotonic clock. The generator reports
+when it sent and saw acknowledged each call's last chunk, how far it fell behind its schedule at
+worst and the rate it achieved; a run where it fell behind (by more than 100 ms at any tick, or
+an achieved rate under 95 % of the target) is void: its load was not the rate asked for. A
+generator that fails is an error, not a void run. The pass-through runs the same paced traffic
+(its copy of a call's last chunk is what the tail waits for): the stack's own latency at that
+rate, two hops and no work. Both again at a quarter and at a twentieth of the rate, to show how
+the latency moves with the load, and (full size only) two more callgate runs with one setting
+changed each (`VARIANTS`), which show what bounds the latency. Under exactly_once at half rate
+only, the tail reading `read_committed`: an event is readable once its transaction commits,
+every `commit_interval_ms`.
 """
 
 from __future__ import annotations
@@ -78,12 +81,11 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from benchmarks import cpu, workload
+from benchmarks import cpu, loadgen, workload
 from benchmarks.common import ROOT, SEED_SCHEMAS, median
 from benchmarks.harness import Callgate, verdicts
 from benchmarks.workload import Record
 from callgate_demo.broker import EmbeddedBroker
-from worker._native import partition_for_key
 
 FRAGMENTS = 10
 PARTITIONS = 3
@@ -247,11 +249,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 def partitioned(records: list[Record]) -> dict[int, list[Record]]:
     """Each record in its stream's partition (Kafka's default partitioner on the key)."""
-    out: dict[int, list[Record]] = {p: [] for p in range(PARTITIONS)}
-    for record in records:
-        assert record.key is not None
-        out[partition_for_key(record.key, PARTITIONS)].append(record)
-    return out
+    return loadgen.partitioned(records, PARTITIONS)
 
 
 async def _create(bootstrap: str, *topics: str) -> None:
@@ -531,12 +529,51 @@ async def _topic_count(bootstrap: str) -> int:
         await admin.close()
 
 
+#: how long a load generator may run past its schedule before it is stopped: its start (the
+#: interpreter, its workload, its producer), and a schedule it fell behind (it still ends, and
+#: its report says by how much)
+GENERATOR_GRACE_S = 60.0
+
+
+async def _generate(
+    command: list[str], report: Path, log: Path, timeout_s: float
+) -> dict[str, Any]:
+    """Runs a load generator's `command` to its end (stopped past `timeout_s`): its report."""
+    process = _start(command, {**os.environ, "PYTHONPATH": str(ROOT)}, log)
+    try:
+        code = await asyncio.to_thread(process.wait, timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"the load generator did not end within {timeout_s:.0f} s; see {log}"
+        ) from None
+    finally:
+        _stop(process)
+    if code != 0:
+        raise RuntimeError(f"the load generator exited with {code}; see {log}")
+    figures: dict[str, Any] = orjson.loads(report.read_bytes())
+    return figures
+
+
+async def _warm_up(bootstrap: str, source: str, prefix: str) -> int:
+    """Warm-up calls (three per partition) for a fresh worker to join and answer: how many."""
+    warm = workload.calls(workload.SMALL, 3 * PARTITIONS, 0.0, prefix=prefix)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks="all")
+    await producer.start()
+    try:
+        for partition, records in partitioned(workload.records(warm, FRAGMENTS)).items():
+            await asyncio.gather(*await _send_batches(producer, source, partition, records))
+    finally:
+        await producer.stop()
+    return len(warm)
+
+
 async def _latency(
     bootstrap: str, kind: str, rate: float, seconds: float, logs: Path, *, delivery: str
 ) -> dict[str, Any]:
     """`kind` (passthrough, or callgate with the settings of `VARIANTS[kind]`) under
-    `delivery` on fresh topics, fed paced calls: per call, the time from its last chunk to its
-    outcome event (or the pass-through's copy of that chunk) read by a tail."""
+    `delivery` on fresh topics, fed paced calls by a load generator in its own process: per
+    call, the time from its last chunk to its outcome event (or the pass-through's copy of that
+    chunk) read by a tail in this process."""
     run = uuid.uuid4().hex[:8]
     source, target, group = f"bench.lat.in.{run}", f"bench.lat.out.{run}", f"bench-lat-{run}"
     await _create(bootstrap, source, target)
@@ -545,79 +582,43 @@ async def _latency(
         kind, delivery, bootstrap=bootstrap, group=group, source=source, target=target, logs=logs
     )
     process = _start(command, env, logs / f"latency-{run}.log")
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks="all")
-    await producer.start()
+    # the tail's readings are time.monotonic(), as the generator's are (one clock system-wide)
     seen: dict[str, float] = {}
     stop = asyncio.Event()
     follower = asyncio.create_task(_tail(bootstrap, target, delivery, seen, stop))
-    sent: dict[str, float] = {}
-    acked: dict[str, float] = {}
     try:
-        # warm-up: one call per partition, until the worker has joined and answered them
-        warm = workload.calls(workload.SMALL, 3 * PARTITIONS, 0.0, prefix=f"w{run}")
-        for partition, records in partitioned(workload.records(warm, FRAGMENTS)).items():
-            await asyncio.gather(*await _send_batches(producer, source, partition, records))
+        warm = await _warm_up(bootstrap, source, prefix=f"w{run}")
         deadline = time.monotonic() + 120
-        while len(seen) < len(warm) and time.monotonic() < deadline:
+        while len(seen) < warm and time.monotonic() < deadline:
             if process.poll() is not None:
                 raise RuntimeError(f"the worker exited; see {logs}")
             await asyncio.sleep(0.05)
-        if len(seen) < len(warm):
+        if len(seen) < warm:
             raise RuntimeError(f"the worker did not answer the warm-up calls; see {logs}")
-        calls = max(1, int(rate * seconds / FRAGMENTS))
-        work = workload.calls(workload.SMALL, calls, INVALID_SHARE, prefix=f"l{run}")
-        records = workload.records(work, FRAGMENTS)
-        last_chunk = {
-            i: orjson.loads(r.value)["call_id"]
-            for i, r in enumerate(records)
-            if orjson.loads(r.value)["final"]
-        }
-        per_tick = max(1, round(rate * TICK_S))
-
-        async def submit(batch: Any, partition: int, finals: list[str]) -> asyncio.Future[Any]:
-            now = time.monotonic()
-            for call_id in finals:
-                sent[call_id] = now
-            future = await producer.send_batch(batch, source, partition=partition)
-
-            def on_ack(_: asyncio.Future[Any]) -> None:
-                at = time.monotonic()
-                for call_id in finals:
-                    acked[call_id] = at
-
-            future.add_done_callback(on_ack)
-            return future
-
-        started = time.monotonic()
-        behind = 0.0  # how far the generator fell behind its schedule at worst
-        pending: list[asyncio.Future[Any]] = []
-        for n in range(0, len(records), per_tick):
-            tick = list(range(n, min(n + per_tick, len(records))))
-            by_partition: dict[int, list[int]] = {}
-            for i in tick:
-                key = records[i].key
-                assert key is not None
-                by_partition.setdefault(partition_for_key(key, PARTITIONS), []).append(i)
-            for partition, indexes in by_partition.items():
-                batch, finals = producer.create_batch(), []
-                for i in indexes:
-                    record = records[i]
-                    while (
-                        batch.append(key=record.key, value=record.value, timestamp=None, headers=[])
-                        is None
-                    ):  # the builder is full: send it, the record goes into the next one
-                        pending.append(await submit(batch, partition, finals))
-                        batch, finals = producer.create_batch(), []
-                    if i in last_chunk:
-                        finals.append(last_chunk[i])
-                pending.append(await submit(batch, partition, finals))
-            wake = started + (n + per_tick) / rate
-            delay = wake - time.monotonic()
-            behind = max(behind, -delay)
-            if delay > 0:
-                await asyncio.sleep(delay)
-        await asyncio.gather(*pending)
-        sent_s = time.monotonic() - started
+        load = loadgen.Load(
+            calls=max(1, int(rate * seconds / FRAGMENTS)),
+            prefix=f"l{run}",
+            rate=rate,
+            partitions=PARTITIONS,
+            fragments=FRAGMENTS,
+            invalid_share=INVALID_SHARE,
+            tick_s=TICK_S,
+        )
+        report = logs / f"latency-{run}-generator.json"
+        generator_log = logs / f"latency-{run}-generator.log"
+        generated = await _generate(
+            load.command(bootstrap, source, report),
+            report,
+            generator_log,
+            timeout_s=3 * load.scheduled_s() + GENERATOR_GRACE_S,
+        )
+        sent: dict[str, float] = generated["sent"]
+        acked: dict[str, float] = generated["acked"]
+        if len(acked) != load.calls:
+            raise RuntimeError(
+                f"the load generator reported {len(acked)} of {load.calls} calls; "
+                f"see {generator_log}"
+            )
         deadline = time.monotonic() + 60
         while any(c not in seen for c in acked) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -625,21 +626,21 @@ async def _latency(
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):
             await follower
-        await producer.stop()
         _stop(process)
     answered = [c for c in acked if c in seen]
     if not answered:
         raise RuntimeError(f"no outcome seen; see {logs}")
-    achieved = len(records) / sent_s
+    achieved, behind = generated["achieved_records_per_s"], generated["behind_s"]
     return {
         "delivery": delivery,
         "settings": VARIANTS.get(kind, {}),
         "topics_in_cluster": topics,
+        "load_generator": "own process",
         "target_records_per_s": round(rate),
         "achieved_records_per_s": round(achieved),
         "load_generator_max_behind_ms": round(behind * 1000, 1),
         "void": fell_behind(rate, achieved, behind),
-        "seconds": round(sent_s, 1),
+        "seconds": round(generated["seconds"], 1),
         "calls": len(acked),
         "answered": len(answered),
         "from_last_chunk_acknowledged": _percentiles(
