@@ -639,6 +639,12 @@ async def _latency(
         "target_records_per_s": round(rate),
         "achieved_records_per_s": round(achieved),
         "load_generator_max_behind_ms": round(behind * 1000, 1),
+        "load_generator_late_ticks": f"{generated['late_ticks']} of {generated['ticks']}",
+        # each: how late, and how much of its own tick it spent handing batches to the producer
+        "load_generator_worst_ticks_ms": [
+            [round(t["behind_s"] * 1000, 1), round(t["sending_s"] * 1000, 1)]
+            for t in generated["worst_ticks"]
+        ],
         "void": fell_behind(rate, achieved, behind),
         "seconds": round(generated["seconds"], 1),
         "calls": len(acked),

@@ -5,7 +5,12 @@ calls with `benchmarks.workload` (the same call ids as any process that makes th
 `Load`), then sends them paced: each tick's records as one batch per partition (acks=all,
 no linger), sleeping to the schedule between ticks. Once every batch is acknowledged it writes
 REPORT (JSON): per call, when its last chunk was sent and when it was acknowledged, how far the
-generator fell behind its schedule at worst, the rate it achieved, and the seconds it took.
+generator fell behind its schedule at worst, the rate it achieved, and the seconds it took; and
+the ticks it was latest at (`WORST_TICKS`), each with how long its own sends took (building its
+batches and waiting for the producer to take them: aiokafka takes a partition's batch once the
+one before it was sent, and sends a broker one request at a time, the next once the last is
+answered). A late tick whose sends took about as long as it was late
+was held up handing batches over; one whose sends were quick was late already when it began.
 
 The times are `time.monotonic()`: CLOCK_MONOTONIC is one clock for the whole system on Linux,
 so the process that tails the outcome events compares its own readings of it with these.
@@ -30,6 +35,8 @@ from worker._native import partition_for_key
 
 #: a tick's records by partition, each with the id of the call whose last chunk it is (or None)
 Tick = dict[int, list[tuple[Record, str | None]]]
+#: how many of the ticks it was latest at the report describes (the latest first)
+WORST_TICKS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +144,10 @@ async def generate(bootstrap: str, topic: str, load: Load) -> dict[str, Any]:
 
         started = time.monotonic()
         behind = 0.0  # how far the generator fell behind its schedule at worst
+        late: list[tuple[float, float, int]] = []  # (behind, waited for the producer, tick)
         pending: list[asyncio.Future[Any]] = []
         for number, tick in enumerate(schedule, start=1):
+            tick_began = time.monotonic()
             for partition, entries in tick.items():
                 batch = producer.create_batch()
                 finals: list[str] = []
@@ -152,8 +161,11 @@ async def generate(bootstrap: str, topic: str, load: Load) -> dict[str, Any]:
                     if ends is not None:
                         finals.append(ends)
                 pending.append(await submit(batch, partition, finals))
-            delay = started + number * per_tick / load.rate - time.monotonic()
+            now = time.monotonic()
+            delay = started + number * per_tick / load.rate - now
             behind = max(behind, -delay)
+            if delay < 0:
+                late.append((-delay, now - tick_began, number))
             if delay > 0:
                 await asyncio.sleep(delay)
         await asyncio.gather(*pending)
@@ -169,6 +181,12 @@ async def generate(bootstrap: str, topic: str, load: Load) -> dict[str, Any]:
         "behind_s": behind,
         "achieved_records_per_s": records / seconds,
         "seconds": seconds,
+        "ticks": len(schedule),
+        "late_ticks": len(late),
+        "worst_ticks": [
+            {"tick": number, "behind_s": lateness, "sending_s": sending}
+            for lateness, sending, number in sorted(late, reverse=True)[:WORST_TICKS]
+        ],
     }
 
 

@@ -60,6 +60,16 @@ def test_the_generator_s_own_process_sends_its_load_in_order_and_reports_each_ca
     assert e2e._check_passthrough(written, e2e.partitioned(records))
     assert len(written) == len(records)
     assert 0 <= report["behind_s"] < math.inf
+    # the ticks it was late at: the worst first, the worst of all the figure above
+    assert report["ticks"] == len(loadgen.ticks(LOAD))
+    assert 0 <= report["late_ticks"] <= report["ticks"]
+    worst = report["worst_ticks"]
+    assert len(worst) == min(report["late_ticks"], loadgen.WORST_TICKS)
+    lateness = [tick["behind_s"] for tick in worst]
+    assert lateness == sorted(lateness, reverse=True)
+    assert lateness[:1] == ([report["behind_s"]] if report["late_ticks"] else [])
+    assert all(tick["behind_s"] > 0 and tick["sending_s"] >= 0 for tick in worst)
+    assert all(1 <= tick["tick"] <= report["ticks"] for tick in worst)
     # the generator sleeps to the end of its last tick: it cannot beat its schedule
     assert report["seconds"] >= LOAD.scheduled_s() - 0.001
     assert 0 < report["achieved_records_per_s"] <= LOAD.rate * 1.001
