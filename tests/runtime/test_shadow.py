@@ -79,6 +79,11 @@ def scrape(port: int) -> dict[str, float]:
     return dict(counts)
 
 
+def flips_counted(counts: dict[str, float]) -> int:
+    """The calls the worker counted as flipped: one shadow record each."""
+    return round(sum(n for kind, n in counts.items() if kind in FLIPS))
+
+
 async def run_shadowed(
     bootstrap: str, candidate: Path, tmp_path: Path
 ) -> tuple[Part, dict[str, Any], list[Any], dict[str, float]]:
@@ -108,12 +113,22 @@ async def run_shadowed(
             bootstrap, topics["input"], part.messages, T0, step_ms=step_for(part.messages)
         )
         await follower.start()
+        port = int(METRICS.findall(worker.text())[-1])
         events: dict[str, Any] = {}
         deadline = time.monotonic() + 120
-        while len(events) < len(part.expected) or not await follower.caught_up():
+        # every call's event, and every shadow record the worker counted (written beside the
+        # events, it may be readable a moment after them: a reader caught up with the shadow
+        # topic's end as its last fetch saw it can be short of them)
+        while (
+            len(events) < len(part.expected)
+            or len(follower.of(topics["shadow"])) < flips_counted(scrape(port))
+            or not await follower.caught_up()
+        ):
             assert worker.alive, worker.tail()
             assert time.monotonic() < deadline, (
-                f"{len(events)} of {len(part.expected)} calls have events\n{worker.tail()}"
+                f"{len(events)} of {len(part.expected)} calls have events, "
+                f"{len(follower.of(topics['shadow']))} shadow records of "
+                f"{flips_counted(scrape(port))} counted\n{worker.tail()}"
             )
             await follower.poll()
             outcomes = (topics[k] for k in ("accepted", "rejected", "incomplete"))
@@ -123,7 +138,6 @@ async def run_shadowed(
                 for r in follower.records
                 if r.topic in wanted
             }
-        port = int(METRICS.findall(worker.text())[-1])
         counts = scrape(port)
         assert await worker.stop(timeout_s=30) == 0, worker.tail()
     finally:
