@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.runtime.fakes import FakeBroker, FakeConsumer
 from worker.metrics import Metrics
-from worker.runtime.fetcher import Fetcher, Membership
+from worker.runtime.fetcher import CONTACT_SLACK_S, Fetcher, Membership
 from worker.runtime.worker import PULSE_S
 from worker.settings import KafkaSettings
 
@@ -198,33 +198,58 @@ def test_a_membership_taken_for_lost_that_no_rebalance_follows_is_kept_a_session
     assert not membership.lost
 
 
-@settings(max_examples=500)
+@settings(max_examples=2000)
 @given(
     session_ms=st.integers(1000, 60_000),
-    heartbeat_phase=st.floats(0.0, 1.0, exclude_max=True),
-    pulse_phase=st.floats(0.0, 1.0),
+    callback_share=st.floats(0.0, 1.5),
+    sync_delay_share=st.floats(0.0, 1.0),
+    stall_at_share=st.floats(0.0, 3.0),
+    pulse_phase=st.floats(0.0, 1.0, exclude_max=True),
     stall_share=st.floats(0.0, 2.0),
 )
 def test_every_stall_the_group_expels_the_member_for_is_taken_for_lost(
-    session_ms: int, heartbeat_phase: float, pulse_phase: float, stall_share: float
+    *,
+    session_ms: int,
+    callback_share: float,
+    sync_delay_share: float,
+    stall_at_share: float,
+    pulse_phase: float,
+    stall_share: float,
 ) -> None:
-    """A model of the coordinator: it expels the member when no heartbeat reached it for a
-    session. The member heartbeats every `heartbeat_interval_ms` (the one the consumer is
-    given) until it stalls, at a point `heartbeat_phase` of an interval after its last
-    heartbeat; its pulse's last beat before the stall was `pulse_phase` of a beat earlier.
-    Whenever the group expels it, the beat after the stall takes the membership for lost; a
-    stall shorter than the session less a heartbeat interval never does. (A stall a little
-    shorter than the session, after a heartbeat a while back, was expelled unsaid before.)"""
+    """A model of the coordinator: it expels the member when it heard nothing from it for a
+    session. It hears the member at the assignment (up to `CONTACT_SLACK_S` before the member's
+    callback begins) and at every heartbeat, which the client sends a heartbeat interval (the
+    one the consumer is given) after the assignment callback returned, then every interval. The
+    member stalls at any point after its assignment (in its callback, before its first
+    heartbeat, or later); its pulse's last beat before the stall was `pulse_phase` of a beat
+    earlier. Whenever the group expels it, the beat after the stall takes the membership for
+    lost; a stall the member can tell was shorter than the session less what it may have gone
+    unheard before never does. (A paused member expelled 4 s into a 6 s session, having
+    stalled before its first heartbeat, was unsaid before: CI failed so.)"""
     kafka = KafkaSettings(session_timeout_ms=session_ms)
     session_s, heartbeat_s = session_ms / 1000, kafka.heartbeat_interval_ms / 1000
     clock = Clock()
     membership = Membership(session_s, heartbeat_s, clock)
-    stalled_at = clock.now
-    last_heartbeat = stalled_at - heartbeat_phase * heartbeat_s
+    assigned_at = clock.now
+    membership.assigned()
+    heard = [assigned_at - sync_delay_share * CONTACT_SLACK_S]
+    settled_at = assigned_at + callback_share * session_s
+    stalled_at = assigned_at + stall_at_share * session_s
+    if stalled_at >= settled_at:  # the callback returned before the stall: heartbeats run
+        clock.now = settled_at
+        membership.settled()
+        heartbeat = settled_at + heartbeat_s
+        while heartbeat <= stalled_at:
+            heard.append(heartbeat)
+            heartbeat += heartbeat_s
     beat = stalled_at - pulse_phase * PULSE_S
     clock.now = stalled_at + stall_share * session_s
     membership.ran(beat)
-    if clock.now - last_heartbeat > session_s:
+    if clock.now - heard[-1] > session_s:
         assert membership.lost, "expelled by the group, unsaid"
-    if clock.now - beat <= session_s - heartbeat_s:
-        assert not membership.lost, "within the session less a heartbeat interval"
+    began = max(beat, assigned_at)
+    if began >= settled_at + heartbeat_s:  # its last beat saw the heartbeats begun
+        if clock.now - began <= session_s - heartbeat_s - CONTACT_SLACK_S:
+            assert not membership.lost, "within the session less a heartbeat interval"
+    elif clock.now - assigned_at <= session_s - CONTACT_SLACK_S:
+        assert not membership.lost, "within the session from the assignment"

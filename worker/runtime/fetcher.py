@@ -367,6 +367,11 @@ class Fetcher:
         await close_within(self.consumer.stop(), timeout_s, "the consumer")
 
 
+#: how much earlier than the member sees it the coordinator may have heard from it: a sync's or
+#: a heartbeat's round trip and the loop's turn
+CONTACT_SLACK_S = 0.25
+
+
 class Membership:
     """What the worker knows of its place in the consumer group.
 
@@ -374,44 +379,67 @@ class Membership:
     group coordinator without hearing of it until its next heartbeat: from the moment it runs
     again it may hold partitions that another member owns now. Whatever it writes for them then
     is refused once the new owner has fenced it, but what it opens (a producer of a partition's
-    transactional id) fences the new owner in turn. So a round, or a beat of the worker's
-    pulse, that ran long enough for the group to expel the member, with no assignment during
-    it, counts as membership lost, until the group assigns partitions again or a session has
-    passed without that (the heartbeats then say the member stayed: an expelled one hears it
-    within a heartbeat and rejoins). The coordinator counts the session from the last heartbeat
-    it received, which the member sent up to a heartbeat interval before it stalled: so a stall
-    is long enough once it passes the session less that interval. (The worker's rounds follow
-    each other within a fetch timeout, its pulse beats a few times a second and its heartbeats
-    run between them: a gap that long means the loop stalled.)"""
+    transactional id) fences the new owner in turn. So a stall long enough for the group to
+    have expelled the member counts as membership lost, until the group assigns partitions
+    again or a session has passed without that (the heartbeats then say the member stayed: an
+    expelled one hears it within a heartbeat and rejoins).
+
+    The coordinator expels a member it has not heard from for a session. It hears from it at
+    the assignment (the join and sync it answered) and at each heartbeat after it; the client
+    heartbeats only once the assignment callback has returned, the first a heartbeat interval
+    later (`settled`), then every interval. So when a stall began, the coordinator may last have
+    heard from the member at its assignment, if no heartbeat was due since, else up to a
+    heartbeat interval before; each up to `CONTACT_SLACK_S` earlier than the member saw it. A
+    stall is long enough when it and that unheard time together pass the session. (The
+    worker's rounds follow each other within a fetch timeout, its pulse beats a few times a
+    second and its heartbeats run between them: a longer gap means the loop stalled.)"""
 
     def __init__(self, session_s: float, heartbeat_s: float, clock: Callable[[], float]) -> None:
         self._session_s = session_s
         self._heartbeat_s = heartbeat_s
         self._clock = clock
         self._assigned_at = float("-inf")
+        #: when the first heartbeat after the assignment is due (None: its callback runs)
+        self._heartbeats_from: float | None = None
         self._lost_at: float | None = None
 
     def assigned(self) -> None:
-        """The group assigned partitions: the member has its place."""
+        """The group assigned partitions (its callback begins): the member has its place."""
         self._assigned_at = self._clock()
+        self._heartbeats_from = None
         self._lost_at = None
 
+    def settled(self) -> None:
+        """The assignment callback returned: the client heartbeats from a heartbeat interval on."""
+        self._heartbeats_from = self._clock() + self._heartbeat_s
+
     def ran(self, since: float) -> None:
-        """A round ran from `since` until now: long enough for the group to have expelled the
-        member, with no assignment during it, the membership is lost."""
+        """The loop ran at `since` and now, not between: long enough for the group to have
+        expelled the member, the membership is lost. An assignment during it ran the loop (its
+        callback), so the stall began no earlier."""
         now = self._clock()
-        expelled_after = self._session_s - self._heartbeat_s
-        if now - since > expelled_after and self._assigned_at < since:
+        began = max(since, self._assigned_at)
+        unheard = self._unheard_at(began)
+        if now - began + unheard > self._session_s:
             if self._lost_at is None:
                 log.warning(
-                    "stalled %.1f s, long enough to be expelled from the group (a %.1f s "
-                    "session from the last heartbeat, sent every %.1f s): taking the group "
-                    "membership for lost until the group assigns partitions again",
-                    now - since,
+                    "stalled %.1f s, long enough to be expelled from the group (its "
+                    "coordinator may last have heard from it %.1f s before, and expels after a "
+                    "%.1f s session): taking the group membership for lost until the group "
+                    "assigns partitions again",
+                    now - began,
+                    unheard,
                     self._session_s,
-                    self._heartbeat_s,
                 )
             self._lost_at = now
+
+    def _unheard_at(self, moment: float) -> float:
+        """How long before `moment` the coordinator may last have heard from the member."""
+        first_heartbeat = self._heartbeats_from
+        assigned = self._assigned_at != float("-inf")
+        if assigned and (first_heartbeat is None or moment < first_heartbeat):
+            return moment - self._assigned_at + CONTACT_SLACK_S
+        return self._heartbeat_s + CONTACT_SLACK_S
 
     @property
     def lost(self) -> bool:

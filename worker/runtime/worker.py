@@ -442,9 +442,12 @@ class Worker:
 
     async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
         self._membership.assigned()
-        async with self._round:
-            if self._assignment is not None:
-                await self._assignment.open([(tp.topic, tp.partition) for tp in assigned])
+        try:
+            async with self._round:
+                if self._assignment is not None:
+                    await self._assignment.open([(tp.topic, tp.partition) for tp in assigned])
+        finally:
+            self._membership.settled()
 
     # -- readiness -----------------------------------------------------------------------------
 
