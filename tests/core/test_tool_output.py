@@ -341,3 +341,38 @@ def test_text_no_lenient_reader_takes_as_json_is_prose(text: str) -> None:
         assert finding is None, text
     elif text.strip() not in ('{"a": 1}', '{"a":1}', '{"a":1.0}'):
         assert finding is not None, text
+
+
+#: What a text block may hold in place of its text string: JavaScript's `JSON.parse` reads its
+#: argument as a string first, so `99` reads as 99 and `["{\"a\": 2}"]` as {"a": 2}.
+_NOT_TEXT = st.one_of(
+    JSON.filter(lambda value: not isinstance(value, str)),
+    JSON.map(lambda value: [json.dumps(value)]),
+)
+
+
+@FIXED
+@given(
+    structured=st.none() | st.dictionaries(st.text(max_size=4), JSON, max_size=4),
+    text=_NOT_TEXT,
+    missing=st.booleans(),
+    position=st.integers(0, 2),
+)
+def test_a_text_block_whose_text_is_not_a_string_is_refused(
+    structured: dict[str, Any] | None, text: Any, missing: bool, position: int
+) -> None:
+    """A text block holds its text as a string, or the result is malformed, with or without
+    structuredContent: a reader that takes the text as it is (`JSON.parse(block.text)`) would
+    otherwise read a value the gate never compared. (`{"type": "text", "text": ["{\\"a\\": 2}"]}`
+    beside `structuredContent: {"a": 1}` was accepted.)"""
+    block: dict[str, Any] = {"type": "text"} if missing else {"type": "text", "text": text}
+    content: list[Any] = [{"type": "text", "text": "prose"}] * position + [block]
+    result: dict[str, Any] = {"content": content}
+    if structured is not None:
+        result["structuredContent"] = structured
+    finding = check_tool_result(response(result), None, MAX_DEPTH)
+    assert finding is not None, block
+    assert finding.code is Code.OUTPUT_SCHEMA_VIOLATION
+    assert [(v.path, v.keyword) for v in finding.violations] == [
+        (f"/result/content/{position}/text", "type")
+    ]

@@ -6,6 +6,9 @@ In order, the first finding decides:
 2. `resultType: "input_required"`: the call is not done yet; incomplete `input_required`
    (its own non-error outcome: the tool asks the client for input);
 3. `isError: true`: rejected `tool_error` (the tool ran and failed; not a parse failure);
+   a result that is not of its shape (`resultType`, `isError`, `content` an array, a text block's
+   `text` a string: `JSON.parse` reads `99` or `["{...}"]` as JSON) is rejected
+   `output_schema_violation`, where the member is read;
 4. `structuredContent` against the tool's `outputSchema` (and a tool with an `outputSchema` that
    returns no `structuredContent`): rejected `output_schema_violation`;
 5. a text block that a common lenient reader takes as JSON (Python's `json.loads`, which reads
@@ -87,6 +90,12 @@ def check_tool_result(
     content = result.get("content")
     if not isinstance(content, list):
         return _malformed(f"{_RESULT}/content", "type", "content must be an array of blocks")
+    for index, block in enumerate(content):
+        if _is_text_block(block) and not isinstance(block.get("text"), str):
+            # JSON.parse(block.text) reads 99 as 99 and ["{...}"] as {...}: never prose
+            return _malformed(
+                f"{_RESULT}/content/{index}/text", "type", "a text block's text must be a string"
+            )
     if "structuredContent" not in result:
         if output_check is not None:
             return _malformed(
@@ -130,11 +139,9 @@ def _jsonrpc_error(error: object) -> ToolOutputFinding:
 
 def _text_mismatch(content: list[Any], structured: Any, max_depth: int) -> ToolOutputFinding | None:
     for index, block in enumerate(content):
-        if not isinstance(block, dict) or block.get("type") != "text":
+        if not _is_text_block(block):
             continue
-        text = block.get("text")
-        if not isinstance(text, str):
-            continue
+        text = block["text"]  # a string: checked with the result's shape
         value = parse_json(text.encode("utf-8", "surrogatepass"), max_depth)
         if isinstance(value, ParseError) and not _lenient_json(text):
             continue  # prose: no common reader takes it as JSON
@@ -150,6 +157,10 @@ def _text_mismatch(content: list[Any], structured: Any, max_depth: int) -> ToolO
                 ),
             )
     return None
+
+
+def _is_text_block(block: object) -> bool:
+    return isinstance(block, dict) and block.get("type") == "text"
 
 
 def _keep(text: str) -> str:
