@@ -1369,6 +1369,44 @@ def test_feedback_on_any_mcp_message_holds_nothing_of_it(message: dict[str, Any]
         assert MARK not in orjson.dumps(verdict.retry_feedback).decode()
 
 
+@FIXED
+@given(
+    name=st.sampled_from(sorted(RESULT_MEMBERS | set(WEATHER_DATA))) | marked_text,
+    nested=st.booleans(),
+    unparsable=st.booleans(),
+)
+def test_result_feedback_names_inside_structured_content_only_what_the_output_schema_declares(
+    name: str, nested: bool, unparsable: bool
+) -> None:
+    """Below `/result/structuredContent` the tool chose every key: feedback shows one only when
+    the output schema declares it, as an argument's path shows only its input schema's names;
+    the result's own members (`result`, `content`, `text`, `error`, ...) name the envelope,
+    not what the tool put in its structured value. (A key `error` or `text` the output schema
+    does not declare was shown: `/result/structuredContent/error`.)"""
+    value = "NaN" if unparsable else "[]"  # NaN: a parse failure at that path, else a violation
+    member = orjson.dumps(name).decode() + ": " + value
+    inner = ("{" + member + "}") if nested else value
+    text = (
+        '{"jsonrpc": "2.0", "id": 3, "result": {"content": [], "structuredContent": '
+        '{"temperature": 1, "conditions": "x", "humidity": 1, "extra": ' + inner + "}}}"
+    )
+    if not nested:  # the key itself, beside the declared ones
+        text = text.replace('"extra"', orjson.dumps(name).decode())
+        if name in WEATHER_DATA:
+            text = text.replace(orjson.dumps(name).decode() + ": 1, ", "", 1)
+    verdict = GATE.judge(call(text, MCP_WEATHER, tool_version=None, channel="mcp_result"))
+    assert verdict.outcome is Outcome.REJECTED, (text, verdict)
+    assert verdict.retry_feedback is not None
+    (path,) = [v.path for v in verdict.violations]
+    (shown,) = [v["path"] for v in verdict.retry_feedback["violations"]]
+    tokens = path.split("/")[1:]
+    assert tokens[:2] == ["result", "structuredContent"], path
+    expected = ["result", "structuredContent"] + [
+        escape(t) if t in WEATHER_DATA else UNDECLARED for t in tokens[2:]
+    ]
+    assert shown == "/" + "/".join(expected), (text, path, shown)
+
+
 # --- every retryable code says what to fix ----------------------------------------------------
 
 

@@ -6,18 +6,21 @@ schema, never from the instance (a record that cannot be read says only `MALFORM
 why is the producer's text, kept in the operator's log), and a violation path names an object key
 only when the schema declares that name (`Contract.declared_names`); any other key, which the model
 or whatever fed it chose (`/password=hunter2`), is replaced by `UNDECLARED`. Array indices stay,
-where the arguments show a position is one. The event's own violations keep the real path (for
-operators). A refusal by authorization (`unauthorized`, `authorizer_error`) shows no violation at
-all and is `unauthorized` either way: the model learns that the call is not permitted, never
-which rule or principal decided it, nor that a rule failed (the event's own code and violations
-say, for operators). It is bounded in size: violations are dropped from the end, and the count
-of dropped ones is said, until the encoded object fits; the encoding that fits is the one the
-event embeds.
+where the arguments show a position is one. Where a document nests another schema's value (an MCP
+result's `structuredContent`, judged by the tool's output schema), the names are judged by where
+they stand (`Scoped`): the envelope's own members above it, only that schema's names below. The
+event's own violations keep the real path (for operators). A refusal by authorization
+(`unauthorized`, `authorizer_error`) shows no violation at all and is `unauthorized` either way:
+the model learns that the call is not permitted, never which rule or principal decided it, nor that
+a rule failed (the event's own code and violations say, for operators). It is bounded in size:
+violations are dropped from the end, and the count of dropped ones is said, until the encoded
+object fits; the encoding that fits is the one the event embeds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -33,6 +36,20 @@ MALFORMED_RECORD_MESSAGE = "the record is not a readable chunk of its format; it
 UNDECLARED = "<undeclared>"
 #: "The arguments are not known": no position in a path can be shown to be an array index.
 NO_ARGUMENTS: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Scoped:
+    """The names a path may show by where they stand: `outer` down to the tokens `at` (which
+    `outer` must name to be shown) and `inner` below them, where another schema's value is."""
+
+    outer: frozenset[str]
+    at: tuple[str, ...]
+    inner: frozenset[str]
+
+
+#: The names a feedback path may show: one set for every position, or `Scoped`.
+Names = frozenset[str] | Scoped
 
 _INSTRUCTIONS: Mapping[Code, str] = {
     Code.INVALID_JSON: "Send the arguments as one complete JSON object and nothing else: "
@@ -78,26 +95,34 @@ _DEFAULT_INSTRUCTION = "The call cannot be executed as sent."
 _SILENT = frozenset({Code.UNAUTHORIZED, Code.AUTHORIZER_ERROR})
 
 
-def feedback_path(path: str, declared: frozenset[str], arguments: Any = NO_ARGUMENTS) -> str:
+def feedback_path(path: str, declared: Names, arguments: Any = NO_ARGUMENTS) -> str:
     """A violation's JSON Pointer as feedback may show it: a token stays when it is a declared
-    property name, or an index into an array of `arguments`; every other token (an object key
-    the schema does not declare, or a position the arguments cannot tell) becomes `UNDECLARED`.
-    A path cut to its byte bound keeps its `CUT` marker."""
+    property name (where it stands, for `Scoped` names), or an index into an array of
+    `arguments`; every other token (an object key the schema does not declare, or a position the
+    arguments cannot tell) becomes `UNDECLARED`. A path cut to its byte bound keeps its `CUT`
+    marker."""
     if not path:
         return path
+    scoped = declared if isinstance(declared, Scoped) else None
+    names = scoped.outer if scoped is not None else declared
+    assert isinstance(names, frozenset)
     cut = path.endswith(CUT)
     body = path.removesuffix(CUT) if cut else path
     if not body.startswith("/"):
-        return (escape(body) if body in declared else UNDECLARED) if body else CUT
+        return (escape(body) if body in names else UNDECLARED) if body else CUT
     shown: list[str] = []
     node = arguments
-    for raw in body[1:].split("/"):
+    for depth, raw in enumerate(body[1:].split("/")):
         token = raw.replace("~1", "/").replace("~0", "~")
+        if scoped is not None and depth < len(scoped.at) and token != scoped.at[depth]:
+            scoped = None  # off the way to the inner value: the outer names from here on
+        elif scoped is not None and depth == len(scoped.at):
+            names = scoped.inner
         if isinstance(node, list) and _is_index(token, len(node)):
             shown.append(token)
             node = node[int(token)]
             continue
-        shown.append(escape(token) if token in declared else UNDECLARED)
+        shown.append(escape(token) if token in names else UNDECLARED)
         node = node.get(token, NO_ARGUMENTS) if isinstance(node, dict) else NO_ARGUMENTS
     return "/" + "/".join(shown) + (CUT if cut else "")
 
@@ -115,12 +140,13 @@ def build_feedback(
     retryable: bool,
     budget_exhausted: bool,
     max_bytes: int,
-    declared: frozenset[str] = frozenset(),
+    declared: Names = frozenset(),
     arguments: Any = NO_ARGUMENTS,
     omitted: int = 0,
 ) -> Feedback:
     """The feedback for a rejection. `declared`: the property names the contract's schema
-    declares (`Contract.declared_names`; none known: every object key is `UNDECLARED`);
+    declares (`Contract.declared_names`; none known: every object key is `UNDECLARED`), or
+    `Scoped` names;
     `arguments`: the parsed arguments, which tell array indices from object keys; `omitted`:
     violations the caller left out already (counted in `violations_omitted`)."""
     if code in _SILENT:

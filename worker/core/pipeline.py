@@ -40,7 +40,13 @@ import orjson
 
 from worker._native import AssembledCall, EarlyRejection, ParseError, depth_over, parse_json
 from worker.core.canonical import request_digest
-from worker.core.feedback import MALFORMED_RECORD_MESSAGE, NO_ARGUMENTS, build_feedback
+from worker.core.feedback import (
+    MALFORMED_RECORD_MESSAGE,
+    NO_ARGUMENTS,
+    Names,
+    Scoped,
+    build_feedback,
+)
 from worker.core.repair import decode_double, strip_fence
 from worker.core.tool_output import RESULT_MEMBERS, check_tool_result
 from worker.logs import call_fields
@@ -142,6 +148,7 @@ _NO_KEY = IdempotencyPolicy.NONE
 _FUNCTION_CALL = CallKind.FUNCTION_CALL
 _CUSTOM = CallKind.CUSTOM_TOOL_CALL.value
 _APPROVAL_REQUEST = CallKind.MCP_APPROVAL_REQUEST.value
+_STRUCTURED_CONTENT = ("result", "structuredContent")
 
 
 def _violations(found: Iterable[Any]) -> Iterator[Violation]:
@@ -155,11 +162,12 @@ def _violations(found: Iterable[Any]) -> Iterator[Violation]:
         yield item
 
 
-def _shown_names(contract: Contract, channel: str) -> frozenset[str]:
-    """The names a feedback path may show (`worker.core.feedback`): a tool result's are those
-    its output schema declares and the result's own members; a call's, its input schema's."""
+def _shown_names(contract: Contract, channel: str) -> Names:
+    """The names a feedback path may show (`worker.core.feedback`): a tool result's are the
+    result's own members, and below `/result/structuredContent` only those its output schema
+    declares (every key there is the tool's); a call's, its input schema's."""
     if channel == _MCP_RESULT:
-        return contract.output_declared_names | RESULT_MEMBERS
+        return Scoped(RESULT_MEMBERS, _STRUCTURED_CONTENT, contract.output_declared_names)
     return contract.declared_names
 
 
@@ -619,7 +627,7 @@ class Gate:
             repairs=repairs,
         )
 
-    def _declared_names(self, call: AssembledCall) -> frozenset[str]:
+    def _declared_names(self, call: AssembledCall) -> Names:
         """The names a feedback path may show for a call judged before its contract was looked
         up (its text failed to parse): those of the contract its tool and version resolve to,
         as a later phase's violation shows them; none when they resolve to none."""
@@ -638,7 +646,7 @@ class Gate:
         *,
         contract: Contract | None = None,
         arguments: Any = NO_ARGUMENTS,
-        declared: frozenset[str] | None = None,
+        declared: Names | None = None,
         repairs: tuple[RepairKind, ...] = (),
     ) -> Verdict:
         """A rejection with its retry feedback (naming only what the contract declares), and
