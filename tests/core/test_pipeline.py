@@ -1454,3 +1454,48 @@ def test_a_contract_that_takes_no_key_ignores_one(tmp_path: Path) -> None:
     )
     assert verdict.outcome is Outcome.ACCEPTED
     assert (verdict.idempotency_key, verdict.idempotency_digest) == (None, None)
+
+
+# --- an early verdict's feedback is the final judgement's -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tags_gate(tmp_path_factory: pytest.TempPathFactory) -> Gate:
+    root = tmp_path_factory.mktemp("tags")
+    (root / "t").mkdir()
+    item = {"type": "string", "maxLength": 3}
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "array", "items": item}}},
+        "required": ["tags"],
+        "additionalProperties": False,
+    }
+    (root / "t" / "tags.v1.schema.json").write_bytes(orjson.dumps(schema))
+    settings = Settings(schemas={"dir": root})
+    return build_gate(settings, build_registry(settings))
+
+
+@FIXED
+@given(
+    tags=st.lists(st.lists(st.sampled_from(["a", "bc"]), max_size=4), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_an_early_rejection_says_in_its_feedback_what_the_final_judgement_says(
+    tags_gate: Gate, tags: list[list[str]], data: st.DataObject
+) -> None:
+    """The same violation, found as the call streams (the reassembler's early judge, whose path
+    tells an array index from a key) or once it is whole, gives the same retry feedback: an
+    index stays an index in both. (The early one showed `/tags/<undeclared>/<undeclared>` where
+    the final one showed `/tags/1/0`.)"""
+    outer = data.draw(st.integers(0, len(tags) - 1))
+    inner = data.draw(st.integers(0, len(tags[outer])))
+    tags[outer].insert(inner, "toolong")
+    text = orjson.dumps({"tags": tags})
+    final = tags_gate.judge(call(text, "tags"))
+    assert final.code is Code.SCHEMA_VIOLATION
+    assert [v.path for v in final.violations] == [f"/tags/{outer}/{inner}"]
+    early = EarlyRejection("schema", "maxLength", path=("tags", outer, inner), detail="3")
+    judged = tags_gate.judge(call(text, "tags", early=early, early_offset=0))
+    assert judged.violations == final.violations
+    assert judged.retry_feedback == final.retry_feedback

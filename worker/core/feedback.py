@@ -19,7 +19,7 @@ object fits; the encoding that fits is the one the event embeds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,25 @@ class Scoped:
 
 #: The names a feedback path may show: one set for every position, or `Scoped`.
 Names = frozenset[str] | Scoped
+
+
+@dataclass(frozen=True, slots=True)
+class _Element:
+    """An array known only by one element: `node` at index `at`."""
+
+    at: int
+    node: Any
+
+
+def arguments_of_path(path: Iterable[str | int]) -> Any:
+    """What a typed path (a key a string, an array index an int, as the reassembler's early
+    judge reports one) shows of the arguments it points into: enough for `feedback_path` to
+    show its indices as the whole arguments would, and nothing of any other position."""
+    node: Any = NO_ARGUMENTS
+    for token in reversed(tuple(path)):
+        node = _Element(token, node) if type(token) is int else {token: node}
+    return node
+
 
 _INSTRUCTIONS: Mapping[Code, str] = {
     Code.INVALID_JSON: "Send the arguments as one complete JSON object and nothing else: "
@@ -122,6 +141,10 @@ def feedback_path(path: str, declared: Names, arguments: Any = NO_ARGUMENTS) -> 
             shown.append(token)
             node = node[int(token)]
             continue
+        if isinstance(node, _Element) and _is_index(token, node.at + 1) and int(token) == node.at:
+            shown.append(token)
+            node = node.node
+            continue
         shown.append(escape(token) if token in names else UNDECLARED)
         node = node.get(token, NO_ARGUMENTS) if isinstance(node, dict) else NO_ARGUMENTS
     return "/" + "/".join(shown) + (CUT if cut else "")
@@ -147,7 +170,8 @@ def build_feedback(
     """The feedback for a rejection. `declared`: the property names the contract's schema
     declares (`Contract.declared_names`; none known: every object key is `UNDECLARED`), or
     `Scoped` names;
-    `arguments`: the parsed arguments, which tell array indices from object keys; `omitted`:
+    `arguments`: the parsed arguments (or `arguments_of_path`), which tell array indices from
+    object keys; `omitted`:
     violations the caller left out already (counted in `violations_omitted`)."""
     if code in _SILENT:
         code, violations, omitted = Code.UNAUTHORIZED, (), 0

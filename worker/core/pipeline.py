@@ -45,6 +45,7 @@ from worker.core.feedback import (
     NO_ARGUMENTS,
     Names,
     Scoped,
+    arguments_of_path,
     build_feedback,
 )
 from worker.core.repair import decode_double, strip_fence
@@ -572,6 +573,7 @@ class Gate:
         param = orjson.loads(early.detail) if early.detail is not None else None
         message = describe(early.keyword, param)
         violation = bounded(list(early.path), early.keyword, message, self._limits.violations)
+        # the path tells an index from a key: the feedback shows it as the final judgement would
         return self._rejected(
             call,
             _SCHEMA_VALIDATION,
@@ -579,6 +581,7 @@ class Gate:
             (violation,),
             phases,
             contract=contract,
+            arguments=arguments_of_path(early.path),
         )
 
     def _judge_tool_result(
