@@ -170,11 +170,22 @@ def test_jsonrpc_errors_are_classified_by_code(name: str, code: str, leak: str) 
     assert leak not in violation.message
 
 
-def test_an_application_error_code_and_a_missing_code() -> None:
-    finding = check_tool_result({"error": {"code": 42, "message": "m"}}, None, MAX_DEPTH)
+@settings(max_examples=300)
+@given(code=st.integers())
+def test_a_jsonrpc_error_code_is_shown_only_when_the_specification_defines_it(code: int) -> None:
+    """A code the server chose (outside -32768..-32000) is a value of the input: the violation,
+    and so the retry feedback, says it is the server's own and never spells it."""
+    finding = check_tool_result({"error": {"code": code, "message": "m"}}, None, MAX_DEPTH)
     assert finding is not None
-    assert finding.violations[0].keyword == "42"
-    assert "application error" in finding.violations[0].message
+    (violation,) = finding.violations
+    if -32768 <= code <= -32000:
+        assert violation.keyword == str(code)
+    else:
+        assert violation.keyword == "application_error"
+        assert str(abs(code)) not in violation.keyword + violation.message
+
+
+def test_a_missing_code() -> None:
     finding = check_tool_result({"error": {"message": "m"}}, None, MAX_DEPTH)
     assert finding is not None
     assert finding.violations[0].keyword == "invalid"

@@ -2,7 +2,9 @@
 
 In order, the first finding decides:
 
-1. a JSON-RPC `error` object: rejected `jsonrpc_error`, the error code as the violation keyword;
+1. a JSON-RPC `error` object: rejected `jsonrpc_error`, the error code as the violation keyword
+   when the JSON-RPC specification defines it (-32768 to -32000: its named errors and the
+   server errors), else `application_error` (a code the server chose is a value of the input);
 2. `resultType: "input_required"`: the call is not done yet; incomplete `input_required`
    (its own non-error outcome: the tool asks the client for input);
 3. `isError: true`: rejected `tool_error` (the tool ran and failed; not a parse failure);
@@ -38,6 +40,8 @@ RESULT_MEMBERS = frozenset(
 )
 _RESULT = "/result"
 _STRUCTURED = "/result/structuredContent"
+#: the codes the JSON-RPC 2.0 specification reserves (its own errors and the server errors)
+_RESERVED_CODES = (-32768, -32000)
 _JSONRPC_ERRORS = {
     -32700: "parse error",
     -32600: "invalid request",
@@ -129,9 +133,14 @@ def _jsonrpc_error(error: object) -> ToolOutputFinding:
             Code.JSONRPC_ERROR,
             Violation("/error/code", "invalid", "the JSON-RPC error has no integer code"),
         )
+    if not _RESERVED_CODES[0] <= code <= _RESERVED_CODES[1]:
+        violation = Violation(
+            "/error/code", "application_error", "JSON-RPC error of the server's own code"
+        )
+        return _rejected(Code.JSONRPC_ERROR, violation)
     name = _JSONRPC_ERRORS.get(code)
     if name is None:
-        name = "server error" if -32099 <= code <= -32000 else "application error"
+        name = "server error" if -32099 <= code <= -32000 else "reserved error"
     return _rejected(
         Code.JSONRPC_ERROR, Violation("/error/code", str(code), f"JSON-RPC error {code} ({name})")
     )
