@@ -5,7 +5,9 @@ Each class of hostile input is generated and goes through the processor (`Proces
 
 - a number means one thing: numbers around the double and 64-bit boundaries, in every spelling,
   judged on both engines against the rule written with `decimal` (`tests.support.numbers`);
-  the event passes on exactly the value judged;
+  the event passes on exactly the value judged, as an ordinary JSON reader reads it (orjson,
+  pydantic: the executor's and the approval's readers), and the gate's idempotency digest, the
+  executor's request digest and the approval fingerprint are one identity;
 - a retransmission either equals the piece taken (its text and `final`) or the call is never
   accepted, however long the call; after an envelope stream's `end` nothing more on it is taken;
 - a piece that cannot be read ends every call it could belong to, keyed or not, and its
@@ -25,13 +27,17 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from callgate_executor import contract
 from tests.support.numbers import INEXACT, admitted, exact, number_texts
 from worker.check import FileRecord
 from worker.compose import build_processor, build_registry
-from worker.core.processor import Emission, Processor
+from worker.core.approval import Decided, Decision, approved_event, pending_event
+from worker.core.events import read_idempotency_request
+from worker.core.processor import Emission, Processor, Route
+from worker.published.model import Accepted, parse_event
 from worker.settings import Settings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True, max_examples=200)
@@ -48,6 +54,16 @@ NUMBERS_SCHEMA = {
     },
     "additionalProperties": False,
 }
+#: a keyed contract that requires approval: its calls go to their key's owner with the gate's
+#: digest, then wait for a person bound to their fingerprint, then run on an executor
+APPROVED_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "x-callgate": {"requires_approval": True, "idempotency_key_argument": "key"},
+    "type": "object",
+    "properties": {"n": {"type": "number"}, "key": {"type": "string"}},
+    "required": ["n", "key"],
+    "additionalProperties": False,
+}
 FIELD_RULES = {
     "amount_minor": lambda v: v.denominator == 1 and 1 <= v <= 100000000,
     "ratio": lambda v: 0 < v <= 1,
@@ -58,6 +74,7 @@ FIELD_RULES = {
 def _processor(tmp: Path, engine: str) -> Processor:
     (tmp / "numbers").mkdir(exist_ok=True)
     (tmp / "numbers" / "check.v1.schema.json").write_text(json.dumps(NUMBERS_SCHEMA))
+    (tmp / "numbers" / "approve.v1.schema.json").write_text(json.dumps(APPROVED_SCHEMA))
     (tmp / "weather").mkdir(exist_ok=True)
     (tmp / "weather" / "get_weather.v1.schema.json").write_text(
         json.dumps({"type": "object", "properties": {"city": {"type": "string"}}})
@@ -148,10 +165,56 @@ def test_a_number_is_judged_as_its_exact_value_and_passed_on_as_judged(
     expected = "accepted" if FIELD_RULES[field](exact(value)) else "rejected"
     assert event["outcome"] == expected, (text, event["violations"])
     if expected == "accepted":
-        # the text passed on is the value judged, digit for digit
+        # the text passed on is the value judged: as it was spelt, or (arguments holding an
+        # integer past 2^53) written again, each integer as its digits
         assert event["arguments"] == {field: Decimal(text)}
-        assert f'"arguments":{{"{field}":{text}}}'.encode() in event["_raw"]
+        spelt = str(value) if _respelt(text, value) else text
+        assert f'"arguments":{{"{field}":{spelt}}}'.encode() in event["_raw"]
         assert exact(value) == Fraction(Decimal(text))
+
+
+def _respelt(text: str, value: int | float) -> bool:
+    return type(value) is int and abs(value) > 2**53
+
+
+@FIXED
+@given(text=number_texts())
+def test_every_reader_of_an_event_reads_the_number_judged_and_one_identity(
+    engine_processor: Any, text: str
+) -> None:
+    """The value judged is the value passed on, to every reader: an ordinary JSON reader (orjson
+    in the approval path, pydantic in the executor) reads the event's arguments as the number
+    the gate judged, so the gate's idempotency digest, the executor's request digest and the
+    approval fingerprint (each computed on what its reader read) are one identity. An integer
+    beyond 2^53 spelt with a fraction or an exponent (9007199254740993.0) was judged as that
+    integer but passed on as spelt, which a double reads as 9007199254740992: the pending event
+    carried the other number, the executor digested it, and it collided with the call that
+    sent 9007199254740992."""
+    value = admitted(text)
+    assume(value is not None)
+    arguments = f'{{"n": {text}, "key": "k"}}'
+    call = envelope("c", arguments, tool="numbers.approve", tool_version="1", final=True)
+    (emission,) = engine_processor().feed(TOPIC, 0, records([call], [None]))
+    assert emission.route is Route.IDEMPOTENCY, orjson.loads(emission.value)
+    request = read_idempotency_request(emission.value)
+    gate = request.digest.hex()
+    for read in (orjson.loads(request.event)["arguments"], _accepted(request.event).arguments):
+        assert read == {"n": value, "key": "k"}, (text, read)
+    event = _accepted(request.event)
+    assert contract.digest_of(event) == gate, text
+    pending, found = pending_event(request.event)
+    assert found == gate, text
+    decided = Decided(Decision.APPROVE, offset=0, at_ms=1, by="ops")
+    approved = _accepted(approved_event(orjson.loads(pending), decided))
+    assert approved.arguments == {"n": value, "key": "k"}, text
+    assert contract.approval_refusal(approved) is None
+    assert contract.digest_of(approved) == gate
+
+
+def _accepted(value: bytes) -> Accepted:
+    event = parse_event(value)
+    assert isinstance(event, Accepted)
+    return event
 
 
 @FIXED

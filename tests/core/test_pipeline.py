@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.datafiles import SCHEMAS
-from worker._native import AssembledCall, EarlyRejection
+from tests.support.numbers import number_texts, spellings
+from worker._native import AssembledCall, EarlyRejection, ParseError, parse_json
 from worker.compose import build_gate, build_registry, violation_limits
-from worker.core.canonical import request_digest
+from worker.core.canonical import canonical, request_digest
 from worker.core.events import encode
 from worker.core.feedback import MALFORMED_RECORD_MESSAGE, UNDECLARED, build_feedback
-from worker.core.pipeline import RETRYABLE, Gate, GateLimits
+from worker.core.pipeline import RETRYABLE, Gate, GateLimits, passed_on
 from worker.core.tool_output import RESULT_MEMBERS
 from worker.model import (
     ChunkKind,
@@ -1499,3 +1501,40 @@ def test_an_early_rejection_says_in_its_feedback_what_the_final_judgement_says(
     judged = tags_gate.judge(call(text, "tags", early=early, early_offset=0))
     assert judged.violations == final.violations
     assert judged.retry_feedback == final.retry_feedback
+
+
+# --- the arguments passed on: what an ordinary reader reads is what was judged ----------------
+
+
+@settings(FIXED, max_examples=400)
+@given(
+    whole=st.integers(-(2**63), 2**64 - 1) | st.integers(2**53 - 3, 2**53 + 3),
+    at=st.integers(0, 20),
+    other=number_texts(),
+    string=st.sampled_from(['"9007199254740993.0"', '"1e99 \\" 12345678901234567.0"', '"x"']),
+)
+def test_the_arguments_passed_on_read_as_judged_by_an_ordinary_reader(
+    whole: int, at: int, other: str, string: str
+) -> None:
+    """Every spelling of an integer (digits, a fraction, an exponent) beside any other number
+    and a string that looks like a number: an ordinary reader (orjson, as the approval and,
+    through pydantic, the executor read) reads the text passed on as the value judged, and
+    its canonical form (the idempotency digest's and the fingerprint's) is the value's. The
+    text is passed on as it came unless it holds an integer past 2^53."""
+    forms = spellings(Decimal(whole))
+    spelt = forms[at % len(forms)]
+    text = f'{{"n": {spelt}, "s": {string}, "m": [{other}, {{}}, []]}}'.encode()
+    value = parse_json(text, 64)
+    if isinstance(value, ParseError):  # `other` may be a number no double or integer holds
+        return
+    out = passed_on(text, value)
+    read = orjson.loads(out)
+    assert read == value
+    assert canonical(read) == canonical(value)
+    respelt = abs(whole) > 2**53 or _integer_past_doubles(other)
+    assert (out != text) == respelt, (text, out)
+
+
+def _integer_past_doubles(text: str) -> bool:
+    number = Decimal(text)
+    return number == number.to_integral_value() and abs(number) > 2**53

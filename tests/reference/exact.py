@@ -16,6 +16,7 @@ surrogate escape). Nesting deeper than the bound is `too_deep`.
 from __future__ import annotations
 
 import decimal
+import json
 import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -94,6 +95,25 @@ def _outside_strings(text: str) -> Iterator[tuple[str, bool]]:
         else:
             in_string = ch == '"'
             yield ch, not in_string
+
+
+def respelt(text: str) -> bool:
+    """Whether the gate writes arguments of this text again instead of passing it on as it came
+    (README, "Strict JSON everywhere"): it holds an integer past 2^53 (which an ordinary reader
+    reads as a double, another number, when it is spelt with a fraction or an exponent)."""
+    blanked = "".join(ch if outside else " " for ch, outside in _outside_strings(text))
+    for match in _NUMBER.finditer(blanked):
+        value = EXACT.create_decimal(match.group())
+        if EXACT.remainder(value, 1) == 0 and EXACT.abs(value) > 2**53:
+            return True
+    return False
+
+
+def ordinary(data: str | bytes) -> Any:
+    """A JSON text as an ordinary reader reads it (Python's `json`, as orjson and pydantic do):
+    an integer's digits as that integer, any other number as the double nearest it; numbers
+    as `Decimal`s (a double as its shortest form), to compare with `equal`."""
+    return json.loads(data, parse_float=lambda text: Decimal(repr(float(text))))
 
 
 def text_depth(text: str) -> int:

@@ -31,6 +31,7 @@ owns the key decides duplicate or conflict (`worker.core.idempotency`).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from time import perf_counter_ns
@@ -125,6 +126,11 @@ _CHANNEL_CODES: Mapping[str, Code] = {
 }
 _PARSE_PHASES: Mapping[str, Phase] = {Code.TOO_DEEP: Phase.LIMITS}
 ROOT_NOT_OBJECT_MESSAGE = "the arguments must be a JSON object"
+#: what the text of an integer past 2^53 holds in any spelling: 16 digits in a row (its digits, or
+#: those before its fraction or a negative exponent), or an exponent of at least 0
+_MAY_HOLD_A_LARGE_INTEGER = re.compile(rb"[0-9]{16}|[eE]\+?[0-9]")
+#: every integer up to this magnitude is a double whose shortest form is its digits
+_DOUBLE_EXACT = 2**53
 
 
 # The enum members the chain names, as module names: on Python 3.11 `Phase.LIMITS` is looked up
@@ -161,6 +167,39 @@ def _violations(found: Iterable[Any]) -> Iterator[Violation]:
         ):
             raise TypeError(f"a rule returned {type(item).__name__}, not a Violation of strings")
         yield item
+
+
+def passed_on(text: bytes, value: Any) -> bytes:
+    """The arguments' text an accepted event carries: as the call spelt them, or written again
+    from `value` (what was judged) when it holds an integer past 2^53.
+
+    The gate judges such a number as its exact integer, and digests it so; spelt with a
+    fraction or an exponent (`9007199254740993.0`, `1.8446744073709551615e19`), every ordinary
+    reader of the event (orjson in the approval path, pydantic in the executor, `json`) reads it
+    as a double, another number (9007199254740992): what ran would not be what was judged, and
+    the executor's digest and the approval's fingerprint would not be the gate's. Written
+    again, each integer is its digits, which every such reader reads exactly; any other number
+    is the shortest form of its double, which it reads as that double."""
+    if _MAY_HOLD_A_LARGE_INTEGER.search(text) is None or not _beyond_doubles(value):
+        return text
+    return orjson.dumps(value)
+
+
+def _beyond_doubles(value: Any) -> bool:
+    """Whether `value` holds an integer past 2^53 (a double may not hold it, or not as its
+    digits)."""
+    pending = [value]
+    while pending:
+        node = pending.pop()
+        kind = type(node)
+        if kind is int:
+            if not -_DOUBLE_EXACT <= node <= _DOUBLE_EXACT:
+                return True
+        elif kind is dict:
+            pending.extend(node.values())
+        elif kind is list:
+            pending.extend(node)
+    return False
 
 
 def _shown_names(contract: Contract, channel: str) -> Names:
@@ -487,7 +526,7 @@ class Gate:
             phases[_IDEMPOTENCY] = (now - started) // 1000
 
         self._phase = _NORMALIZATION
-        arguments_json = orjson.dumps(value) if custom else text
+        arguments_json = orjson.dumps(value) if custom else passed_on(text, value)
         adapter = self._plugins.adapter_for(schema)
         if adapter is not None:
             try:
