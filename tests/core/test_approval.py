@@ -4,7 +4,8 @@ Fingerprints are held to their rule with generated arguments: one for every spel
 arguments, another for any change. The store is driven with the records a worker reads (pending
 events and decisions, with their offsets and times); every event and record it makes is held to
 the published schemas; a store rebuilt from its changelog at any point rules on the rest as the
-original does.
+original does; and a model written from the README's words alone rules as the store does on
+generated records in any order, multiplicity and time, read again and across restarts.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from worker._native import AssembledCall, ParseError, parse_json
 from worker.compose import build_key_store, build_processor
 from worker.core.approval import (
     CALLGATE,
+    CLOCK_KEY,
     PENDING_OUTCOME,
     ApprovalStore,
+    Clock,
     Decision,
     Refusal,
     Ruled,
@@ -298,7 +301,7 @@ def test_a_tampered_fingerprint_is_refused_and_the_call_stays_pending() -> None:
     assert refusal["fingerprint"] == tampered
     assert refusal["refused"]["code"] == "fingerprint_mismatch"
     assert len(s) == 1
-    assert ruled.changes == []
+    assert ruled.changes == [(CLOCK_KEY, Clock(2_000))]  # the call's entry stays; the time moved
     released = checked(s.decide(decision(event_id, found), event_id.encode(), 6, 2_100))
     assert released.ruling is Ruling.APPROVED
 
@@ -383,7 +386,7 @@ def test_a_pending_event_written_again_is_ignored_once_decided() -> None:
     event_id, value = pending_of()
     s, _, found = held()
     s.decide(decision(event_id, found, Decision.DENY), event_id.encode(), 5, 2_000)
-    assert s.hold(event_id, value, 3_000) == []
+    assert s.hold(event_id, value, 3_000) == [(CLOCK_KEY, Clock(3_000))]  # only the time moved
     assert len(s) == 0
     again = s.decide(decision(event_id, found), event_id.encode(), 6, 3_000)
     assert again.refusal is Refusal.ALREADY_DECIDED
@@ -444,3 +447,218 @@ def test_a_store_rebuilt_from_its_changelog_rules_as_the_original(
         log += outcomes[0][-1]
         if len(outcomes) == 2:
             assert outcomes[0] == outcomes[1]
+
+
+# --- a model of the README's rules, against the store -----------------------------------------
+#
+# Written from the README's words ("Approval"), not from the store: a call is held from its
+# pending record's time; a decision's time is its record's, and the store's time (the newest record
+# time read) never goes back; `approve` naming the call's fingerprint before its expiry releases it
+# once, `deny` ends it, `expire` once the expiry passed or any decision after it ends it expired
+# (a late approve or deny also refused `expired`); another fingerprint, no call, a call decided
+# already or an `expire` too early is refused and changes nothing; the very record that decided a
+# call, read again after a crash, makes the same outcome again; a store rebuilt from its changelog
+# at any point rules as the original would have.
+
+#: three calls; the first two have the same arguments (so one fingerprint) under other call ids
+MODEL_CALLS = [pending_of("m0"), pending_of("m1"), pending_of("m2", idempotency_key="refund-9")]
+MODEL_PRINTS = [
+    fingerprint(REFUND, refund()),
+    fingerprint(REFUND, refund()),
+    fingerprint(REFUND, refund(idempotency_key="refund-9")),
+]
+UNKNOWN_ID = "e" * 32
+TAMPERED = "f" * 32
+#: record times: on, just before and just after the expiry of calls held at them
+TIMES = st.sampled_from(
+    [0, 1, EXPIRY_MS - 1, EXPIRY_MS, EXPIRY_MS + 1, 2 * EXPIRY_MS - 1, 2 * EXPIRY_MS, 3 * EXPIRY_MS]
+) | st.integers(0, 3 * EXPIRY_MS)
+
+MODEL_STEPS = st.one_of(
+    st.tuples(st.just("hold"), st.integers(0, 2), TIMES),
+    st.tuples(
+        st.just("decide"),
+        st.integers(0, 3),  # the call named (3: none held)
+        st.sampled_from(list(Decision)),
+        st.sampled_from(["own", "other", "tampered"]),  # the fingerprint named
+        st.sampled_from(["ana", CALLGATE]),
+        TIMES,
+    ),
+    st.tuples(st.just("garbage"), TIMES),
+    # a recent decision record read again (0: the last one)
+    st.tuples(st.just("replay"), st.integers(0, 3)),
+    # a crash: the store rebuilt from its changelog, the last records read again
+    st.tuples(st.just("restart"), st.integers(0, 3)),
+)
+
+
+class ReadmeModel:
+    """What the README says the owner of a pending-approval partition does."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.pending: dict[str, tuple[str, int]] = {}  # event id -> (fingerprint, held at)
+        #: event id -> (offset of the record that decided it, what that record made)
+        self.decided: dict[str, tuple[int, tuple[Any, ...]]] = {}
+
+    def hold(self, event_id: str, found: str, at: int) -> None:
+        self.now = max(self.now, at)
+        if event_id not in self.pending and event_id not in self.decided:
+            self.pending[event_id] = (found, self.now)
+
+    def decide(
+        self, event_id: str, found: str, what: Decision, by: str, *, offset: int, at: int
+    ) -> tuple[Any, ...]:
+        """(ruling, refusal, what the outcome event says)"""
+        self.now = max(self.now, at)
+        if event_id in self.decided:
+            first_offset, made = self.decided[event_id]
+            if offset == first_offset:
+                return made
+            return (Ruling.REFUSED, Refusal.ALREADY_DECIDED, None)
+        if event_id not in self.pending:
+            return (Ruling.REFUSED, Refusal.UNKNOWN_CALL, None)
+        held_print, held_at = self.pending[event_id]
+        past = self.now >= held_at + EXPIRY_MS  # "before its expiry" releases it
+        made: tuple[Any, ...]
+        if what is Decision.EXPIRE:
+            if not past:
+                return (Ruling.REFUSED, Refusal.NOT_EXPIRED, None)
+            made = (Ruling.EXPIRED, None, ("rejected", "approval_expired"))
+        elif found != held_print:
+            return (Ruling.REFUSED, Refusal.FINGERPRINT_MISMATCH, None)
+        elif past:
+            made = (Ruling.EXPIRED, Refusal.EXPIRED, ("rejected", "approval_expired"))
+        elif what is Decision.APPROVE:
+            made = (Ruling.APPROVED, None, ("accepted", held_print, by, self.now))
+        else:
+            made = (Ruling.DENIED, None, ("rejected", "approval_denied"))
+        del self.pending[event_id]
+        self.decided[event_id] = (offset, made)
+        return made
+
+
+def said(ruled: Ruled, calls: dict[str, bytes]) -> tuple[Any, ...]:
+    """What a ruling says, in the model's terms; every event checked against its call."""
+    if ruled.event is None:
+        return (ruled.ruling, ruled.refusal, None)
+    fields = orjson.loads(ruled.event)
+    pending = orjson.loads(calls[fields["event_id"]])
+    assert fields["call_id"] == pending["call_id"]
+    if fields["outcome"] == "accepted":
+        approval = fields["approval"]
+        # what is released is the arguments the approval named, and nothing else
+        assert fields["arguments"] == pending["arguments"]
+        assert approval["fingerprint"] == fingerprint(
+            SchemaRef(fields["schema"]["id"], fields["schema"]["version"]), fields["arguments"]
+        )
+        body: tuple[Any, ...] = (
+            "accepted",
+            approval["fingerprint"],
+            approval["decided_by"],
+            approval["decided_at_ms"],
+        )
+    else:
+        assert "arguments" not in fields
+        body = (fields["outcome"], fields["error_code"])
+    return (ruled.ruling, ruled.refusal, body)
+
+
+@settings(derandomize=True, deadline=None, print_blob=True, max_examples=1000)
+@given(steps=st.lists(MODEL_STEPS, min_size=2, max_size=30))
+def test_the_store_rules_as_the_readme_says_through_replays_and_restarts(
+    steps: list[tuple[Any, ...]],
+) -> None:
+    """Approval, denial, expiry and garbage records in any order, any times (on the expiry
+    boundary too, and stamped before records already read), records read again, the store
+    rebuilt from its changelog anywhere: every ruling is the README's, every call released at
+    most once and with the arguments its fingerprint names, ended by one outcome."""
+    model, s = ReadmeModel(), store()
+    log: list[tuple[str, bytes | None]] = []
+    records: list[tuple[bytes | None, bytes, int, int, tuple[Any, ...]]] = []
+    calls = dict(MODEL_CALLS)
+    outcomes: dict[str, set[bytes]] = {}
+    work = list(steps)
+    while work:
+        step = work.pop(0)
+        offset = len(records)
+        decisions = [r for r in records if r[0] is not None]
+        if step[0] == "restart":
+            s = store()
+            s.restore(log)
+            work[:0] = [("replay", back) for back in reversed(range(min(step[1], len(decisions))))]
+            continue
+        if step[0] == "hold":
+            _, which, at = step
+            event_id, value = MODEL_CALLS[which]
+            model.hold(event_id, MODEL_PRINTS[which], at)
+            changes = s.hold(event_id, value, at)
+            log += [(k, v.encode() if v is not None else None) for k, v in changes]
+            records.append((None, b"", offset, at, ("hold", which)))
+            continue
+        if step[0] == "replay":
+            if not decisions:
+                continue
+            value, key, offset, at, named = decisions[-1 - step[1] % len(decisions)]
+        elif step[0] == "garbage":
+            value, key, at, named = b'{"decision": "approve"}', b"k", step[1], ("garbage",)
+        else:
+            _, which, what, whose, by, at = step
+            event_id = MODEL_CALLS[which][0] if which < 3 else UNKNOWN_ID
+            found = {
+                "own": MODEL_PRINTS[which % 3],
+                "other": MODEL_PRINTS[(which + 2) % 3],  # the third's, or one of the twins'
+                "tampered": TAMPERED,
+            }[whose]
+            value, key = decision(event_id, found, what, by), event_id.encode()
+            named = (event_id, found, what, by)
+        if step[0] != "replay":
+            records.append((value, key, offset, at, named))
+        ruled = checked(s.decide(value, key, offset, at))
+        log += [(k, v.encode() if v is not None else None) for k, v in ruled.changes]
+        if named[0] == "garbage":
+            model.now = max(model.now, at)
+            assert (ruled.ruling, ruled.refusal, ruled.event) == (
+                Ruling.REFUSED,
+                Refusal.MALFORMED,
+                None,
+            )
+            continue
+        expected = model.decide(*named, offset=offset, at=at)
+        assert said(ruled, calls) == expected, (named, offset, at)
+        if ruled.event is not None:
+            outcomes.setdefault(named[0], set()).add(ruled.event)
+    # read again or not, a call has one outcome event (the same bytes each time)
+    assert all(len(events) == 1 for events in outcomes.values())
+    assert len(s) == len(model.pending)
+
+
+@settings(derandomize=True, deadline=None, print_blob=True, max_examples=100)
+@given(
+    arguments=ARGUMENTS,
+    schema=st.sampled_from([REFUND, SchemaRef("payments.refund_payment", "2")]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_pending_event_whose_fingerprint_is_not_its_arguments_is_never_held(
+    arguments: dict[str, Any], schema: SchemaRef, seed: int
+) -> None:
+    """What an approval names is the fingerprint of the call's tool, version and arguments, as
+    the gate computes it again (as `callgate approve` and the executor do): a pending event
+    stating another (its arguments, tool or version changed after it was made) is no call to
+    hold, and an approval naming what it states releases nothing."""
+    event_id, value = pending_of()
+    fields = orjson.loads(value)
+    stated = fields["approval"]["fingerprint"]
+    fields["arguments"] = changed(fields["arguments"], random.Random(seed)) | arguments
+    fields["schema"] = {"id": schema.id, "version": schema.version}
+    if fingerprint(schema, fields["arguments"]) == stated:
+        return  # the same call after all
+    s = store()
+    with pytest.raises(ValueError, match="fingerprint is not that of its arguments"):
+        s.hold(event_id, orjson.dumps(fields), 1_000)
+    ruled = checked(s.decide(decision(event_id, stated), event_id.encode(), 5, 2_000))
+    assert (ruled.ruling, ruled.refusal, ruled.event) == (
+        Ruling.REFUSED,
+        Refusal.UNKNOWN_CALL,
+        None,
+    )

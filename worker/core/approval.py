@@ -9,7 +9,9 @@ A call the gate accepted whose contract requires approval is not an accepted eve
 `pending_approval` event (`pending_event`: the accepted event in all but its outcome, phase
 `approval`, and `approval.fingerprint`), written to the pending-approval topic keyed by its event
 id. The worker that owns that partition holds it (`ApprovalStore.hold`) until a decision (the
-published `approval-decision`, on the same topic, keyed by the same event id) names it:
+published `approval-decision`, on the same topic, keyed by the same event id) names it, bound to
+the fingerprint computed again from the pending event's tool, version and arguments (a pending
+event stating another is no call, and is not held). A decision:
 
 - `approve` with the fingerprint the call was held with, before its expiry: the call's accepted
   event, with `approval` saying who decided and when, goes to the validated topic, once;
@@ -24,13 +26,16 @@ published `approval-decision`, on the same topic, keyed by the same event id) na
 
 Time is the records': a call's expiry counts from the time of its pending record, a decision's
 time is its record's, and the store's time never goes back (the newest record time seen), so a
-decision stamped earlier than a record already read is taken at the later time. Nothing here
-reads a clock; the shell asks `due(now_ms)` which calls to write an `expire` decision for.
+decision stamped earlier than a record already read is taken at the later time; the changelog
+keeps that time (under `CLOCK_KEY`, when no call's entry says it), so a store rebuilt from it has
+the time the original had. Nothing here reads a clock; the shell asks `due(now_ms)` which calls
+to write an `expire` decision for.
 
 A decided call is remembered (with its deciding record's offset) for `retention_ms` of store time:
 its pending event written again (its input judged again after a crash) is ignored, a second
 decision refused, and the very record that decided it, read again after a crash, decides it
-again to the same event (no crash point loses the event or makes a second, different one).
+again to the same event (and the same refusal, for a late approval or denial that expired it: no
+crash point loses the event or makes a second, different one).
 Every change is returned as a changelog entry (event id, value or None to forget) for the
 caller to write, and `restore` rebuilds the store from them. Pure: no I/O, no clock.
 """
@@ -166,8 +171,28 @@ class Held:
         )
 
 
-#: A changelog entry: the event id, and what is held of it (None: forgotten).
-Change = tuple[str, Held | None]
+#: The changelog key of the store's time (no event id: those are 32 hex digits).
+CLOCK_KEY = "clock"
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """The store's time, as its changelog keeps it (under `CLOCK_KEY`): the newest record time
+    read, where no call's entry written at that time says it."""
+
+    at_ms: int
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"now": self.at_ms})
+
+    @classmethod
+    def decode(cls, value: bytes) -> Clock:
+        return cls(int(orjson.loads(value)["now"]))
+
+
+#: A changelog entry: the event id, and what is held of it (None: forgotten); or `CLOCK_KEY` and
+#: the store's time.
+Change = tuple[str, Held | Clock | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +306,8 @@ class ApprovalStore:
         self._held: OrderedDict[str, Held] = OrderedDict()
         #: the newest record time read (the store's time; it never goes back)
         self._now = 0
+        #: whether the record read last moved the store's time
+        self._moved = False
 
     def __len__(self) -> int:
         """Calls pending (not decided)."""
@@ -289,6 +316,7 @@ class ApprovalStore:
     def _advance(self, at_ms: int | None) -> tuple[int, list[Change]]:
         """The store's time at a record of time `at_ms`, and what that forgets: decided calls
         past their retention."""
+        self._moved = at_ms is not None and at_ms > self._now
         if at_ms is not None and at_ms > self._now:
             self._now = at_ms
         deadline = self._now - self._retention_ms
@@ -301,14 +329,40 @@ class ApprovalStore:
             del self._held[event_id]
         return self._now, [(event_id, None) for event_id in gone]
 
+    def _timed(self, changes: list[Change]) -> list[Change]:
+        """A record's changes, and the store's time if they do not say it: a record that moved
+        the time, or forgot calls, and wrote no call's entry of that time (a refused or malformed
+        decision, a pending event written again), so that a store rebuilt from the changelog has
+        the time the original had (its time never goes back, a restart included)."""
+        if not (self._moved or any(value is None for _, value in changes)):
+            return changes
+        for _, value in changes:
+            if isinstance(value, Held):
+                decided = value.decided
+                if (decided.at_ms if decided is not None else value.at_ms) == self._now:
+                    return changes
+        changes.append((CLOCK_KEY, Clock(self._now)))
+        return changes
+
     def hold(self, event_id: str, event: bytes, at_ms: int | None) -> list[Change]:
         """A pending event read: the call is held from its record's time (one held or decided
         already is left as it is: its pending event was written again)."""
+        return self._timed(self._hold(event_id, event, at_ms))
+
+    def _hold(self, event_id: str, event: bytes, at_ms: int | None) -> list[Change]:
+        # what is no pending event is refused before it moves the time or forgets anything
+        if not _HEX32.fullmatch(event_id):
+            raise ValueError("a pending event is keyed by its event id, 32 lowercase hex digits")
+        fields = orjson.loads(event)
+        found = event_fingerprint(fields)
+        if fields["approval"]["fingerprint"] != found:
+            # what an approval names is computed again from the tool, version and arguments: a
+            # pending event stating another fingerprint is no call to hold
+            raise ValueError("the pending event's fingerprint is not that of its arguments")
         now, changes = self._advance(at_ms)
         if event_id in self._held:
             return changes
-        fields = orjson.loads(event)
-        held = Held(event, fields["approval"]["fingerprint"], now)
+        held = Held(event, found, now)
         self._held[event_id] = held
         changes.append((event_id, held))
         return changes
@@ -326,6 +380,12 @@ class ApprovalStore:
         self, value: bytes | None, key: bytes | None, offset: int, at_ms: int | None
     ) -> Ruled:
         """Rule on a decision record (its value, key, offset and time)."""
+        ruled = self._decide(value, key, offset, at_ms)
+        return replace(ruled, changes=self._timed(ruled.changes))
+
+    def _decide(
+        self, value: bytes | None, key: bytes | None, offset: int, at_ms: int | None
+    ) -> Ruled:
         now, changes = self._advance(at_ms)
         try:
             received = read_decision(value)
@@ -348,10 +408,19 @@ class ApprovalStore:
         if held is None:
             return self._refused(received, Refusal.UNKNOWN_CALL, changes)
         if held.decided is not None:
-            if held.decided.offset == offset and held.decided.by == received.by:
-                # the record that decided it, read again after a crash: the same event again
-                ruled = self._rule(received, held, held.decided, changes)
-                return replace(ruled, changes=changes)
+            if _decided_by(held.decided, received, offset):
+                # the record that decided it, read again after a crash: the same event again,
+                # and the same refusal (a decision that came late expired it)
+                ruled = replace(self._rule(received, held, held.decided, changes), changes=changes)
+                if held.decided.decision is not Decision.EXPIRE or (
+                    received.decision is Decision.EXPIRE
+                ):
+                    return ruled
+                return replace(
+                    ruled,
+                    refusal=Refusal.EXPIRED,
+                    refusal_record=refusal_record(received, Refusal.EXPIRED),
+                )
             return self._refused(received, Refusal.ALREADY_DECIDED, changes)
         expired = now >= held.at_ms + self._expiry_ms
         refusal: Refusal | None = None
@@ -428,13 +497,29 @@ class ApprovalStore:
         )
 
     def restore(self, entries: Iterable[tuple[str, bytes | None]]) -> None:
-        """Rebuild from changelog entries in log order (the last entry of an event id wins)."""
+        """Rebuild from changelog entries in log order (the last entry of an event id wins);
+        the store's time is the newest its entries say."""
+        clock = 0
         for event_id, value in entries:
+            if event_id == CLOCK_KEY:
+                clock = Clock.decode(value).at_ms if value is not None else 0
+                continue
             self._held.pop(event_id, None)
             if value is not None:
                 self._held[event_id] = Held.decode(value)
         times = [h.decided.at_ms if h.decided else h.at_ms for h in self._held.values()]
-        self._now = max(times, default=0)
+        self._now = max([clock, *times])
+
+
+def _decided_by(decided: Decided, received: DecisionRecord, offset: int) -> bool:
+    """Whether the decision record at `offset` is the one that decided the call: the record at
+    that offset, and what it decided (a decision that came after the expiry, whoever wrote it and
+    whatever it said, expired the call, by callgate)."""
+    if decided.offset != offset:
+        return False
+    if decided.decision is Decision.EXPIRE:
+        return decided.by == CALLGATE
+    return (decided.decision, decided.by) == (received.decision, received.by)
 
 
 def _key_id(key: bytes | None) -> str | None:
