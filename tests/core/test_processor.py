@@ -764,3 +764,207 @@ def test_the_key_owner_decides_keyed_calls_the_same_after_a_replay(
             assert after.decision is before.decision
         assert after.outcome is before.outcome
         assert orjson.loads(after.event)["event_id"] == orjson.loads(before.event)["event_id"]
+
+
+# --- every format, restored at every record --------------------------------------------------
+
+#: an MCP result the weather tools file's output schema accepts
+MCP_RESULT: dict[str, Any] = {
+    "jsonrpc": "2.0",
+    "id": "r",
+    "result": {
+        "content": [
+            {"type": "text", "text": '{"temperature": 2.5, "conditions": "c", "humidity": 6}'}
+        ],
+        "structuredContent": {"temperature": 2.5, "conditions": "c", "humidity": 6},
+        "isError": False,
+    },
+}
+#: arguments a Gemini call can carry (its `args` is a JSON object, never text)
+OBJECTS = [text for text in ARGUMENTS if text.startswith("{") and not text.endswith(",}")]
+
+Item = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]
+VENDOR_FORMATS = [
+    "openai.chat",
+    "anthropic.messages",
+    "openai.responses",
+    "google.gemini",
+    "bedrock.converse",
+    "mcp.result",
+]
+
+
+def any_vendor_stream(n: int, rng: random.Random) -> list[Item]:
+    """One stream of any vendor format, finished in any way its vendor finishes one, now and
+    then with an event repeated, broken, or sent after its end; keyed by its stream id (a record
+    or, rarely, the whole stream without a key), for a principal or none; Chat Completions with
+    several choices, or in the `ollama` dialect."""
+    fmt = rng.choice(VENDOR_FORMATS)
+    calls = [(f"v{n}c{i}", "get_weather", rng.choice(ARGUMENTS)) for i in range(rng.randint(1, 3))]
+    header = fmt
+    if fmt == "openai.chat":
+        k = rng.choice([1, 1, 2])
+        choices = [[(f"{c[0]}x{j}", c[1], c[2]) for c in calls] for j in range(k)]
+        finish = [rng.choice(["tool_calls", "stop", "length", "content_filter"]) for _ in choices]
+        events = streamgen.chat_stream(
+            f"chat{n}", choices, rng, finish=finish, usage=rng.random() < 0.5
+        )
+        header = "openai.chat; dialect=ollama" if k == 1 and rng.random() < 0.3 else fmt
+    elif fmt == "anthropic.messages":
+        events = streamgen.anthropic_stream(
+            f"msg{n}",
+            calls,
+            rng,
+            stop_reason=rng.choice(["tool_use", "max_tokens", "end_turn"]),
+            cut_last_after=rng.choice([None, 2]),
+            server_tool=rng.random() < 0.3,
+        )
+    elif fmt == "openai.responses":
+        events = streamgen.responses_stream(
+            f"resp{n}",
+            calls,
+            rng,
+            cut_after=rng.choice([None, 3]),
+            numbered=rng.random() < 0.5,
+            parallel=rng.random() < 0.5,
+        )
+    elif fmt == "google.gemini":
+        events = streamgen.gemini_stream(
+            f"gem{n}",
+            [(c[0], c[1], rng.choice(OBJECTS)) for c in calls],
+            rng,
+            partial=rng.random() < 0.5,
+            with_ids=rng.random() < 0.5,
+            finish=rng.choice(["STOP", "STOP", "MAX_TOKENS", "MALFORMED_FUNCTION_CALL", "SAFETY"]),
+            cut_after=rng.choice([None, None, 4]),
+        )
+    elif fmt == "bedrock.converse":
+        events = streamgen.bedrock_stream(
+            calls,
+            rng,
+            stop_reason=rng.choice(["tool_use", "tool_use", "max_tokens", "malformed_tool_use"]),
+            cut_last_after=rng.choice([None, None, 2]),
+            server_tool=rng.random() < 0.5,
+            metadata=rng.random() < 0.5,
+        )
+    else:
+        events = []
+        for i in range(rng.randint(1, 3)):
+            result = orjson.loads(orjson.dumps(MCP_RESULT))
+            result["id"] = f"m{n}.{i}"
+            if rng.random() < 0.3:
+                result["result"]["structuredContent"]["humidity"] = 200
+            events.append(result)
+    if rng.random() < 0.15 and len(events) > 2:  # an event the stream cannot place
+        events.insert(rng.randrange(1, len(events)), {"type": None})
+    if rng.random() < 0.2:  # an event repeated
+        at = rng.randrange(len(events))
+        events.insert(at + 1, events[at])
+    if rng.random() < 0.2:  # an event after the end
+        events.append(rng.choice(events))
+    key = f"vendor-{n}".encode() if rng.random() < 0.95 else None
+    headers: tuple[tuple[str, bytes], ...] = (("content-format", header.encode()),)
+    if fmt == "mcp.result":
+        headers += (("tool", b"weather.get_weather_data"),)
+    if rng.random() < 0.3:
+        headers += (("principal", b"alice"),)
+    return [
+        (orjson.dumps(event), key if rng.random() < 0.97 else None, headers) for event in events
+    ]
+
+
+def any_envelope_stream(n: int, rng: random.Random, keyed: bool) -> list[Item]:
+    """One envelope stream: calls interleaved, numbered or not, whole, cut, with a gap, a piece
+    repeated or changed, a copy or a new call under a closed call's id after it, an `end` or
+    none, and a record after the `end`."""
+    stream = f"s{n}"
+    calls: list[tuple[str, list[bytes], str]] = []
+    for c in range(rng.randint(1, 3)):
+        call = f"c{n}.{c}"
+        kind = rng.choice(["weather", "weather", "payment", "keyed", "text"])
+        extra: dict[str, Any] = {}
+        if kind == "payment":
+            args = payment_args(idempotency_key=rng.choice(["pay-1", "pay-2"]))
+            text, tool = orjson.dumps(args).decode(), "create_payment"
+        else:
+            text, tool = rng.choice(ARGUMENTS), "get_weather"
+            if kind == "keyed":
+                extra["idempotency_key"] = rng.choice(["w-1", "w-2"])
+        if rng.random() < 0.2:
+            extra["principal"] = "bob"
+        numbered = rng.random() < 0.8
+        shape = rng.choice(["whole", "whole", "cut", "gap", "resend", "corrupt", "late", "reuse"])
+        values: list[bytes] = []
+        pieces = streamgen.split_text(text, rng, max_piece=12)
+        for seq, piece in enumerate(pieces):
+            if shape == "gap" and seq == 1:
+                continue
+            fields: dict[str, Any] = {"final": seq == len(pieces) - 1 and shape != "cut", **extra}
+            if seq == 0:
+                fields["tool"] = tool
+            if kind == "text":
+                fields["kind"] = "text"
+            number = seq if numbered else None
+            values.append(envelope(stream, call, number, piece, **fields))
+            if shape == "resend":
+                values.append(values[-1])
+            if shape == "corrupt" and seq == 0:
+                values.append(envelope(stream, call, number, piece + "x", **fields))
+        calls.append((call, values, shape))
+    merged = [value for _, value in streamgen.interleave([v for _, v, _ in calls], rng)]
+    for call, values, shape in calls:
+        if shape == "late":
+            merged.append(rng.choice(values))
+        if shape == "reuse":
+            merged.append(envelope(stream, call, 0, '{"city":"X"}', final=True, tool="get_weather"))
+    if rng.random() < 0.6:
+        merged.append(end(stream, rng.choice([None, "length", "stop", "tool_calls"])))
+        if rng.random() < 0.4:
+            merged.append(rng.choice(merged))
+    key = stream.encode() if keyed else None
+    return [(value, key, ()) for value in merged]
+
+
+@st.composite
+def every_format(draw: st.DrawFn) -> list[FileRecord]:
+    """Envelope streams (keyed or not), streams of every vendor format and poison records of
+    one partition, interleaved, in record times that stall, jump and go back."""
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    keyed = rng.random() < 0.5
+    streams = [any_envelope_stream(n, rng, keyed) for n in range(rng.randint(0, 3))]
+    streams += [any_vendor_stream(n, rng) for n in range(rng.randint(0, 3))]
+    streams += [
+        [(rng.choice([b"{", b"[]", None]), rng.choice([None, b"s0", b"vendor-0"]), ())]
+        for _ in range(rng.randint(0, 2))
+    ]
+    clock = 1_700_000_000_000
+    records = []
+    for offset, (_, (value, key, headers)) in enumerate(streamgen.interleave(streams, rng)):
+        clock += draw(STEPS)
+        records.append(FileRecord(TOPIC, 0, offset, clock, key, value, headers))
+    return records
+
+
+@settings(FIXED, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(records=every_format(), tight=st.booleans(), data=st.data())
+def test_every_format_restored_at_every_record_emits_what_one_run_emits(
+    records: list[FileRecord], tight: bool, data: st.DataObject
+) -> None:
+    """A checkpoint (full, or a delta on the chain) after every record, each restored into a
+    fresh processor that goes on: the emissions of one uninterrupted run, byte for byte but the
+    timings, for every input format, keyed and unkeyed, with faults, under roomy and tight
+    bounds (streams and calls evicted, closed ones forgotten)."""
+    chosen = TIGHT if tight else SETTINGS
+    expected = uninterrupted(records, chosen)
+    live = new_processor(chosen)
+    frames: list[bytes] = []
+    out: list[tuple[Any, ...]] = []
+    for record in records:
+        out += [normalized(e) for e in live.feed(TOPIC, 0, [record])]
+        full = not frames or data.draw(st.integers(0, 3), label="full") == 0
+        checkpoint = live.checkpoint(TOPIC, 0, full=full)
+        frames = [checkpoint] if full else [*frames, checkpoint]
+        live = new_processor(chosen)
+        live.restore(TOPIC, 0, frames)
+    out += [normalized(e) for e in live.flush()]
+    assert out == expected
