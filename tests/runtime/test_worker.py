@@ -83,6 +83,7 @@ def new_worker(
     clock: Callable[[], float] | None = None,
     *,
     fake_kafka: FakeKafka | None = None,
+    wall: Callable[[], float] | None = None,
     **overrides: Any,
 ) -> Worker:
     settings = make_settings(**overrides)
@@ -94,6 +95,7 @@ def new_worker(
         Metrics(tool_labels(registry)),
         kafka=fake_kafka or FakeKafka(broker, GROUP),  # type: ignore[arg-type]
         **({} if clock is None else {"clock": clock}),
+        **({} if wall is None else {"wall": wall}),
     )
 
 
@@ -1285,6 +1287,44 @@ async def test_a_stall_while_the_worker_runs_is_seen_by_its_pulse_and_said_once(
         await asyncio.wait_for(running, ROUND_S)
         await worker.close()
     assert len([r for r in caplog.records if "long enough to be expelled" in r.getMessage()]) == 1
+
+
+async def test_a_stall_is_no_time_kafka_failed_to_answer(caplog: pytest.LogCaptureFixture) -> None:
+    """The process stopped past the readiness bound while Kafka answered: what it sent meanwhile
+    is read only once the loop runs again, so the rounds right after the stall find every
+    answer late. That is the worker's stall, not Kafka's: no "Kafka unreachable", and ready
+    again. Fetches still unanswered for the bound from the stall's end are Kafka's: said.
+    (A paused member said Kafka was unreachable the moment it resumed: CI failed so.)"""
+    clock = Clock()
+    broker = new_broker()
+    streams, _ = traffic(6)
+    produce(broker, streams)
+    worker = new_worker(broker, clock, wall=clock)
+    bound_s = worker.settings.metrics.ready_within_ms / 1000
+    await worker.start()
+    fake = consumer(worker)
+    fake.wall = clock
+    await fake.join()
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(_until(lambda: worker.stats.emitted > 0), ROUND_S)
+        await asyncio.wait_for(_until(lambda: worker.readiness()[0]), ROUND_S)
+        caplog.set_level("INFO", logger="callgate.kafka")
+        fake.unanswered = True  # the answers Kafka sent during the stall are not read yet
+        clock.now += 3 * bound_s  # the process was stopped this long
+        await asyncio.wait_for(_until(lambda: worker.readiness()[0]), ROUND_S)
+        assert "Kafka unreachable" not in caplog.text, worker.readiness()
+
+        def later() -> bool:  # time goes on a little at each poll: the loop runs, no stall
+            clock.now += 0.05
+            return "Kafka unreachable" in caplog.text
+
+        await asyncio.wait_for(_until(later), ROUND_S)
+        assert "no fetch answered" in worker.readiness()[1]
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(running, ROUND_S)
+        await worker.close()
 
 
 async def _until(done: Callable[[], bool]) -> None:

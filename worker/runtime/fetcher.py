@@ -73,6 +73,8 @@ class Fetcher:
         self._wall = wall
         #: when each partition was last placed or resumed (its fetches start then)
         self._fetching_since: dict[TopicPartition, float] = {}
+        #: when the worker's loop last ran again after a stall (`stalled`)
+        self._stall_ended = float("-inf")
         self._metrics = metrics
         self._timeout_ms = fetch_timeout_ms
         self._max_records = max_records
@@ -311,11 +313,16 @@ class Fetcher:
             for tp in tps:
                 self._fetching_since[tp] = now
 
+    def stalled(self) -> None:
+        """The worker's loop runs again after a stall: the answers that came meanwhile are read
+        only now, so a fetch counts as unanswered from here at the earliest."""
+        self._stall_ended = self._wall()
+
     def unanswered(self, owned: Iterable[Partition], within_s: float) -> list[Partition]:
         """The owned partitions being fetched (held, not paused, nothing read ahead) whose last
-        fetch answer, or their resumption if later, is older than `within_s`: the broker (their
-        leader) does not answer. An answer with no records counts: an idle partition's fetches
-        are answered every `fetch_max_wait_ms`."""
+        fetch answer, or their resumption or the end of a stall if later, is older than
+        `within_s`: the broker (their leader) does not answer. An answer with no records counts:
+        an idle partition's fetches are answered every `fetch_max_wait_ms`."""
         consumer = self.consumer
         held, paused = consumer.assignment(), consumer.paused()
         now = self._wall()
@@ -325,7 +332,8 @@ class Fetcher:
             if tp not in held or tp in paused or tp in self._ahead:
                 continue
             answered_ms = consumer.last_poll_timestamp(tp)
-            last = max(self._fetching_since.get(tp, now), (answered_ms or 0) / 1000)
+            answered = (answered_ms or 0) / 1000
+            last = max(self._fetching_since.get(tp, now), answered, self._stall_ended)
             if now - last > within_s:
                 late.append((topic, partition))
         return sorted(late)

@@ -71,13 +71,31 @@ class Progress:
         #: when the last round ended, when writes were last acknowledged (or none waited)
         self._stepped_at = now
         self._acked_at = now
+        #: the pulse's last beat (`ran`; None: it has not beaten, the rounds run without it)
+        self._beat_at: float | None = None
         self._acks = 0
         #: the partitions whose fetches the broker has not answered within the bound
         self._unanswered: list[Partition] = []
 
-    def observe(self) -> None:
-        """A round ended: what readiness is decided from, and the broker's state with it."""
+    def ran(self, since: float) -> None:
+        """The loop ran at `since` and now, not between (`Worker._pulse`). Time it did not run is
+        not time Kafka failed to answer: after a stall of more than half the bound (a paused
+        process), fetches and acknowledgements have the bound again from its end, since what
+        Kafka sent meanwhile is read only now (a round right after it would find every answer
+        late)."""
         now = self._clock()
+        self._beat_at = now
+        if now - since > self.ready_within_s / 2:
+            self._acked_at = max(self._acked_at, now)
+            self._fetcher.stalled()
+
+    def observe(self) -> None:
+        """A round ended: what readiness is decided from, and the broker's state with it (a stall
+        the pulse has not said yet is taken from its last beat: the round may run first)."""
+        now = self._clock()
+        beat_at = self._beat_at
+        if beat_at is not None and now - beat_at > self.ready_within_s / 2:
+            self.ran(beat_at)
         self._stepped_at = now
         self._broker.round_ended()
         acks = self._stats.acknowledged + self._stats.checkpoints

@@ -320,11 +320,17 @@ class Worker:
         """The loop's beat, beside the rounds: a gap between two beats is a time the loop did
         not run (the process paused, the loop blocked), wherever a round was (fetching,
         judging, rebalancing); a round's own span (`step`) cannot see a stall that began
-        after its fetch. `Membership.ran` decides what such a gap means for the group."""
+        after its fetch. `Membership.ran` decides what such a gap means for the group, and
+        `Progress.ran` for readiness."""
+        since = self._clock()
+        if self._progress is not None:
+            self._progress.ran(since)  # the first beat: a stall is seen from here on
         while True:
-            since = self._clock()
             await asyncio.sleep(PULSE_S)
             self._membership.ran(since)
+            if self._progress is not None:
+                self._progress.ran(since)
+            since = self._clock()
 
     def idle(self) -> bool:
         """Nothing handed to the delivery waits for an acknowledgement or a commit."""
