@@ -306,8 +306,6 @@ class ApprovalStore:
         self._held: OrderedDict[str, Held] = OrderedDict()
         #: the newest record time read (the store's time; it never goes back)
         self._now = 0
-        #: whether the record read last moved the store's time
-        self._moved = False
 
     def __len__(self) -> int:
         """Calls pending (not decided)."""
@@ -316,7 +314,6 @@ class ApprovalStore:
     def _advance(self, at_ms: int | None) -> tuple[int, list[Change]]:
         """The store's time at a record of time `at_ms`, and what that forgets: decided calls
         past their retention."""
-        self._moved = at_ms is not None and at_ms > self._now
         if at_ms is not None and at_ms > self._now:
             self._now = at_ms
         deadline = self._now - self._retention_ms
@@ -329,12 +326,13 @@ class ApprovalStore:
             del self._held[event_id]
         return self._now, [(event_id, None) for event_id in gone]
 
-    def _timed(self, changes: list[Change]) -> list[Change]:
+    def _timed(self, changes: list[Change], before: int) -> list[Change]:
         """A record's changes, and the store's time if they do not say it: a record that moved
-        the time, or forgot calls, and wrote no call's entry of that time (a refused or malformed
-        decision, a pending event written again), so that a store rebuilt from the changelog has
-        the time the original had (its time never goes back, a restart included)."""
-        if not (self._moved or any(value is None for _, value in changes)):
+        the time on from `before`, or forgot calls, and wrote no call's entry of that time (a
+        refused or malformed decision, a pending event written again), so that a store rebuilt
+        from the changelog has the time the original had (its time never goes back, a restart
+        included)."""
+        if not (self._now > before or any(value is None for _, value in changes)):
             return changes
         for _, value in changes:
             if isinstance(value, Held):
@@ -347,7 +345,8 @@ class ApprovalStore:
     def hold(self, event_id: str, event: bytes, at_ms: int | None) -> list[Change]:
         """A pending event read: the call is held from its record's time (one held or decided
         already is left as it is: its pending event was written again)."""
-        return self._timed(self._hold(event_id, event, at_ms))
+        before = self._now
+        return self._timed(self._hold(event_id, event, at_ms), before)
 
     def _hold(self, event_id: str, event: bytes, at_ms: int | None) -> list[Change]:
         # what is no pending event is refused before it moves the time or forgets anything
@@ -380,8 +379,9 @@ class ApprovalStore:
         self, value: bytes | None, key: bytes | None, offset: int, at_ms: int | None
     ) -> Ruled:
         """Rule on a decision record (its value, key, offset and time)."""
+        before = self._now
         ruled = self._decide(value, key, offset, at_ms)
-        return replace(ruled, changes=self._timed(ruled.changes))
+        return replace(ruled, changes=self._timed(ruled.changes, before))
 
     def _decide(
         self, value: bytes | None, key: bytes | None, offset: int, at_ms: int | None
