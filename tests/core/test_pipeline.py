@@ -873,9 +873,10 @@ def test_an_optional_key_on_a_plain_tool_is_still_decided() -> None:
         WEATHER_V1,
     )
     assert keyed.idempotency_key == "w-1"
-    # compared by the arguments as sent (the version is part of the request), not as adapted
+    # compared by the arguments the accepted event carries (as adapted: what runs, what the
+    # executor and an approval digest), under the version the call named
     assert keyed.idempotency_digest == request_digest(
-        WEATHER_V1, {"city": "Oslo", "units": "celsius"}
+        WEATHER_V1, {"city": "Oslo", "units": "celsius", "days": 1}
     )
     plain = accepted(GATE.judge(call('{"city": "Oslo", "units": "celsius"}')), WEATHER_V1)
     assert (plain.idempotency_key, plain.idempotency_digest) == (None, None)

@@ -23,7 +23,8 @@ Idempotency is decided in two steps. Here: the effective key (from the envelope,
 argument the contract names; both present and different is `idempotency_key_mismatch`, in its
 phase, after the business rules), which every verdict carries from the moment the contract is
 known, a key for every side-effecting tool (`idempotency_key_missing`), and the request's
-canonical digest.
+canonical digest, of the arguments the accepted event carries (after the version's adapter,
+so that the key's owner, the approval and the executor compare one request).
 A call that passed every phase and carries a key is accepted *pending* its key: the worker that
 owns the key decides duplicate or conflict (`worker.core.idempotency`).
 """
@@ -503,7 +504,6 @@ class Gate:
                 arguments=value,
                 repairs=repairs,
             )
-        digest = None
         if key is None:
             if meta.needs_key:
                 started, now = now, perf_counter_ns()
@@ -521,16 +521,16 @@ class Gate:
                     repairs=repairs,
                 )
         else:
-            digest = request_digest(schema, value)
-            started, now = now, perf_counter_ns()
-            phases[_IDEMPOTENCY] = (now - started) // 1000
+            phases[_IDEMPOTENCY] = 0  # in the chain's order; timed with the digest, below
 
         self._phase = _NORMALIZATION
         arguments_json = orjson.dumps(value) if custom else passed_on(text, value)
+        passed: Any = value  # the arguments every reader of the accepted event reads
         adapter = self._plugins.adapter_for(schema)
         if adapter is not None:
             try:
                 arguments_json = orjson.dumps(adapter(value))
+                passed = orjson.loads(arguments_json)
             except Exception as exc:  # a plugin's bug is this call's adapter_error
                 started, now = now, perf_counter_ns()
                 phases[_NORMALIZATION] = (now - started) // 1000
@@ -547,13 +547,23 @@ class Gate:
                 )
             started, now = now, perf_counter_ns()
             phases[_NORMALIZATION] = (now - started) // 1000
+        # a remote MCP tool's approval request is, by its kind, a call that needs approval
+        requires_approval = meta.requires_approval or kind == _APPROVAL_REQUEST
+
+        # the request a key is compared by is what runs: the arguments the accepted event
+        # carries (after the version's adapter), as the executor and the approval digest them
+        digest = None
+        if key is not None:
+            self._phase = _IDEMPOTENCY
+            started = perf_counter_ns()
+            digest = request_digest(schema, passed)
+            phases[_IDEMPOTENCY] = (perf_counter_ns() - started) // 1000
         return Verdict(
             _ACCEPTED,
             schema=schema,
             arguments_json=arguments_json,
             repairs=repairs,
-            # a remote MCP tool's approval request is, by its kind, a call that needs approval
-            requires_approval=meta.requires_approval or kind == _APPROVAL_REQUEST,
+            requires_approval=requires_approval,
             idempotency_key=key,
             idempotency_digest=digest,
             phases_us=phases,
