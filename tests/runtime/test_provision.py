@@ -7,7 +7,10 @@ longest identifiers the settings allow (control characters included, which JSON 
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,7 +18,16 @@ from hypothesis import strategies as st
 from worker._native import AssembledCall
 from worker.core.events import idempotency_request, record_headers, record_key
 from worker.model import Outcome, SchemaRef, Verdict
-from worker.runtime.provision import Role, acl_commands, grants, not_authorized, plan
+from worker.runtime.provision import (
+    Role,
+    acl_commands,
+    grants,
+    must_exist,
+    not_authorized,
+    plan,
+    refused,
+    subscription,
+)
 from worker.runtime.topics import approvals_topic, changelog_topic, keys_topic, requests_topic
 from worker.settings import Settings
 
@@ -240,3 +252,54 @@ def test_a_refusal_names_the_operations_and_the_resource_of_its_grant() -> None:
         text.endswith("`callgate topics acls` prints every grant these settings need")
         for text in said.values()
     )
+
+
+def test_a_refusal_of_the_cluster_names_the_group_or_the_topics_it_names() -> None:
+    conf = settings_with(kafka={"group_id": "gate"}, topics={"input": "in", "accepted": "ok"})
+    assert str(refused(conf, GroupAuthorizationFailedError())) == str(
+        not_authorized(conf, "group", "gate")
+    )
+    assert str(refused(conf, TopicAuthorizationFailedError({"ok"}))) == str(
+        not_authorized(conf, "topic", "ok")
+    )
+    assert "needs access to topic in, ok;" in str(
+        refused(conf, TopicAuthorizationFailedError({"ok", "in"}))
+    )
+    assert "needs Read on topic in " in str(refused(conf, TopicAuthorizationFailedError("in")))
+
+
+def test_a_worker_needs_its_outcome_and_named_input_topics_and_reads_its_own() -> None:
+    shadow = {"schemas": "candidate", "topic": "flips"}
+    named = settings_with(
+        kafka={"group_id": "gate"},
+        topics={"input": "a,b", "accepted": "ok", "rejected": "no", "incomplete": "ok"},
+        shadow=shadow,
+    )
+    pending = "tool-calls.pending-approval"
+    assert must_exist(named) == ["a", "b", "flips", "no", "ok"]
+    assert subscription(named).topics == ("a", "b", requests_topic("gate"), pending)
+    assert subscription(named).pattern is None
+
+    matching = settings_with(
+        kafka={"group_id": "gate"},
+        topics={"input": "^.*", "accepted": "ok", "rejected": "no", "incomplete": "ok"},
+        shadow=shadow,
+    )
+    assert must_exist(matching) == ["flips", "no", "ok"]  # a pattern names no input
+    wanted = subscription(matching)
+    assert wanted.topics == ()
+    assert wanted.pattern is not None
+    read = {
+        topic
+        for topic in [
+            "in",
+            "ok",
+            "no",
+            "flips",
+            pending,
+            requests_topic("gate"),
+            keys_topic("gate"),
+        ]
+        if re.match(wanted.pattern, topic)
+    }
+    assert read == {"in", pending, requests_topic("gate")}

@@ -37,7 +37,8 @@ from worker.errors import BrokerError
 from worker.metrics import Metrics
 from worker.runtime.broker_log import REPEATS
 from worker.runtime.delivery import Partition
-from worker.runtime.kafka import close_within
+from worker.runtime.kafka import Listener, close_within
+from worker.runtime.provision import Subscription
 
 log = logging.getLogger("callgate.worker")
 
@@ -88,6 +89,13 @@ class Fetcher:
         #: that is not the partition's any more (`current`)
         self._moves: dict[TopicPartition, int] = {}
         self._batch_moves: dict[TopicPartition, int] = {}
+
+    def subscribe(self, subscription: Subscription, listener: Listener) -> None:
+        """Join the group on `subscription`; `listener` hears of each rebalance."""
+        if subscription.pattern is not None:
+            self.consumer.subscribe(pattern=subscription.pattern, listener=listener)
+        else:
+            self.consumer.subscribe(topics=list(subscription.topics), listener=listener)
 
     async def fetch(self, stop: asyncio.Event, room: int) -> Batch:
         """The next round's batch (at most `fetch_max_records`): what was read ahead, else

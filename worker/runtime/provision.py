@@ -1,7 +1,10 @@
-"""What a worker group needs of its cluster, from the settings: its topics and its privileges.
+"""What a worker group needs of its cluster, from the settings: its topics, its subscription
+and its privileges, and what a worker says when the cluster lacks one.
 
 Pure: no client, no I/O. `callgate topics create|check` (`worker.runtime.topics_cli`) makes and
-verifies the topics `plan` lays out; `callgate topics acls` prints the `grants`.
+verifies the topics `plan` lays out; `callgate topics acls` prints the `grants`. A starting
+worker finds the topics that `must_exist` and subscribes to the `subscription`; a refusal of
+the cluster is said naming the grant it lacks (`refused`).
 
 Topics. Every topic's `max.message.bytes` must take the largest record batch the worker may
 write to it: the producer's batch (`CALLGATE_KAFKA__MAX_BATCH_BYTES`), or one record alone when
@@ -20,8 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
+
 from worker.errors import BrokerError
-from worker.runtime.topics import approvals_topic, changelog_topic, keys_topic, requests_topic
+from worker.runtime.topics import (
+    approvals_topic,
+    changelog_topic,
+    input_subscription,
+    keys_topic,
+    requests_topic,
+)
 from worker.settings import LimitSettings, Settings
 
 
@@ -196,6 +207,35 @@ def grants(settings: Settings) -> list[Grant]:
     return found
 
 
+def must_exist(settings: Settings) -> list[str]:
+    """The topics a worker finds before it starts: the outcome topics (the shadow topic too)
+    and the inputs named (a pattern names none). A broker may acknowledge writes to a missing
+    topic and lose them, and a consumer of a missing topic waits without a word."""
+    return sorted({*settings.written_topics, *settings.topics.input_topics})
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """What the group's consumer subscribes to: topic names, or (an input pattern) one regex."""
+
+    topics: tuple[str, ...]
+    pattern: str | None
+
+
+def subscription(settings: Settings) -> Subscription:
+    """The inputs, and the topics whose partitions the group owns (the requests topic, the
+    pending-approval topic). An input pattern never matches an outcome topic or the group's
+    own (`worker.runtime.topics.input_subscription`)."""
+    group = settings.kafka.group_id
+    topics = settings.topics
+    owned = [requests_topic(group), topics.pending_approval]
+    if topics.input_pattern:
+        outcome_topics = frozenset(settings.written_topics)
+        pattern = input_subscription(topics.input_pattern, group, outcome_topics, owned)
+        return Subscription((), pattern)
+    return Subscription((*topics.input_topics, *owned), None)
+
+
 def missing_topics(missing: list[str], inputs: list[str]) -> BrokerError:
     """What a worker that finds its topics missing says: which, and how to make them."""
     roles = ", ".join(f"{t} (input)" if t in inputs else f"{t} (output)" for t in missing)
@@ -223,6 +263,15 @@ def not_authorized(settings: Settings, resource: str, name: str) -> BrokerError:
         f"not authorized: the worker's principal needs {needed}{why}; `callgate topics acls` "
         "prints every grant these settings need"
     )
+
+
+def refused(settings: Settings, error: KafkaError) -> BrokerError:
+    """`not_authorized` for what the cluster refused: the group, or the topics `error` names."""
+    if isinstance(error, GroupAuthorizationFailedError):
+        return not_authorized(settings, "group", settings.kafka.group_id)
+    named = error.args[0] if error.args else ""
+    topics = sorted(named) if isinstance(named, set | frozenset | list | tuple) else [named]
+    return not_authorized(settings, "topic", ", ".join(str(t) for t in topics))
 
 
 def acl_commands(

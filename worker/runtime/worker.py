@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from aiokafka import TopicPartition
-from aiokafka.errors import GroupAuthorizationFailedError, KafkaError, OffsetOutOfRangeError
+from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
 from worker.compose import build_approval_store
 from worker.core.idempotency import KeyStore
@@ -51,15 +51,9 @@ from worker.runtime.kafka import Kafka, Listener, close_within
 from worker.runtime.keys import KeyOwners
 from worker.runtime.partitions import Assignment, State
 from worker.runtime.progress import Progress, StartSteps
-from worker.runtime.provision import missing_topics, not_authorized
+from worker.runtime.provision import missing_topics, must_exist, refused, subscription
 from worker.runtime.topic_watch import TopicWatch
-from worker.runtime.topics import (
-    approvals_topic,
-    input_subscription,
-    keys_topic,
-    requests_topic,
-    state_topics_deleted,
-)
+from worker.runtime.topics import approvals_topic, keys_topic, requests_topic, state_topics_deleted
 from worker.settings import Settings
 
 if TYPE_CHECKING:  # the otel extra: imported only when tracing is on
@@ -189,7 +183,9 @@ class Worker:
         try:
             await self._kafka.start()
             log.info("connected to %s", ",".join(settings.kafka.bootstrap_servers))
-            await self._check_topics()
+            missing = await self._kafka.missing_topics(must_exist(settings))
+            if missing:
+                raise missing_topics(missing, settings.topics.input_topics)
             log.info("topics checked: the inputs named and the outcome topics exist")
             await self.state.prepare(settings.topics.input_topics)
             log.info("internal topics made sure of: idempotency, approvals, changelogs")
@@ -237,7 +233,7 @@ class Worker:
             )
         except AUTHORIZATION_ERRORS as exc:
             await self._close_clients()
-            raise self._not_authorized(exc) from None
+            raise refused(settings, exc) from None
         except KafkaError as exc:
             await self._close_clients()
             servers = ",".join(settings.kafka.bootstrap_servers)
@@ -245,44 +241,15 @@ class Worker:
         except CallgateError:
             await self._close_clients()
             raise
-        self._subscribe()
+        self.fetcher.subscribe(
+            subscription(settings), Listener(self._on_revoked, self._on_assigned)
+        )
         log.info(
             "started: group %s, input %s, %s",
             self._group,
             settings.topics.input,
             settings.delivery.guarantee,
         )
-
-    async def _check_topics(self) -> None:
-        """The outcome topics and the inputs named must exist: a broker may acknowledge writes
-        to a missing topic and lose them, and a consumer of a missing topic waits without a
-        word. Each missing one is named, with how to make it."""
-        named_inputs = self.settings.topics.input_topics  # a pattern names none
-        wanted = sorted({*self._outcome_topics, *named_inputs})
-        missing = await self._kafka.missing_topics(wanted)
-        if missing:
-            raise missing_topics(missing, named_inputs)
-
-    def _subscribe(self) -> None:
-        listener = Listener(self._on_revoked, self._on_assigned)
-        consumer = self.fetcher.consumer
-        topics = self.settings.topics
-        owned = [self._requests, self._pending]
-        if topics.input_pattern:
-            pattern = input_subscription(
-                topics.input_pattern, self._group, self._outcome_topics, owned
-            )
-            consumer.subscribe(pattern=pattern, listener=listener)
-        else:
-            consumer.subscribe(topics=[*topics.input_topics, *owned], listener=listener)
-
-    def _not_authorized(self, error: KafkaError) -> BrokerError:
-        """The grant the cluster found missing, named (`provision.not_authorized`)."""
-        if isinstance(error, GroupAuthorizationFailedError):
-            return not_authorized(self.settings, "group", self._group)
-        named = error.args[0] if error.args else ""
-        topics = sorted(named) if isinstance(named, set | frozenset | list | tuple) else [named]
-        return not_authorized(self.settings, "topic", ", ".join(str(t) for t in topics))
 
     def request_stop(self) -> None:
         """Stop fetching after the current round (safe to call from a signal handler)."""
@@ -386,7 +353,7 @@ class Worker:
                 await fetcher.skip_deleted(exc.args[0], assignment.owned)
             return
         except AUTHORIZATION_ERRORS as exc:  # for good: stop, naming the missing grant
-            self._stop_fatally(self._not_authorized(exc))
+            self._stop_fatally(refused(self.settings, exc))
             return
         finally:
             self._membership.ran(began)
