@@ -1,5 +1,6 @@
 """The composition root: every object `callgate check` and `callgate run` use, built from the
-settings, here and nowhere else.
+settings, here and nowhere else but its Kafka half, `worker.runtime.parts` (the worker's parts,
+which import the Kafka client that `callgate check` never loads).
 
 The core never reads settings, files or plugins itself: this module loads the contracts and
 their plugins, turns each setting into the value its object takes, and wires them together.

@@ -239,7 +239,7 @@ class Delivery(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What a delivery works with, built once by the worker."""
+    """What a delivery works with, built once (`worker.runtime.parts`)."""
 
     settings: Settings
     kafka: Kafka

@@ -1,8 +1,10 @@
 """`callgate run`: the Kafka shell around the pure processor. Start, the round loop, stop.
 
-Lifecycle: `start` (output topics checked to exist, internal topics made sure of, clients
-connected, group joined), `run` (rounds until `request_stop`), `close` (what is in flight
-acknowledged, checkpointed and committed, within the grace period).
+Lifecycle: built (every part made from the settings by `parts`, nothing connected), `start`
+(clients connected, the outcome topics and the inputs named checked to exist, internal topics
+made sure of, the consumer and the delivery started, the group subscribed to), `run` (rounds
+until `request_stop`, or a fatal error, which it raises), `close` (what is in flight
+acknowledged, checkpointed and committed, within the grace period; the clients closed).
 
 The parts, each in its own module: the consumer (`fetcher`), judging a batch (`judging`), the
 partitions owned and their state (`partitions`: assignment, restore, checkpoints), and the
@@ -33,27 +35,18 @@ from typing import TYPE_CHECKING
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
-from worker.compose import build_approval_store
 from worker.core.idempotency import KeyStore
 from worker.core.processor import Processor
 from worker.errors import BrokerError, CallgateError, InfrastructureError
 from worker.metrics import Metrics
-from worker.runtime.approvals import ApprovalOwners
-from worker.runtime.at_least_once import AtLeastOnce
-from worker.runtime.broker_log import BrokerState
-from worker.runtime.delivery import Context, Delivery, Partition, Stats
-from worker.runtime.exactly_once import ExactlyOnce
-from worker.runtime.expiries import Expiries
-from worker.runtime.fetcher import AUTHORIZATION_ERRORS, Fetcher, Membership
-from worker.runtime.flow import FlowControl
-from worker.runtime.judging import Judge
+from worker.runtime.delivery import Delivery, Partition, Stats
+from worker.runtime.fetcher import AUTHORIZATION_ERRORS, Fetcher
 from worker.runtime.kafka import Kafka, Listener, close_within
-from worker.runtime.keys import KeyOwners
-from worker.runtime.partitions import Assignment, State
+from worker.runtime.partitions import Assignment
+from worker.runtime.parts import build_parts
 from worker.runtime.progress import Progress, StartSteps
 from worker.runtime.provision import missing_topics, must_exist, refused, subscription
-from worker.runtime.topic_watch import TopicWatch
-from worker.runtime.topics import approvals_topic, keys_topic, requests_topic, state_topics_deleted
+from worker.runtime.topics import state_topics_deleted
 from worker.settings import Settings
 
 if TYPE_CHECKING:  # the otel extra: imported only when tracing is on
@@ -87,68 +80,27 @@ class Worker:
         self.settings = settings
         self.processor = processor
         self.metrics = metrics
-        self.stats = Stats()
-        self._kafka = kafka or Kafka(settings)
-        self._clock = clock
-        self._wall = wall  # what the consumer stamps its fetch answers with
-        self._group = settings.kafka.group_id
-        self._requests = requests_topic(self._group)
-        self._pending = settings.topics.pending_approval
-        # the topics it writes outputs to (the shadow topic too): they must exist, never input
-        self._outcome_topics = frozenset(settings.written_topics)
-        self._topics = TopicWatch(
-            self._kafka.missing_topics,
-            clock,
-            settings.kafka.topic_check_interval_ms / 1000,
-            written=[*sorted(self._outcome_topics), self._requests, self._pending],
-        )
-        owners = KeyOwners(self._requests, new_key_store, settings.limits.max_feedback_bytes)
-        self.approvals = ApprovalOwners(self._pending, lambda: build_approval_store(settings))
-        self._expiries = Expiries(
-            self._kafka, self.approvals, self._pending, clock=clock, wall=wall
-        )
-        keys = keys_topic(self._group)
-        approvals = approvals_topic(self._group)
-        self._judge = Judge(
+        #: every part built from the settings (`worker.runtime.parts`)
+        self._parts = build_parts(
             settings,
             processor,
-            owners,
+            new_key_store,
             metrics,
-            self.stats,
-            approvals=self.approvals,
-            requests_topic=self._requests,
-            keys_topic=keys,
+            kafka=kafka,
+            clock=clock,
+            wall=wall,
             tracing=tracing,
-            approvals_topic=approvals,
         )
-        self.state = State(
-            self._kafka,
-            processor,
-            owners,
-            self._topics,
-            metrics,
-            approvals=self.approvals,
-            group=self._group,
-            requests_topic=self._requests,
-            keys_topic=keys,
-            idempotency_partitions=settings.idempotency.partitions,
-            pending_topic=self._pending,
-            approvals_topic=approvals,
-            approval_partitions=settings.approval.partitions,
-            checkpoint_record_bytes=settings.delivery.checkpoint_record_bytes,
-        )
+        self.stats = self._parts.stats
+        self.state = self._parts.state
+        self.approvals = self._parts.approvals
+        #: reachable or not, said once per change (`worker.runtime.broker_log`)
+        self.broker = self._parts.broker
+        # made by `start`, each once what it needs is started
         self._fetcher: Fetcher | None = None
         self._delivery: Delivery | None = None
         self._assignment: Assignment | None = None
-        kafka_settings = settings.kafka
-        self._flow = FlowControl(
-            kafka_settings.max_in_flight_records, kafka_settings.max_in_flight_bytes
-        )
-        self._membership = Membership(
-            kafka_settings.session_timeout_ms / 1000,
-            kafka_settings.heartbeat_interval_ms / 1000,
-            clock,
-        )
+        self._progress: Progress | None = None
         self._rounds = itertools.count()
         self._start_steps = StartSteps()
         self._stop = asyncio.Event()
@@ -156,9 +108,6 @@ class Worker:
         self._round = asyncio.Lock()
         self._fatal: InfrastructureError | None = None
         self._lag_reported = float("-inf")
-        self._progress: Progress | None = None  # readiness, once started
-        #: reachable or not, said once per change (`worker.runtime.broker_log`)
-        self.broker = BrokerState(clock, session_s=kafka_settings.session_timeout_ms / 1000)
 
     @property
     def delivery(self) -> Delivery:
@@ -179,58 +128,24 @@ class Worker:
 
     async def start(self) -> None:
         """Check and make the topics, connect, join. Raises `BrokerError` or `ConfigError`."""
-        settings = self.settings
+        settings, parts = self.settings, self._parts
         try:
-            await self._kafka.start()
+            await parts.kafka.start()
             log.info("connected to %s", ",".join(settings.kafka.bootstrap_servers))
-            missing = await self._kafka.missing_topics(must_exist(settings))
+            missing = await parts.kafka.missing_topics(must_exist(settings))
             if missing:
                 raise missing_topics(missing, settings.topics.input_topics)
             log.info("topics checked: the inputs named and the outcome topics exist")
             await self.state.prepare(settings.topics.input_topics)
             log.info("internal topics made sure of: idempotency, approvals, changelogs")
-            kafka = settings.kafka
-            self._fetcher = Fetcher(
-                self._kafka.consumer(),
-                self.metrics,
-                fetch_timeout_ms=kafka.fetch_timeout_ms,
-                max_records=kafka.fetch_max_records,
-                read_committed=settings.delivery.guarantee == "exactly_once",
-                wall=self._wall,
-            )
+            self._fetcher = parts.fetcher()
             await self._fetcher.consumer.start()
-            context = Context(
-                settings=settings,
-                kafka=self._kafka,
-                fetcher=self._fetcher,
-                state=self.state,
-                topics=self._topics,
-                metrics=self.metrics,
-                stats=self.stats,
-                substitute=self._judge.substitute,
-                stop_fatally=self._stop_fatally,
-                clock=self._clock,
-                next_round=lambda: next(self._rounds),
-                membership=self._membership,
-                outcome_topics=self._outcome_topics,
+            self._delivery = parts.delivery(
+                self._fetcher, self._stop_fatally, lambda: next(self._rounds)
             )
-            exactly_once = settings.delivery.guarantee == "exactly_once"
-            self._delivery = ExactlyOnce(context) if exactly_once else AtLeastOnce(context)
             await self._delivery.start()
-            self._assignment = Assignment(
-                self.state, self._fetcher, self._delivery, self.metrics, self._stop_fatally
-            )
-            self._progress = Progress(
-                ready_within_s=settings.metrics.ready_within_ms / 1000,
-                fetcher=self._fetcher,
-                delivery=self._delivery,
-                assignment=self._assignment,
-                topics=self._topics,
-                stats=self.stats,
-                membership=self._membership,
-                broker=self.broker,
-                clock=self._clock,
-            )
+            self._assignment = parts.assignment(self._fetcher, self._delivery, self._stop_fatally)
+            self._progress = parts.progress(self._fetcher, self._delivery, self._assignment)
         except AUTHORIZATION_ERRORS as exc:
             await self._close_clients()
             raise refused(settings, exc) from None
@@ -246,7 +161,7 @@ class Worker:
         )
         log.info(
             "started: group %s, input %s, %s",
-            self._group,
+            settings.kafka.group_id,
             settings.topics.input,
             settings.delivery.guarantee,
         )
@@ -289,15 +204,15 @@ class Worker:
         judging, rebalancing); a round's own span (`step`) cannot see a stall that began
         after its fetch. `Membership.ran` decides what such a gap means for the group, and
         `Progress.ran` for readiness."""
-        since = self._clock()
+        since = self._parts.clock()
         if self._progress is not None:
             self._progress.ran(since)  # the first beat: a stall is seen from here on
         while True:
             await asyncio.sleep(PULSE_S)
-            self._membership.ran(since)
+            self._parts.membership.ran(since)
             if self._progress is not None:
                 self._progress.ran(since)
-            since = self._clock()
+            since = self._parts.clock()
 
     def idle(self) -> bool:
         """Nothing handed to the delivery waits for an acknowledgement or a commit."""
@@ -305,7 +220,7 @@ class Worker:
 
     async def close(self) -> None:
         """Within the grace period: what is in flight acknowledged, checkpointed, committed."""
-        deadline = self._clock() + self.settings.shutdown_grace_s
+        deadline = self._parts.clock() + self.settings.shutdown_grace_s
         if self._assignment is not None:
             self._assignment.throttle(True)
         if self._delivery is not None:
@@ -316,7 +231,7 @@ class Worker:
                     "committed and will be judged again, to the same verdicts",
                     self._delivery.pending_records,
                 )
-        await self._close_clients(max(0.1, deadline - self._clock()))
+        await self._close_clients(max(0.1, deadline - self._parts.clock()))
         log.info(
             "stopped: %d records, %d events, %d commits",
             self.stats.records,
@@ -327,15 +242,15 @@ class Worker:
     async def _close_clients(self, timeout_s: float = 5.0) -> None:
         if self._assignment is not None:
             self._assignment.closed = True
-        self._topics.cancel()
+        self._parts.topics.cancel()
         delivery, self._delivery = self._delivery, None
         if delivery is not None:
             await delivery.close(timeout_s / 2)
-        await close_within(self._kafka.close(), timeout_s / 2, "the admin client")
+        await close_within(self._parts.kafka.close(), timeout_s / 2, "the admin client")
         fetcher, self._fetcher = self._fetcher, None
         if fetcher is not None:
             await fetcher.close(timeout_s / 2)
-        await self._expiries.close(timeout_s / 2)
+        await self._parts.expiries.close(timeout_s / 2)
 
     # -- a round -------------------------------------------------------------------------------
 
@@ -344,9 +259,9 @@ class Worker:
         the delivery, move what is in flight along."""
         fetcher, assignment, delivery = self.fetcher, self._assignment, self.delivery
         assert assignment is not None
-        began = self._clock()
+        began = self._parts.clock()
         try:
-            room = self._flow.max_records - delivery.pending_records
+            room = self._parts.flow.max_records - delivery.pending_records
             batch = await fetcher.fetch(self._stop, room)
         except OffsetOutOfRangeError as exc:
             async with self._round:
@@ -356,8 +271,8 @@ class Worker:
             self._stop_fatally(refused(self.settings, exc))
             return
         finally:
-            self._membership.ran(began)
-            self.broker.membership_lost = self._membership.lost
+            self._parts.membership.ran(began)
+            self.broker.membership_lost = self._parts.membership.lost
         if self._stop.is_set():
             return  # what was fetched is fetched again by whoever judges it next
         self._start_steps.fetched(sum(len(r) for r in batch.values()))
@@ -370,24 +285,24 @@ class Worker:
                 if (tp.topic, tp.partition) in assignment.owned
                 and delivery.writable((tp.topic, tp.partition))
             }
-            if self._topics.failing:
+            if self._parts.topics.failing:
                 # A failing write may mean its topic was deleted: a check says whether (such a
                 # topic never acknowledges, so nothing else may wait for a check)
-                self._topics.check_when_due()
-            if self._topics.missing:  # nothing is judged until the topic is back
+                self._parts.topics.check_when_due()
+            if self._parts.topics.missing:  # nothing is judged until the topic is back
                 fetcher.put_back(batch)
             elif batch:
-                delivery.submit(self._judge.round(next(self._rounds), batch, delivery.add))
+                delivery.submit(self._parts.judge.round(next(self._rounds), batch, delivery.add))
                 self._start_steps.judged(self.stats.emitted)
             await assignment.recover(await delivery.advance())
             self._start_steps.acknowledged(self.stats.events)
-            self._flow.regulate(delivery, assignment, self._topics, self.stats)
+            self._parts.flow.regulate(delivery, assignment, self._parts.topics, self.stats)
             assert self._progress is not None
             self._progress.observe()
-            if self._clock() - self._lag_reported >= LAG_INTERVAL_S:
-                self._lag_reported = self._clock()
+            if self._parts.clock() - self._lag_reported >= LAG_INTERVAL_S:
+                self._lag_reported = self._parts.clock()
                 await fetcher.report_lag(assignment.owned)
-        await self._expiries.ask()
+        await self._parts.expiries.ask()
 
     async def _apply_check(self) -> None:
         """Act on a finished check (`worker.runtime.topic_watch`). A broker may acknowledge
@@ -396,7 +311,7 @@ class Worker:
         calls are judged and sent again once the topic is back), and nothing is judged until
         it is. A deleted state topic (a changelog, the idempotency keys) took the state with
         it: the worker stops."""
-        found = self._topics.finished()
+        found = self._parts.topics.finished()
         if found is None:
             return
         if found.state_gone:
@@ -414,13 +329,13 @@ class Worker:
                 await self._assignment.release([(tp.topic, tp.partition) for tp in revoked])
 
     async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
-        self._membership.assigned()
+        self._parts.membership.assigned()
         try:
             async with self._round:
                 if self._assignment is not None:
                     await self._assignment.open([(tp.topic, tp.partition) for tp in assigned])
         finally:
-            self._membership.settled()
+            self._parts.membership.settled()
 
     # -- readiness -----------------------------------------------------------------------------
 
