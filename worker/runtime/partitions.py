@@ -38,7 +38,7 @@ from worker.metrics import Metrics
 from worker.runtime.approvals import ApprovalOwners
 from worker.runtime.checkpoints import ChangelogRecord, Writer, new_writer_id, restore
 from worker.runtime.delivery import Delivery, Lost, Partition
-from worker.runtime.fetcher import Fetcher
+from worker.runtime.fetcher import Batch, Fetcher
 from worker.runtime.kafka import Kafka
 from worker.runtime.keys import KeyOwners
 from worker.runtime.topic_watch import TopicWatch
@@ -328,6 +328,16 @@ class Assignment:
             self._stop_fatally(exc)
             return
         await self.restore(again)
+
+    def judgeable(self, batch: Batch) -> Batch:
+        """What of a fetched batch is still this worker's to judge: a partition revoked,
+        rewound or no longer writable since the batch was fetched is elsewhere now."""
+        return {
+            tp: records
+            for tp, records in self._fetcher.current(batch).items()
+            if (tp.topic, tp.partition) in self.owned
+            and self._delivery.writable((tp.topic, tp.partition))
+        }
 
     async def recover(self, lost: Lost) -> None:
         """Partitions the delivery can no longer write for: fenced ones are given up (paused,

@@ -278,13 +278,7 @@ class Worker:
         self._start_steps.fetched(sum(len(r) for r in batch.values()))
         async with self._round:
             await self._apply_check()
-            # a partition revoked (or rewound) since this batch was fetched is elsewhere now
-            batch = {
-                tp: records
-                for tp, records in fetcher.current(batch).items()
-                if (tp.topic, tp.partition) in assignment.owned
-                and delivery.writable((tp.topic, tp.partition))
-            }
+            batch = assignment.judgeable(batch)
             if self._parts.topics.failing:
                 # A failing write may mean its topic was deleted: a check says whether (such a
                 # topic never acknowledges, so nothing else may wait for a check)
