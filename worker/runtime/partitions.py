@@ -5,7 +5,8 @@ A partition assigned is opened for writing (`Delivery.open`: under exactly_once,
 then paused until its state is restored, then fetched from where that state ends. A partition
 revoked has what is in flight for it finished (bounded) and its state dropped; one the delivery
 can no longer write for is restored again from its committed state, or, fenced, given up until
-the group assigns it again.
+the group assigns it again. Every partition is restored again when a topic written to is found
+deleted, and a state topic found deleted stops the worker (`act_on`).
 
 Every input topic has a compacted changelog with a partition for each of the input's
 (`worker.runtime.topics`); the idempotency requests have the compacted key store
@@ -41,8 +42,8 @@ from worker.runtime.delivery import Delivery, Lost, Partition
 from worker.runtime.fetcher import Batch, Fetcher
 from worker.runtime.kafka import Kafka
 from worker.runtime.keys import KeyOwners
-from worker.runtime.topic_watch import TopicWatch
-from worker.runtime.topics import TopicSpec, changelog_topic
+from worker.runtime.topic_watch import Found, TopicWatch
+from worker.runtime.topics import TopicSpec, changelog_topic, state_topics_deleted
 
 log = logging.getLogger("callgate.worker")
 
@@ -338,6 +339,20 @@ class Assignment:
             if (tp.topic, tp.partition) in self.owned
             and self._delivery.writable((tp.topic, tp.partition))
         }
+
+    async def act_on(self, found: Found | None) -> None:
+        """Act on a finished check of the written topics (`worker.runtime.topic_watch`). A
+        broker may acknowledge writes to a deleted topic and drop them: when one is found gone,
+        the outputs since the last checkpoint may be too, so every partition is rewound to its
+        checkpoint, once (the calls are judged and sent again once the topic is back), and
+        nothing is judged until it is. A deleted state topic (a changelog, the idempotency
+        keys) took the state with it: the worker stops."""
+        if found is None:
+            return
+        if found.state_gone:
+            self._stop_fatally(state_topics_deleted(found.state_gone))
+        elif found.newly_missing:
+            await self.rewind()
 
     async def recover(self, lost: Lost) -> None:
         """Partitions the delivery can no longer write for: fenced ones are given up (paused,

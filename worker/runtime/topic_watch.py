@@ -9,7 +9,7 @@ wanted (checkpoints wait for one: `verified_at`), and at the next chance when a 
 
 A check's outcome is taken in as soon as it is done (`verified_at` moves then, whoever waits
 for it); `finished()` hands what the checks done since it was last called found, as a `Found`,
-to the worker, which acts on it (`Worker._apply_check`): a state topic gone stops it, an
+to the worker, which acts on it (`Assignment.act_on`): a state topic gone stops it, an
 outcome topic gone rewinds every partition, and nothing is judged until the topic is back. A
 state topic is taken for gone only once every check for `STATE_GONE_AFTER_S` missed it: the
 node a check asks may not have caught up with the cluster yet (a topic made a moment ago, as
@@ -39,9 +39,9 @@ STATE_GONE_AFTER_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class Found:
-    """What a finished check found that the worker acts on: the state topics deleted (it
-    stops), and the topics written to found missing since the last check (it rewinds once,
-    and judges nothing until they are back: `missing`)."""
+    """What a finished check found, that the worker acts on (`Assignment.act_on`): the state
+    topics deleted (it stops), and the topics written to found missing since the last check
+    (it rewinds once, and judges nothing until they are back: `missing`)."""
 
     state_gone: tuple[str, ...] = ()
     newly_missing: tuple[str, ...] = ()

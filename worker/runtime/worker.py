@@ -46,7 +46,6 @@ from worker.runtime.partitions import Assignment
 from worker.runtime.parts import build_parts
 from worker.runtime.progress import Progress, StartSteps
 from worker.runtime.provision import missing_topics, must_exist, refused, subscription
-from worker.runtime.topics import state_topics_deleted
 from worker.settings import Settings
 
 if TYPE_CHECKING:  # the otel extra: imported only when tracing is on
@@ -277,7 +276,7 @@ class Worker:
             return  # what was fetched is fetched again by whoever judges it next
         self._start_steps.fetched(sum(len(r) for r in batch.values()))
         async with self._round:
-            await self._apply_check()
+            await assignment.act_on(self._parts.topics.finished())
             batch = assignment.judgeable(batch)
             if self._parts.topics.failing:
                 # A failing write may mean its topic was deleted: a check says whether (such a
@@ -297,21 +296,6 @@ class Worker:
                 self._lag_reported = self._parts.clock()
                 await fetcher.report_lag(assignment.owned)
         await self._parts.expiries.ask()
-
-    async def _apply_check(self) -> None:
-        """Act on a finished check (`worker.runtime.topic_watch`). A broker may acknowledge
-        writes to a deleted topic and drop them: when one is found gone, the outputs since the
-        last checkpoint may be too, so every partition is rewound to its checkpoint, once (the
-        calls are judged and sent again once the topic is back), and nothing is judged until
-        it is. A deleted state topic (a changelog, the idempotency keys) took the state with
-        it: the worker stops."""
-        found = self._parts.topics.finished()
-        if found is None:
-            return
-        if found.state_gone:
-            self._stop_fatally(state_topics_deleted(found.state_gone))
-        elif found.newly_missing and self._assignment is not None:
-            await self._assignment.rewind()
 
     # -- rebalance -----------------------------------------------------------------------------
 
