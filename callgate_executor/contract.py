@@ -72,11 +72,14 @@ APPROVAL_MISMATCH = ResultError(
 )
 
 
-def approval_refusal(event: Accepted) -> ResultError | None:
+def approval_refusal(event: Accepted, *, contract_requires: bool) -> ResultError | None:
     """Why a call whose contract requires approval may not run: it has no approval, or its
     approval's fingerprint differs from the one recomputed from its tool, version and arguments
-    (by the gate's own `worker.core.approval.fingerprint`); None when it may run."""
-    if not event.requires_approval:
+    (by the gate's own `worker.core.approval.fingerprint`); None when it may run. A call needs
+    an approval when its event says so or when the executor's own contract of its schema and
+    version does (`contract_requires`): an event saying it needs none is not taken at its word
+    for a contract that requires one (an event of a gate whose contract did not, say)."""
+    if not (event.requires_approval or contract_requires):
         return None
     if event.approval is None:
         return APPROVAL_MISSING
@@ -89,14 +92,19 @@ def approval_refusal(event: Accepted) -> ResultError | None:
 
 
 def refusal(
-    event: Accepted, *, handled: bool, argument_error: ResultError | None
+    event: Accepted,
+    *,
+    handled: bool,
+    contract_requires_approval: bool,
+    argument_error: ResultError | None,
 ) -> ResultError | None:
     """Why a call may not run at all, first reason first: no handler (`handled` false), its
-    approval (`approval_refusal`), its arguments refused by the handler's type
-    (`argument_error`); None when it may run."""
+    approval (`approval_refusal`, with whether the executor's contract of the call requires
+    one), its arguments refused by the handler's type (`argument_error`); None when it may run."""
     if not handled:
         return NO_HANDLER
-    return approval_refusal(event) or argument_error
+    approval = approval_refusal(event, contract_requires=contract_requires_approval)
+    return approval or argument_error
 
 
 def execution_key(event: Accepted) -> str:

@@ -386,9 +386,11 @@ class Executor:
             return
         spec = self._handlers.find(event)
         typed = typed_arguments(spec, event) if spec is not None else None
+        found = self._contract(event)
         refusal = contract.refusal(
             event,
             handled=spec is not None,
+            contract_requires_approval=found is not None and found.meta.requires_approval,
             argument_error=typed if isinstance(typed, ResultError) else None,
         )
         retry_safe = spec is not None and spec.retry_safe

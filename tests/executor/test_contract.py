@@ -14,17 +14,26 @@ from hypothesis import strategies as st
 from callgate_executor import contract
 from callgate_executor.contract import ANSWERED, DONE, STARTED, Execution, Outcome, Step, decide
 from tests.support import published
-from tests.support.executor import Judge
+from tests.support.executor import Judge, contract_settings
+from worker.compose import build_registry
 from worker.published import Document
 from worker.published.model import Accepted, ResultError, ResultStatus, parse_event
+from worker.schemas.contract import Contract
 
 JUDGE = Judge()
+REGISTRY = build_registry(contract_settings())
 
 
 def _event(value: bytes) -> Accepted:
     event = parse_event(value)
     assert isinstance(event, Accepted)
     return event
+
+
+def _requires_approval(event: Accepted) -> bool:
+    """Whether the executor's own contract of the call requires an approval."""
+    found = REGISTRY.resolve(event.schema_ref.id, event.schema_ref.version)
+    return isinstance(found, Contract) and found.meta.requires_approval
 
 
 def _pay(key: str, amount: int, call_id: str) -> Accepted:
@@ -142,24 +151,31 @@ def test_a_call_requiring_approval_runs_only_with_an_approval_of_its_own_argumen
     unapproved = _event(JUDGE.accepted("wire", arguments, call_id="c-appr-1"))
     assert unapproved.requires_approval
     assert unapproved.approval is None
-    assert contract.approval_refusal(unapproved) == contract.APPROVAL_MISSING
+    assert (
+        contract.approval_refusal(unapproved, contract_requires=True) == contract.APPROVAL_MISSING
+    )
     approved = _approved(arguments, "c-appr-2")
     assert approved.approval is not None
-    assert contract.approval_refusal(approved) is None
+    assert contract.approval_refusal(approved, contract_requires=True) is None
     # an approval whose fingerprint was tampered with, or carried over to other arguments
     approval = approved.approval
     tampered = approved.model_copy(
         update={"approval": approval.model_copy(update={"fingerprint": "0" * 32})}
     )
-    assert contract.approval_refusal(tampered) == contract.APPROVAL_MISMATCH
+    assert contract.approval_refusal(tampered, contract_requires=True) == contract.APPROVAL_MISMATCH
     moved = approved.model_copy(update={"arguments": {**arguments, "amount_minor": 500}})
-    assert contract.approval_refusal(moved) == contract.APPROVAL_MISMATCH
+    assert contract.approval_refusal(moved, contract_requires=True) == contract.APPROVAL_MISMATCH
     other_version = approved.model_copy(
         update={"schema_ref": approved.schema_ref.model_copy(update={"version": "2"})}
     )
-    assert contract.approval_refusal(other_version) == contract.APPROVAL_MISMATCH
+    assert (
+        contract.approval_refusal(other_version, contract_requires=True)
+        == contract.APPROVAL_MISMATCH
+    )
     # a call that needs no approval needs none
-    assert contract.approval_refusal(_pay("k-appr", 100, "c-appr-3")) is None
+    assert (
+        contract.approval_refusal(_pay("k-appr", 100, "c-appr-3"), contract_requires=False) is None
+    )
     refused = contract.refused_result(tampered, contract.APPROVAL_MISMATCH)
     record = published.check(Document.TOOL_RESULT, contract.encode_result(refused))
     assert (record["status"], record["error"]["type"]) == (
@@ -175,7 +191,9 @@ def test_a_refusal_is_the_calls_answer_for_good_and_leaves_its_key_free() -> Non
     first = contract.answer(
         forged,
         state,
-        refusal=contract.refusal(forged, handled=True, argument_error=None),
+        refusal=contract.refusal(
+            forged, handled=True, contract_requires_approval=True, argument_error=None
+        ),
         retry_safe=True,
     )
     assert first.step is Step.REFUSED
@@ -185,7 +203,9 @@ def test_a_refusal_is_the_calls_answer_for_good_and_leaves_its_key_free() -> Non
     state[note.key] = Execution.decode(note.encode())  # as a restored member reads it
     # delivered again, even to an executor that has no handler for it now: the same answer
     for handled in (True, False):
-        refusal = contract.refusal(forged, handled=handled, argument_error=None)
+        refusal = contract.refusal(
+            forged, handled=handled, contract_requires_approval=True, argument_error=None
+        )
         again = contract.answer(forged, state, refusal=refusal, retry_safe=True)
         assert (again.step, again.result, again.records) == (Step.ALREADY_DONE, first.result, ())
         assert again.to_write(exactly_once=True, delivered=False) is None
@@ -291,7 +311,12 @@ class Member:
     def deliver(self, made: Made, handled: bool, crash: str | None) -> bool:
         """One delivery; False: it stopped at `crash` (its offset uncommitted)."""
         event = made.event
-        refusal = contract.refusal(event, handled=handled, argument_error=None)
+        refusal = contract.refusal(
+            event,
+            handled=handled,
+            contract_requires_approval=_requires_approval(event),
+            argument_error=None,
+        )
         retry_safe = handled and self.retry_safe
         answer = contract.answer(event, self.state, refusal=refusal, retry_safe=retry_safe)
         if answer.step is Step.RUN:
@@ -462,3 +487,61 @@ def test_an_accepted_tool_result_is_not_a_call() -> None:
         update={"metrics": call.metrics.model_copy(update={"phases_us": phases})}
     )
     assert not contract.is_call(result)
+
+
+# -- whether a call needs an approval is its contract's, not only its event's --------------------
+
+_APPROVABLE = [
+    ("pay", {"amount_minor": 3, "currency": "EUR", "recipient": "acme", "idempotency_key": "nr"}),
+    ("lookup", {"sku": "s"}),
+    ("wire", {"amount_minor": 3, "idempotency_key": "needs"}),
+]
+_ACCEPTED = {
+    tool: _event(JUDGE.accepted(tool, arguments, call_id=f"needs-{tool}"))
+    for tool, arguments in _APPROVABLE
+}
+_APPROVED = _approved({"amount_minor": 4, "idempotency_key": "needs"}, "needs-wire-approved")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tool=st.sampled_from([tool for tool, _ in _APPROVABLE]),
+    says_required=st.booleans(),
+    approval=st.sampled_from(["none", "own", "forged", "other_arguments"]),
+)
+def test_a_call_its_contract_requires_an_approval_for_never_runs_without_one(
+    tool: str, says_required: bool, approval: str
+) -> None:
+    """README (the executor's refusals): a call whose contract requires approval and that has
+    none, or one naming other arguments, is refused, whatever its event's `requires_approval`
+    says (an event of a gate whose contract did not require one, a record written by hand)."""
+    event = _ACCEPTED[tool]
+    granted = _APPROVED.approval
+    assert granted is not None
+    if approval == "own":
+        fingerprint = contract.fingerprint(
+            contract.CoreSchemaRef(event.schema_ref.id, event.schema_ref.version), event.arguments
+        )
+        granted = granted.model_copy(update={"fingerprint": fingerprint})
+    elif approval == "forged":
+        granted = granted.model_copy(update={"fingerprint": "0" * 32})
+    event = event.model_copy(
+        update={
+            "requires_approval": says_required,
+            "approval": None if approval == "none" else granted,
+        }
+    )
+    needed = says_required or _requires_approval(event)
+    assert needed is (says_required or tool == "wire")
+    expected = None
+    if needed and approval == "none":
+        expected = contract.APPROVAL_MISSING
+    elif needed and approval != "own":
+        expected = contract.APPROVAL_MISMATCH
+    refusal = contract.refusal(
+        event,
+        handled=True,
+        contract_requires_approval=_requires_approval(event),
+        argument_error=None,
+    )
+    assert refusal == expected, (tool, says_required, approval)
