@@ -62,6 +62,17 @@ def is_call(event: Accepted) -> bool:
     return Phase.TOOL_OUTPUT_VALIDATION.value not in event.metrics.phases_us
 
 
+def unreadable(event: Accepted) -> str | None:
+    """Why an accepted event's request cannot be judged (None: it can): its arguments hold a
+    number past a double's range (read as an infinity), which no digest or fingerprint holds
+    and the gate never writes; such a record is no call."""
+    try:
+        digest_of(event)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 NO_HANDLER = ResultError(type="no_handler", message="no executor runs this tool")
 APPROVAL_MISSING = ResultError(
     type="approval_missing", message="this tool requires an approval, and the call has none"

@@ -541,4 +541,17 @@ def _accepted(record: Any) -> Accepted | None:
             event.outcome,
         )
         return None
-    return event if contract.is_call(event) else None
+    if not contract.is_call(event):
+        return None
+    why = contract.unreadable(event)
+    if why is not None:
+        log.warning(
+            "executor: %s-%d offset %d is an accepted event whose request cannot be read (%s); "
+            "skipped",
+            record.topic,
+            record.partition,
+            record.offset,
+            why,
+        )
+        return None
+    return event

@@ -1,0 +1,69 @@
+"""Whatever a record of the validated (or requests) topic holds, the executor reads it as a call
+it can answer or as no call: generated records made from the gate's own accepted events, with
+numbers of any size, cut short, garbled, of another outcome, never stop it."""
+
+from __future__ import annotations
+
+import orjson
+from aiokafka.structs import ConsumerRecord
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from callgate_executor import contract
+from callgate_executor.executor import _accepted
+from tests.support.executor import Judge
+
+JUDGE = Judge()
+_PAY = {"amount_minor": 5, "currency": "EUR", "recipient": "acme", "idempotency_key": "rec"}
+EVENTS = [
+    JUDGE.accepted("pay", _PAY, call_id="rec-pay"),
+    JUDGE.accepted("lookup", {"sku": "s"}, call_id="rec-lookup"),
+    JUDGE.approved("wire", {"amount_minor": 5, "idempotency_key": "rec-w"}, call_id="rec-wire"),
+]
+
+#: number texts of any magnitude, as a record may spell them (past a double's range included)
+numbers = st.builds(
+    lambda sign, digits, exponent: f"{sign}{digits}e{exponent}".encode(),
+    st.sampled_from(["", "-"]),
+    st.integers(min_value=1, max_value=10**6),
+    st.integers(min_value=-20, max_value=20) | st.integers(min_value=300, max_value=400),
+)
+
+
+def _record(value: bytes) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord("tool-calls.validated", 0, 7, 0, 0, b"k", value, None, 1, len(value), [])
+
+
+@st.composite
+def records(draw: st.DrawFn) -> bytes:
+    value = draw(st.sampled_from(EVENTS))
+    how = draw(st.sampled_from(["number", "cut", "garble", "flag"]))
+    if how == "number":
+        # an argument's number replaced, as a hand-written or foreign record may hold it
+        return value.replace(b'"amount_minor":5', b'"amount_minor":' + draw(numbers))
+    if how == "cut":
+        return value[: draw(st.integers(min_value=0, max_value=len(value)))]
+    if how == "garble":
+        at = draw(st.integers(min_value=0, max_value=len(value)))
+        return value[:at] + draw(st.binary(min_size=1, max_size=8)) + value[at:]
+    fields = orjson.loads(value)
+    fields[draw(st.sampled_from(["outcome", "requires_approval", "arguments", "schema"]))] = draw(
+        st.sampled_from([None, "rejected", True, 1.5, [], {}])
+    )
+    return orjson.dumps(fields)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=records(), handled=st.booleans(), retry_safe=st.booleans())
+def test_every_record_is_a_call_the_executor_answers_or_none(
+    value: bytes, handled: bool, retry_safe: bool
+) -> None:
+    event = _accepted(_record(value))
+    if event is None:
+        return
+    refusal = contract.refusal(
+        event, handled=handled, contract_requires_approval=True, argument_error=None
+    )
+    answer = contract.answer(event, {}, refusal=refusal, retry_safe=retry_safe)
+    assert answer.step in (contract.Step.RUN, contract.Step.REFUSED)
+    assert contract.execution_key(event)
