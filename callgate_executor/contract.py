@@ -270,6 +270,10 @@ CONFLICT_ERROR = ResultError(
     type="idempotency_conflict",
     message="this idempotency key was already used for a different request; nothing ran",
 )
+OUTPUT_TOO_LARGE = ResultError(
+    type="output_too_large",
+    message="the tool's output makes its result larger than the executor may write",
+)
 INTERRUPTED_ERROR = ResultError(
     type="interrupted",
     message="the executor stopped while the tool ran; whether it took effect is unknown, and "
@@ -407,8 +411,20 @@ def answer(
     return Answer(Step.INTERRUPTED, recorded_result(event, done), _with_note(event, done))
 
 
-def ran(event: Accepted, begun: Execution, outcome: Outcome) -> Answer:
-    """The answer of a call whose handler ran (from `begun`) to `outcome`."""
+def ran(event: Accepted, begun: Execution, outcome: Outcome, *, max_bytes: int) -> Answer:
+    """The answer of a call whose handler ran (from `begun`) to `outcome`: `failed`,
+    `output_too_large`, when its result or one of its records would pass `max_bytes` (a record
+    the topics refuse would stop the executor, and a handler safe to retry would run again and
+    again)."""
+    answer = _ran(event, begun, outcome)
+    assert answer.result is not None
+    sizes = [len(encode_result(answer.result)), *(len(r.encode()) for r in answer.records)]
+    if max(sizes) <= max_bytes:
+        return answer
+    return _ran(event, begun, Outcome(ResultStatus.FAILED, error=OUTPUT_TOO_LARGE))
+
+
+def _ran(event: Accepted, begun: Execution, outcome: Outcome) -> Answer:
     done = finished(begun, outcome)
     return Answer(Step.RUN, recorded_result(event, done), _with_note(event, done))
 

@@ -434,7 +434,7 @@ class Executor:
         contract_ = self._contract(event)
         output_check = contract_.output_check if contract_ is not None else None
         outcome = await run_handler(spec, call, output_check, self.settings.limits.max_depth)
-        answer = contract.ran(event, begun, outcome)
+        answer = contract.ran(event, begun, outcome, max_bytes=self.settings.limits.max_event_bytes)
         emitted = call.emitted if outcome.status is ResultStatus.SUCCEEDED else []
         assert answer.result is not None
         await self._finish(

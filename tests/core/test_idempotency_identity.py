@@ -337,7 +337,8 @@ def test_an_equal_request_is_one_relation_at_the_key_owner_and_in_the_executor(
     ran = contract.answer(a.event, {}, refusal=None, retry_safe=False)
     assert ran.step is contract.Step.RUN
     assert ran.begun is not None
-    done = contract.ran(a.event, ran.begun, contract.Outcome(ResultStatus.SUCCEEDED, {"ok": 1}))
+    outcome = contract.Outcome(ResultStatus.SUCCEEDED, {"ok": 1})
+    done = contract.ran(a.event, ran.begun, outcome, max_bytes=Settings().limits.max_event_bytes)
     state = {record.key: record for record in done.records}
     executor = contract.Step.REPLAY if equal else contract.Step.CONFLICT
     assert contract.answer(b.event, state, refusal=None, retry_safe=False).step is executor

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from callgate_executor import contract
 from callgate_executor.executor import _accepted
 from tests.support.executor import Judge
+from worker.published.model import ResultError, ResultStatus
 
 JUDGE = Judge()
 _PAY = {"amount_minor": 5, "currency": "EUR", "recipient": "acme", "idempotency_key": "rec"}
@@ -67,3 +68,50 @@ def test_every_record_is_a_call_the_executor_answers_or_none(
     answer = contract.answer(event, {}, refusal=refusal, retry_safe=retry_safe)
     assert answer.step in (contract.Step.RUN, contract.Step.REFUSED)
     assert contract.execution_key(event)
+
+
+#: the smallest bound the settings allow, so that outputs past it are quick to make
+SMALL = 65_536
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(min_value=0, max_value=2 * SMALL) | st.integers(SMALL - 600, SMALL + 100),
+    error_type=st.booleans(),
+    own=st.booleans(),
+)
+def test_a_run_never_writes_a_record_past_the_bound(size: int, error_type: bool, own: bool) -> None:
+    """README: a run's result and its records are never larger than
+    `CALLGATE_LIMITS__MAX_EVENT_BYTES`: an output (or a `ToolError`'s type) that would make one
+    larger fails the call `output_too_large`, recorded as any failure."""
+    accepted = _accepted(_record(EVENTS[1]))
+    assert accepted is not None
+    executed = accepted.event_id if own else "another-event"
+    begun = contract.started(accepted, contract.execution_key(accepted), "d", 1, executed)
+    if error_type:
+        error = ResultError(type="x" * size, message="m")
+        outcome = contract.Outcome(ResultStatus.FAILED, error=error)
+    else:
+        outcome = contract.Outcome(ResultStatus.SUCCEEDED, output={"text": "x" * size})
+    answer = contract.ran(accepted, begun, outcome, max_bytes=SMALL)
+    assert answer.result is not None
+    written = [contract.encode_result(answer.result), *(r.encode() for r in answer.records)]
+    assert max(len(value) for value in written) <= SMALL
+    unbounded = contract.ran(accepted, begun, outcome, max_bytes=10 * SMALL)
+    assert unbounded.result is not None
+    fits = (
+        max(
+            len(value)
+            for value in [
+                contract.encode_result(unbounded.result),
+                *(r.encode() for r in unbounded.records),
+            ]
+        )
+        <= SMALL
+    )
+    if fits:
+        assert answer == unbounded
+    else:
+        assert answer.result.status is ResultStatus.FAILED
+        assert answer.result.error == contract.OUTPUT_TOO_LARGE
+        assert answer.records[0].state == contract.DONE
