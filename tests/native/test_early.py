@@ -7,7 +7,9 @@ must leave alone), kept only when the final judgement accepts them, spelled thre
 indented, every non-ASCII character escaped, surrogate pairs included) and fed to the reassembler
 one character per chunk (so the judge sees every prefix) or in random chunks: never rejected
 early. Generated invalid values, when rejected early, are rejected by the final judgement too, in
-the same phase, with the early violation among its violations.
+the same phase, with the early violation among its violations, unless the strict parser refuses
+the text at a byte the early judge had not read: values spelled with a key twice are judged so
+too.
 """
 
 from __future__ import annotations
@@ -133,10 +135,31 @@ def spellings(value: Any) -> list[str]:
     ]
 
 
+def refused_at(text: str, final: Verdict) -> int:
+    """The byte the strict parser's failure names ("(line L, column C)", C counted in bytes), or
+    the text's end for a failure it locates nowhere (a nesting bound)."""
+    data = text.encode()
+    found = re.search(r"\(line (\d+), column (\d+)\)$", final.violations[0].message)
+    if final.phase is not Phase.JSON_PARSE or found is None:
+        return len(data)
+    line, column = int(found[1]), int(found[2])
+    starts = [0, *(at + 1 for at, byte in enumerate(data) if byte == ord("\n"))]
+    return starts[line - 1] + column - 1
+
+
 def check_sound(p: Processor, tool: str, version: str, value: Any, cuts: list[int]) -> None:
-    for text in spellings(value):
+    check_texts(p, tool, version, spellings(value), cuts)
+
+
+def check_texts(p: Processor, tool: str, version: str, texts: list[str], cuts: list[int]) -> None:
+    """Each text fed a character at a time and cut at `cuts`: a text the final judgement accepts
+    is never rejected early; one rejected early is rejected finally in the same phase, with the
+    early violation among its own, unless the strict parser refuses it at a byte the early judge
+    had not read (the defect the text read first shows is the one named)."""
+    for text in texts:
         final = final_verdict(p, tool, version, text)
-        for chunking in (list(range(len(text))), cuts):
+        every = list(range(len(text)))
+        for chunking in (every, cuts):
             call = early_call(p, tool, version, text, chunking)
             if final.outcome is Outcome.ACCEPTED:
                 assert call is None, (text, call and call.early)
@@ -144,7 +167,11 @@ def check_sound(p: Processor, tool: str, version: str, value: Any, cuts: list[in
                 early = p.gate.judge(call)
                 assert early.outcome is Outcome.REJECTED
                 if final.phase in UNREAD and early.phase not in UNREAD:
-                    continue  # text the strict parser refuses later: rejected either way
+                    # text the strict parser refuses later: rejected either way (fed a
+                    # character at a time, the text read ends with the byte that decided)
+                    if chunking is every:
+                        assert refused_at(text, final) >= call.nbytes, (text, early, final)
+                    continue
                 assert early.phase == final.phase, (text, early, final)
                 (violation,) = early.violations
                 found = {(v.path, v.keyword) for v in final.violations}
@@ -303,6 +330,43 @@ def test_a_value_a_contract_accepts_is_never_rejected_early(data: st.DataObject)
 def test_an_early_rejection_of_a_contract_is_the_final_judgements_too(data: st.DataObject) -> None:
     tool, version, value = contract_value(data, wild=True)
     check_sound(repository(), tool, version, value, cuts_for(data.draw))
+
+
+@st.composite
+def twin_spelling(draw: st.DrawFn, value: Any) -> tuple[str, bool]:
+    """`value` spelled compactly, some of its objects holding a key twice (a copy of one of
+    their keys, spelled with or without escapes, with any value, placed after it: the strict
+    parser refuses the text there), and whether one does."""
+    if isinstance(value, list):
+        elements = [draw(twin_spelling(element)) for element in value]
+        return "[" + ",".join(t for t, _ in elements) + "]", any(twin for _, twin in elements)
+    if not isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=draw(st.booleans())), False
+    members = []
+    twinned = False
+    for key, member in value.items():
+        text, twin = draw(twin_spelling(member))
+        members.append((key, text))
+        twinned |= twin
+    if members and draw(st.booleans()):
+        at = draw(st.integers(0, len(members) - 1))
+        other = draw(st.sampled_from([members[at][1], json.dumps(draw(ANY_VALUE))]))
+        members.insert(draw(st.integers(at + 1, len(members))), (members[at][0], other))
+        twinned = True
+    spelled = [f"{json.dumps(k, ensure_ascii=draw(st.booleans()))}:{v}" for k, v in members]
+    return "{" + ",".join(spelled) + "}", twinned
+
+
+@SOUND
+@given(data=st.data())
+def test_a_key_twice_leaves_the_call_to_the_strict_parser(data: st.DataObject) -> None:
+    """The strict parser refuses an object holding a key twice (`duplicate_key`), whatever
+    follows: nothing read after the twin is judged against the schema."""
+    tool, version, value = contract_value(data, wild=True)
+    assume(isinstance(value, dict))
+    text, twinned = data.draw(twin_spelling(value))
+    assume(twinned)
+    check_texts(repository(), tool, version, [text], cuts_for(data.draw))
 
 
 def test_the_invalid_values_generated_are_often_rejected_early() -> None:

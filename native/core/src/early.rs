@@ -20,6 +20,9 @@
 //!   (the strict parser's own failure on the text read; a text that may open a markdown fence,
 //!   the one repair the chain makes, is left alone).
 //!
+//! A key an object already holds (the strict parser's `duplicate_key`), like a number that
+//! parser refuses, ends the judgement: the call is that parser's, whatever is read after it.
+//!
 //! Subschemas are followed through `properties`, `additionalProperties` and `items` (one schema
 //! for every element), and through local `$ref`s (`#` and `#/...` pointers in a document with no
 //! nested `$id`; in draft 7 a `$ref` replaces its siblings, in 2020-12 the siblings are kept and
@@ -28,11 +31,13 @@
 //! length and count, `patternProperties`, `prefixItems`, unresolvable references) is the final
 //! judgement's.
 //!
-//! The [`Judge`] keeps a small state per open call: the open containers (with the current key or
-//! index), the lexer's state, and for a string the enum members it may still be (a range of the
-//! sorted members) and its length; each byte is read once.
+//! The [`Judge`] keeps a small state per open call: the open containers (with the current key
+//! and the hashes of the keys read, or index), the lexer's state, and for a string the enum
+//! members it may still be (a range of the sorted members) and its length; each byte is read
+//! once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use crate::json::{self, Code, Failure, DEPTH_CAP};
@@ -546,8 +551,16 @@ pub struct Verdict {
 
 #[derive(Clone, Debug)]
 enum Frame {
-    Object { node: u32, key: Vec<u8> },
-    Array { node: u32, started: u64 },
+    Object {
+        node: u32,
+        key: Vec<u8>,
+        /// the hashes of the keys read (a key twice is the strict parser's failure)
+        seen: HashSet<u64>,
+    },
+    Array {
+        node: u32,
+        started: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -805,6 +818,7 @@ impl Judge {
                     self.stack.push(Frame::Object {
                         node,
                         key: Vec::new(),
+                        seen: HashSet::new(),
                     });
                     self.lex = Lex::FirstKey;
                 } else {
@@ -1016,7 +1030,17 @@ impl Judge {
     fn string_end(&mut self) -> Result<(), Stop> {
         if self.text.key {
             self.lex = Lex::Colon;
-            let Some(Frame::Object { node, key }) = self.stack.last() else {
+            let Some(Frame::Object { key, seen, .. }) = self.stack.last_mut() else {
+                return Err(Stop::NotJson);
+            };
+            let mut hasher = DefaultHasher::new();
+            key.hash(&mut hasher);
+            if !seen.insert(hasher.finish()) {
+                // a key twice (or two keys of one hash): the strict parser refuses the text at
+                // the twin whatever follows, so nothing read after it decides
+                return Err(Stop::Off);
+            }
+            let Some(Frame::Object { node, key, .. }) = self.stack.last() else {
                 return Err(Stop::NotJson);
             };
             let rules = self.schema.node(*node);
@@ -1216,6 +1240,17 @@ mod tests {
         assert_eq!(first(WEATHER, "```json\n{\"city\":1}"), None);
         assert_eq!(first(WEATHER, r#"{"days":NaN}"#), None);
         assert_eq!(first(WEATHER, r#"{"days":-Infinity}"#), None);
+    }
+
+    #[test]
+    fn a_key_twice_leaves_the_call_and_all_after_it_to_the_strict_parser() {
+        let twice = r#"{"unit":"celsius","unit":"kelvin"}"#;
+        assert_eq!(first(WEATHER, twice), None);
+        let escaped = r#"{"city":"a","c\u0069ty":"b","town":1}"#;
+        assert_eq!(first(WEATHER, escaped), None);
+        // what is read before the twin still decides
+        let before = schema_at(first(WEATHER, r#"{"town":1,"town":2}"#));
+        assert_eq!(before, Some((7, "/town".into(), "additionalProperties")));
     }
 
     #[test]
