@@ -20,9 +20,18 @@ def _quote(value: Any) -> str:
     return text if len(text) <= _MAX_PARAM else text[: _MAX_PARAM - 3] + "..."
 
 
+#: the order a type list is named in, whatever order the schema or an engine gives it
+#: (jsonschema-rs reports a type set so): one list reads alike wherever it was read
+_TYPE_ORDER = {
+    name: at
+    for at, name in enumerate(("null", "boolean", "integer", "number", "string", "array", "object"))
+}
+
+
 def _types(value: Any) -> str:
     names = value if isinstance(value, list) else [value]
-    return " or ".join(str(name) for name in names)
+    ordered = sorted(names, key=lambda name: _TYPE_ORDER.get(name, len(_TYPE_ORDER)))
+    return " or ".join(str(name) for name in ordered)
 
 
 def describe(keyword: str, param: Any = None) -> str:
