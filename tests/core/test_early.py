@@ -3,13 +3,15 @@
 A call whose chunks already prove its contract cannot accept it gets its one event when the
 deciding chunk arrives (`rejected`, `early: true`, `early_offset`); the rest of its stream is
 dropped and counted, and stays dropped across a checkpoint, a restore and a replay of records
-already fed; every vendor format gets it (it sits on the reassembler); the setting turns it off;
+already fed; an envelope call is judged early only under the version it names (a later chunk may
+name it); every vendor format gets it (it sits on the reassembler); the setting turns it off;
 in shadow mode only tools whose candidate decides alike keep it. The generated crash and restore
 properties of `test_processor` run with early verdicts on, over traffic that has them.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import shutil
 import subprocess
@@ -19,6 +21,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.adapters import streamgen
 from tests.core.test_processor import TOPIC, Partition, envelope, events
@@ -119,7 +123,7 @@ def test_invalid_json_no_repair_rescues_is_rejected_early_in_its_phase() -> None
     p, rec = new_processor(), Partition()
     pieces = ['{"city" "Oslo"', ',"units":"celsius"', "}"]
     records = [
-        rec(envelope("r1", "c1", n, piece, tool="get_weather", final=n == 2))
+        rec(envelope("r1", "c1", n, piece, tool="get_weather", tool_version="2", final=n == 2))
         for n, piece in enumerate(pieces)
     ]
     (emission,) = p.feed(TOPIC, 0, records)
@@ -130,18 +134,115 @@ def test_invalid_json_no_repair_rescues_is_rejected_early_in_its_phase() -> None
         records[0].offset,
     )
     # the same text whole: the same violation
-    whole = rec(envelope("r2", "c2", 0, "".join(pieces), tool="get_weather", final=True))
+    whole = rec(
+        envelope("r2", "c2", 0, "".join(pieces), tool="get_weather", tool_version="2", final=True)
+    )
     (final,) = p.feed(TOPIC, 0, [whole])
     assert orjson.loads(final.value)["violations"] == event["violations"]
     # a fence may open: the one repair the chain makes is left to the end
     fenced = ['```json\n{"city":3', "}\n```"]
     records = [
-        rec(envelope("r3", "c3", n, piece, tool="get_weather", final=n == 1))
+        rec(envelope("r3", "c3", n, piece, tool="get_weather", tool_version="2", final=n == 1))
         for n, piece in enumerate(fenced)
     ]
     assert p.feed(TOPIC, 0, records[:1]) == []
     (late,) = p.feed(TOPIC, 0, records[1:])
     assert "early" not in orjson.loads(late.value)
+
+
+MEMBER_SCHEMAS = st.one_of(
+    st.builds(lambda e: {"enum": e}, st.lists(st.sampled_from(["x", "xy", "y", ""]), min_size=1)),
+    st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 3)),
+    st.builds(lambda n: {"type": "integer", "maximum": n}, st.integers(-2, 2)),
+    st.sampled_from([{"type": ["string", "null"]}, {"const": "x"}, {"type": "boolean"}]),
+)
+MEMBER_VALUES = st.one_of(
+    st.sampled_from(["x", "xy", "y", "", "xyz", "yx"]), st.integers(-3, 3), st.none(), st.booleans()
+)
+
+
+@st.composite
+def object_schema(draw: st.DrawFn) -> dict[str, Any]:
+    names = draw(st.lists(st.sampled_from("abc"), unique=True))
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": {name: draw(MEMBER_SCHEMAS) for name in names},
+        "additionalProperties": draw(st.booleans()),
+    }
+
+
+def verdict_of(event: dict[str, Any]) -> tuple[Any, ...]:
+    """What an event decides: all but its record, timing and early fields, its violations
+    apart (an early rejection names one, the whole judgement each it finds)."""
+    feedback = dict(event.get("retry_feedback") or {})
+    feedback.pop("violations", None)
+    return (
+        event["call_id"],
+        event["outcome"],
+        event["phase"],
+        event["error_code"],
+        event["reason"],
+        event["schema"],
+        feedback,
+        event.get("arguments"),
+    )
+
+
+def assert_decided_alike(early: dict[str, Any], whole: dict[str, Any]) -> None:
+    """The early verdict is the whole judgement's: the same decision, its violation among the
+    whole judgement's."""
+    assert verdict_of(early) == verdict_of(whole), (early, whole)
+    assert all(v in whole["violations"] for v in early["violations"]), (early, whole)
+    named = (early.get("retry_feedback") or {}).get("violations", [])
+    assert all(v in whole["retry_feedback"]["violations"] for v in named), (early, whole)
+
+
+@settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    schemas=st.tuples(object_schema(), object_schema()),
+    value=st.dictionaries(st.sampled_from("abcd"), MEMBER_VALUES, max_size=4),
+    cuts=st.lists(st.integers(1, 30), min_size=1, max_size=8),
+    named=st.tuples(st.sampled_from(["1", "2", "3"]), st.integers(0, 9)),
+)
+def test_an_envelope_call_is_judged_early_under_the_version_it_names_at_any_chunk(
+    tmp_path_factory: pytest.TempPathFactory,
+    schemas: tuple[dict[str, Any], dict[str, Any]],
+    value: dict[str, Any],
+    cuts: list[int],
+    named: tuple[str, int],
+) -> None:
+    """A call whose envelopes name its version on a later chunk than its tool (or never) gets
+    the verdict of the contract it names, early or not: the events with early verdicts on are
+    those with them off, but for when they come."""
+    contracts = tmp_path_factory.mktemp("contracts")
+    (contracts / "case").mkdir()
+    for version, schema in zip(("1", "2"), schemas, strict=True):
+        (contracts / "case" / f"case.v{version}.schema.json").write_bytes(orjson.dumps(schema))
+    text = orjson.dumps(value).decode()
+    bounds = [0, *sorted({c for c in cuts if c < len(text)}), len(text)]
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    version, at = named[0], named[1] % (len(pieces) + 1)  # past the last piece: never
+    decided = []
+    for early in (True, False):
+        settings_ = Settings(schemas={"dir": contracts}, assembly={"early_verdict": early})
+        p, rec = new_processor(settings_), Partition()
+        out = []
+        for seq, piece in enumerate(pieces):
+            fields: dict[str, Any] = {"final": seq == len(pieces) - 1}
+            if seq == 0:
+                fields["tool"] = "case"
+            if seq == at:
+                fields["tool_version"] = version
+            out += p.feed(TOPIC, 0, [rec(envelope("r1", "c1", seq, piece, **fields))])
+        (event,) = events(out)
+        decided.append(event)
+    assert_decided_alike(*decided)
 
 
 @pytest.mark.parametrize("fmt", ["openai.chat", "anthropic.messages", "openai.responses"])

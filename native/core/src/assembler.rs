@@ -37,7 +37,8 @@
 //!   assembled as its own call, which is always rejected `call_id_reused`.
 //!
 //! - With early rules ([`Assembler::early`]), a tool call's text is read by its contract's
-//!   [`Judge`] as its pieces come (looked up once its tool is known, again if a version arrives
+//!   [`Judge`] as its pieces come (looked up once its contract is known: its tool, and in
+//!   envelopes, which may name the version on any piece, its version; again if a version arrives
 //!   later). A piece that proves the call can no longer be accepted closes it at once
 //!   (`Ending::Early`, unless it is the call's final piece); it is remembered as such, in
 //!   snapshots too, and every later piece of it is dropped and counted (`early_dropped_chunks`).
@@ -951,8 +952,20 @@ impl<'a> PartitionFeed<'a> {
     /// One piece of the record at `offset` (after `begin_record`); what the reassembler keeps
     /// of it is taken out.
     pub fn feed(&mut self, offset: i64, piece: &mut Piece<'_>, out: &mut Vec<Closed>) {
+        self.feed_from(offset, piece, false, out)
+    }
+
+    /// [`feed`](Self::feed), saying whether the piece came in an envelope (which may name its
+    /// call's version on any chunk; an adapter names it on a call's first piece or never).
+    fn feed_from(
+        &mut self,
+        offset: i64,
+        piece: &mut Piece<'_>,
+        envelope: bool,
+        out: &mut Vec<Closed>,
+    ) {
         match piece {
-            Piece::Call(call) => self.take(offset, call, out),
+            Piece::Call(call) => self.take(offset, call, envelope, out),
             Piece::End { stream_id, finish } => self.end_stream(offset, stream_id, *finish, out),
             Piece::Abort {
                 stream_id,
@@ -1020,7 +1033,7 @@ impl<'a> PartitionFeed<'a> {
                 });
             }
         }
-        self.feed(offset, piece, out);
+        self.feed_from(offset, piece, true, out);
         if let Piece::Call(call) = piece {
             if let Some(stream) = self.part.streams.get_mut(&*call.stream_id) {
                 if !stream.envelope {
@@ -1143,7 +1156,13 @@ impl<'a> PartitionFeed<'a> {
         }
     }
 
-    fn take(&mut self, offset: i64, piece: &mut CallPiece<'_>, out: &mut Vec<Closed>) {
+    fn take(
+        &mut self,
+        offset: i64,
+        piece: &mut CallPiece<'_>,
+        envelope: bool,
+        out: &mut Vec<Closed>,
+    ) {
         let lifetime = self.shared.limits.max_call_lifetime_ms;
         let Partition {
             streams,
@@ -1167,7 +1186,7 @@ impl<'a> PartitionFeed<'a> {
                 self.shared.counters.late_chunks += 1;
                 Some(Ending::Incomplete(Incomplete::MaxLifetime))
             } else {
-                self.shared.append(tools, call, offset, piece)
+                self.shared.append(tools, call, offset, piece, envelope)
             };
             if let Some(ending) = ending {
                 let key = self
@@ -1215,7 +1234,7 @@ impl<'a> PartitionFeed<'a> {
             .get_mut(&*key.stream_id)
             .and_then(|stream| stream.calls.get_mut(&key.call_id))
             .expect("opened above");
-        if let Some(ending) = self.shared.append(tools, call, offset, piece) {
+        if let Some(ending) = self.shared.append(tools, call, offset, piece, envelope) {
             self.close(&key, ending, out);
         }
     }
@@ -1347,6 +1366,7 @@ impl Shared<'_> {
         call: &mut OpenCall,
         offset: i64,
         piece: &mut CallPiece<'_>,
+        envelope: bool,
     ) -> Option<Ending> {
         call.last_offset = offset;
         call.dirty = true;
@@ -1454,7 +1474,7 @@ impl Shared<'_> {
         }
         call.busy_ns += self.record_ns;
         if !piece.is_final {
-            return self.judge_early(call, offset);
+            return self.judge_early(call, offset, envelope);
         }
         match (&piece.expected, &call.body) {
             (Some(expected), Body::Text { text, .. }) if *expected.as_bytes() != text[..] => {
@@ -1467,8 +1487,9 @@ impl Shared<'_> {
 
 impl Shared<'_> {
     /// The early verdict on an open call's text so far, if it has one: its contract's early
-    /// rules are looked up once its tool is known, and the judge reads only what is new.
-    fn judge_early(&mut self, call: &mut OpenCall, offset: i64) -> Option<Ending> {
+    /// rules are looked up once its contract is known (its tool, and its version when its
+    /// pieces come in envelopes), and the judge reads only what is new.
+    fn judge_early(&mut self, call: &mut OpenCall, offset: i64, envelope: bool) -> Option<Ending> {
         let rules = self.early?;
         if !call.judged {
             call.judged = true;
@@ -1481,6 +1502,11 @@ impl Shared<'_> {
                 return None;
             }
             let tool = call.tool_name()?;
+            // an envelope may name the version on any later chunk, and the call is judged
+            // under the contract it names: till then, no rules are surely the call's
+            if envelope && call.tool_version().is_none() {
+                return None;
+            }
             call.judge = rules.judge(tool, call.tool_version()).map(Box::new);
         }
         let judge = call.judge.as_mut()?;
