@@ -182,7 +182,7 @@ class EarlySchema:
     """One contract's early rules (see native/core/src/early.rs)."""
 
     decides_anything: Final[bool]
-    def __init__(self, schema: bytes, draft: str) -> None: ...
+    def __init__(self, schema: bytes, draft: str, judges: Sequence[str]) -> None: ...
 
 @final
 class EarlyRules:

@@ -8,8 +8,8 @@ indented, every non-ASCII character escaped, surrogate pairs included) and fed t
 one character per chunk (so the judge sees every prefix) or in random chunks: never rejected
 early. Generated invalid values, when rejected early, are rejected by the final judgement too, in
 the same phase, with the early violation among its violations, unless the strict parser refuses
-the text at a byte the early judge had not read: values spelled with a key twice are judged so
-too.
+the text at a byte the early judge had not read: values spelled with a key twice, and calls of
+every kind against contracts of every kind, are judged so too.
 """
 
 from __future__ import annotations
@@ -118,8 +118,10 @@ def early_call(
     return None
 
 
-def final_verdict(p: Processor, tool: str, version: str, text: str) -> Verdict:
-    call = AssembledCall("s", "c", tool, text.encode(), tool_version=version)
+def final_verdict(
+    p: Processor, tool: str, version: str, text: str, kind: str = "function_call"
+) -> Verdict:
+    call = AssembledCall("s", "c", tool, text.encode(), tool_version=version, call_kind=kind)
     return p.gate.judge(call)
 
 
@@ -151,16 +153,24 @@ def check_sound(p: Processor, tool: str, version: str, value: Any, cuts: list[in
     check_texts(p, tool, version, spellings(value), cuts)
 
 
-def check_texts(p: Processor, tool: str, version: str, texts: list[str], cuts: list[int]) -> None:
-    """Each text fed a character at a time and cut at `cuts`: a text the final judgement accepts
-    is never rejected early; one rejected early is rejected finally in the same phase, with the
-    early violation among its own, unless the strict parser refuses it at a byte the early judge
-    had not read (the defect the text read first shows is the one named)."""
+def check_texts(
+    p: Processor,
+    tool: str,
+    version: str,
+    texts: list[str],
+    cuts: list[int],
+    *,
+    kind: str = "function_call",
+) -> None:
+    """Each text of a call of `kind` fed a character at a time and cut at `cuts`: a text the
+    final judgement accepts is never rejected early; one rejected early is rejected finally in
+    the same phase, with the early violation among its own, unless the strict parser refuses it
+    at a byte the early judge had not read (the defect the text read first shows is named)."""
     for text in texts:
-        final = final_verdict(p, tool, version, text)
+        final = final_verdict(p, tool, version, text, kind)
         every = list(range(len(text)))
         for chunking in (every, cuts):
-            call = early_call(p, tool, version, text, chunking)
+            call = early_call(p, tool, version, text, chunking, kind=kind)
             if final.outcome is Outcome.ACCEPTED:
                 assert call is None, (text, call and call.early)
             elif call is not None:
@@ -399,6 +409,36 @@ def test_a_type_list_is_named_alike_in_any_order_on_either_engine(
     lists the types in and whichever engine judges."""
     p = typed_processor(engine, tuple(types), tmp_path_factory.getbasetemp() / "typed")
     check_texts(p, "case", "1", [json.dumps({"a": value, "z": 0})], cuts)
+
+
+#: contract kinds whose text is JSON, and every kind of call
+JSON_CONTRACT_KINDS = ["function_call", "apply_patch_call", "shell_call", "local_shell_call"]
+CALL_KINDS = [*JSON_CONTRACT_KINDS, "custom_tool_call", "mcp_approval_request"]
+
+
+@cache
+def kind_processor(contract_kind: str, workdir: Path) -> Processor:
+    """The repository's `get_weather` v2 schema as a contract of `contract_kind`, tool `case`."""
+    schema = {**contract_schema("get_weather", "2"), "x-callgate": {"call_kind": contract_kind}}
+    domain = workdir / contract_kind / "kinds"
+    domain.mkdir(parents=True)
+    (domain / "case.v1.schema.json").write_text(json.dumps(schema))
+    return processor(workdir / contract_kind)
+
+
+@SOUND
+@given(data=st.data())
+def test_a_call_is_judged_early_only_by_a_contract_of_its_kind(
+    data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A contract judges one kind of call (a remote MCP tool's approval request is a function
+    call's): a call of another kind is `unsupported_call_kind` whatever its text."""
+    contract_kind = data.draw(st.sampled_from(JSON_CONTRACT_KINDS))
+    p = kind_processor(contract_kind, tmp_path_factory.getbasetemp() / "kinds")
+    schema = contract_schema("get_weather", "2")
+    value = data.draw(instance(schema, schema, wild=True))
+    kind = data.draw(st.sampled_from(CALL_KINDS))
+    check_texts(p, "case", "1", spellings(value), cuts_for(data.draw), kind=kind)
 
 
 def test_the_invalid_values_generated_are_often_rejected_early() -> None:

@@ -29,6 +29,7 @@ from worker.errors import SchemaLoadError
 from worker.model import CallKind, Code, SchemaRef
 from worker.schemas.contract import (
     CONTRACT_KINDS,
+    JUDGED_BY,
     MAX_DOCUMENT_DEPTH,
     Contract,
     ContractMeta,
@@ -307,16 +308,18 @@ def compile_source(source: SchemaSource, engine: str, limits: ViolationLimits) -
         declared_names=declared,
         output_declared_names=_declared(source.output_schema),
         input_check=grammar,
-        early=early_schema(source.schema),
+        early=early_schema(source.schema, meta.call_kind),
     )
 
 
-def early_schema(schema: Any) -> EarlySchema | None:
-    """The contract's early rules (the core decides which keywords it can decide early)."""
+def early_schema(schema: Any, call_kind: CallKind) -> EarlySchema | None:
+    """The contract's early rules (the core decides which keywords it can decide early), for
+    the kinds of call it judges; none for a custom tool's, whose text is free-form, not JSON."""
     draft = draft_of(schema)
-    if not isinstance(schema, dict) or draft is None:
+    if not isinstance(schema, dict) or draft is None or call_kind is CallKind.CUSTOM_TOOL_CALL:
         return None
-    early = EarlySchema(orjson.dumps(schema), draft.value)
+    judges = sorted(kind for kind, judged_by in JUDGED_BY.items() if judged_by is call_kind)
+    early = EarlySchema(orjson.dumps(schema), draft.value, judges)
     return early if early.decides_anything else None
 
 

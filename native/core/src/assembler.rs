@@ -39,7 +39,7 @@
 //! - With early rules ([`Assembler::early`]), a tool call's text is read by its contract's
 //!   [`Judge`] as its pieces come (looked up once its contract is known: its tool, and in
 //!   envelopes, which may name the version on any piece, its version; again if a version arrives
-//!   later). A piece that proves the call can no longer be accepted closes it at once
+//!   later; only for a kind of call the contract judges). A piece that proves the call can no longer be accepted closes it at once
 //!   (`Ending::Early`, unless it is the call's final piece); it is remembered as such, in
 //!   snapshots too, and every later piece of it is dropped and counted (`early_dropped_chunks`).
 //!   A restored call's judge reads its text again when its next piece comes.
@@ -1493,21 +1493,19 @@ impl Shared<'_> {
         let rules = self.early?;
         if !call.judged {
             call.judged = true;
-            // a custom tool's text is free-form, not JSON (judged whole, as `{"input": text}`),
-            // and a double-encoding server's is a JSON string the repair decodes: both wait
-            let whole = call
-                .origin()
-                .is_some_and(|o| o.kind == CallKind::Custom || o.double_encoded);
+            // a double-encoding server's text is a JSON string the repair decodes: it waits
+            let whole = call.origin().is_some_and(|o| o.double_encoded);
             if call.channel != Channel::ToolCall || call.reused || whole {
                 return None;
             }
+            let kind = call.origin().map_or(CallKind::Function, |o| o.kind);
             let tool = call.tool_name()?;
             // an envelope may name the version on any later chunk, and the call is judged
             // under the contract it names: till then, no rules are surely the call's
             if envelope && call.tool_version().is_none() {
                 return None;
             }
-            call.judge = rules.judge(tool, call.tool_version()).map(Box::new);
+            call.judge = rules.judge(tool, call.tool_version(), kind).map(Box::new);
         }
         let judge = call.judge.as_mut()?;
         let Body::Text { text, .. } = &call.body else {

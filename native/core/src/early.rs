@@ -22,6 +22,7 @@
 //!
 //! A key an object already holds (the strict parser's `duplicate_key`), like a number that
 //! parser refuses, ends the judgement: the call is that parser's, whatever is read after it.
+//! A contract's rules judge only the kinds of call it judges.
 //!
 //! Subschemas are followed through `properties`, `additionalProperties` and `items` (one schema
 //! for every element), and through local `$ref`s (`#` and `#/...` pointers in a document with no
@@ -41,6 +42,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use crate::json::{self, Code, Failure, DEPTH_CAP};
+use crate::origin::CallKind;
 use crate::value::Value;
 
 const NULL: u8 = 1;
@@ -179,11 +181,15 @@ impl Draft {
 pub struct EarlySchema {
     nodes: Vec<Node>,
     root: u32,
+    /// the kinds of call its contract judges (a call of another kind is rejected whole, as a
+    /// kind the contract does not judge)
+    judges: Vec<CallKind>,
 }
 
 impl EarlySchema {
-    /// The rules of the schema `text` (JSON) read in `draft`.
-    pub fn compile(text: &[u8], draft: Draft) -> Result<EarlySchema, String> {
+    /// The rules of the schema `text` (JSON) read in `draft`, for the calls of the kinds
+    /// `judges` (those its contract judges).
+    pub fn compile(text: &[u8], draft: Draft, judges: &[CallKind]) -> Result<EarlySchema, String> {
         let document = crate::value::parse_value(text, DEPTH_CAP)
             .map_err(|failure| format!("the schema is not JSON: {}", failure.message))?;
         let mut compiler = Compiler {
@@ -197,6 +203,7 @@ impl EarlySchema {
         Ok(EarlySchema {
             nodes: compiler.nodes,
             root,
+            judges: judges.to_vec(),
         })
     }
 
@@ -512,10 +519,14 @@ impl EarlyRules {
         }
     }
 
-    /// A judge for a call of `tool` at `version`, if its contract decides anything early.
-    pub fn judge(&self, tool: &str, version: Option<&str>) -> Option<Judge> {
+    /// A judge for a call of `kind` to `tool` at `version`, if its contract judges that kind
+    /// and decides anything early.
+    pub fn judge(&self, tool: &str, version: Option<&str>, kind: CallKind) -> Option<Judge> {
         let key = (Box::from(tool), version.map(Box::from));
         let schema = self.by_tool.get(&key)?;
+        if !schema.judges.contains(&kind) {
+            return None;
+        }
         Some(Judge::new(schema.clone(), self.max_depth))
     }
 }
@@ -1151,7 +1162,8 @@ mod tests {
     use super::*;
 
     fn judge(schema: &str) -> Judge {
-        let compiled = EarlySchema::compile(schema.as_bytes(), Draft::Draft2020).expect("a schema");
+        let compiled =
+            EarlySchema::compile(schema.as_bytes(), Draft::Draft2020, &[]).expect("a schema");
         Judge::new(Arc::new(compiled), 64)
     }
 

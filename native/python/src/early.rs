@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use callgate_core::early::{self, Draft, Rejection, Token};
+use callgate_core::origin::{self, CallKind};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyString, PyTuple};
@@ -16,12 +17,19 @@ pub struct EarlySchema {
 
 #[pymethods]
 impl EarlySchema {
-    /// `schema` is the schema's JSON text, `draft` its draft (`draft7`, `draft2020-12`).
+    /// `schema` is the schema's JSON text, `draft` its draft (`draft7`, `draft2020-12`),
+    /// `judges` the kinds of call its contract judges (`function_call`, ...).
     #[new]
-    fn new(schema: &[u8], draft: &str) -> PyResult<Self> {
+    fn new(schema: &[u8], draft: &str, judges: Vec<String>) -> PyResult<Self> {
         let draft = Draft::parse(draft)
             .ok_or_else(|| PyValueError::new_err(format!("unknown draft {draft:?}")))?;
-        let schema = early::EarlySchema::compile(schema, draft).map_err(PyValueError::new_err)?;
+        let judges = judges
+            .iter()
+            .map(|kind| origin::call_kind(kind))
+            .collect::<Result<Vec<CallKind>, String>>()
+            .map_err(PyValueError::new_err)?;
+        let schema =
+            early::EarlySchema::compile(schema, draft, &judges).map_err(PyValueError::new_err)?;
         Ok(EarlySchema {
             schema: Arc::new(schema),
         })
