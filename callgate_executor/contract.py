@@ -37,7 +37,7 @@ Pure: no asyncio, no Kafka, no clock. Records are JSON, defined here once (`Exec
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -49,6 +49,7 @@ from worker.core.canonical import request_digest
 from worker.model import Phase
 from worker.model import SchemaRef as CoreSchemaRef
 from worker.published.model import Accepted, ResultError, ResultStatus, SchemaRef, ToolResult
+from worker.runtime.topics import legal_topic_name
 
 #: The record of a key is either an execution under way or a finished one.
 STARTED = "started"
@@ -139,6 +140,15 @@ class Outcome:
     status: ResultStatus
     output: Any = None
     error: ResultError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Emitted:
+    """A record a handler asked to be written with its result (`Call.emit`)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +282,12 @@ CONFLICT_ERROR = ResultError(
 )
 OUTPUT_TOO_LARGE = ResultError(
     type="output_too_large",
-    message="the tool's output makes its result larger than the executor may write",
+    message="the tool's output, or a record it emitted, is larger than the executor may write",
+)
+EMIT_REFUSED = ResultError(
+    type="emit_refused",
+    message="the tool emitted a record the executor does not write: to a topic that is no "
+    "legal name or is one of the executor's own, or a value or key that is not bytes",
 )
 INTERRUPTED_ERROR = ResultError(
     type="interrupted",
@@ -358,6 +373,8 @@ class Answer:
     records: tuple[Execution, ...] = ()
     #: RUN: the `started` record to write (committed) before the handler runs
     begun: Execution | None = None
+    #: a run that succeeded: the records its handler emitted, written before or with its result
+    emitted: tuple[Emitted, ...] = ()
 
     def to_write(self, *, exactly_once: bool, delivered: bool) -> ToolResult | None:
         """The result to write (None: only the offset). A call answered before needs none
@@ -411,22 +428,59 @@ def answer(
     return Answer(Step.INTERRUPTED, recorded_result(event, done), _with_note(event, done))
 
 
-def ran(event: Accepted, begun: Execution, outcome: Outcome, *, max_bytes: int) -> Answer:
-    """The answer of a call whose handler ran (from `begun`) to `outcome`: `failed`,
-    `output_too_large`, when its result or one of its records would pass `max_bytes` (a record
-    the topics refuse would stop the executor, and a handler safe to retry would run again and
-    again)."""
-    answer = _ran(event, begun, outcome)
+def ran(
+    event: Accepted,
+    begun: Execution,
+    outcome: Outcome,
+    *,
+    max_bytes: int,
+    emitted: Sequence[Emitted] = (),
+    own_topics: Collection[str] = (),
+) -> Answer:
+    """The answer of a call whose handler ran (from `begun`) to `outcome`, with the records it
+    `emitted` (written only when it succeeded). `failed` instead, `output_too_large`, when its
+    result or one of its records, or an emitted record's key and value, would pass `max_bytes`;
+    `emit_refused` when an emitted record is not one to write (`emit_refusal`). Whatever a
+    handler made is thus a result and records the executor writes: a write the producer or a
+    topic refuses would stop the executor, and a handler safe to retry would run again and
+    again."""
+    emits = tuple(emitted) if outcome.status is ResultStatus.SUCCEEDED else ()
+    refused = emit_refusal(emits, own_topics)
+    if refused is not None:
+        return _ran(event, begun, Outcome(ResultStatus.FAILED, error=refused))
+    answer = _ran(event, begun, outcome, emits)
     assert answer.result is not None
-    sizes = [len(encode_result(answer.result)), *(len(r.encode()) for r in answer.records)]
+    sizes = [
+        len(encode_result(answer.result)),
+        *(len(r.encode()) for r in answer.records),
+        *(len(e.key or b"") + len(e.value) for e in emits),
+    ]
     if max(sizes) <= max_bytes:
         return answer
     return _ran(event, begun, Outcome(ResultStatus.FAILED, error=OUTPUT_TOO_LARGE))
 
 
-def _ran(event: Accepted, begun: Execution, outcome: Outcome) -> Answer:
+def emit_refusal(emitted: Sequence[Emitted], own_topics: Collection[str]) -> ResultError | None:
+    """Why records a handler emitted are not written (None: they are): one names a topic that
+    is no legal name or is one of the executor's own (its state, its requests, its input, its
+    results, which a record of the handler's would corrupt or forge), or its value or key is not
+    bytes."""
+    for record in emitted:
+        if (
+            not legal_topic_name(record.topic)
+            or record.topic in own_topics
+            or not isinstance(record.value, bytes)
+            or not isinstance(record.key, bytes | None)
+        ):
+            return EMIT_REFUSED
+    return None
+
+
+def _ran(
+    event: Accepted, begun: Execution, outcome: Outcome, emitted: tuple[Emitted, ...] = ()
+) -> Answer:
     done = finished(begun, outcome)
-    return Answer(Step.RUN, recorded_result(event, done), _with_note(event, done))
+    return Answer(Step.RUN, recorded_result(event, done), _with_note(event, done), emitted=emitted)
 
 
 def _with_note(event: Accepted, done: Execution) -> tuple[Execution, ...]:

@@ -33,7 +33,9 @@ retry again.
 A partition being revoked (a rebalance, a stop) finishes the call in its handler and stops
 before the next. Any failure to write or commit stops the executor (`run` raises
 `BrokerError`): what was not committed is done again by the partition's next owner, under the
-rules above.
+rules above. Nothing a call's own code or content does is such a failure: whatever its handler,
+its argument or output model raise is the call's result (`handlers`), and what it returns or
+emits is bounded and checked before it is written (`contract.ran`); so is the result callback.
 """
 
 from __future__ import annotations
@@ -53,22 +55,23 @@ from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
 from callgate_executor import contract
-from callgate_executor.contract import Execution, Step, encode_result
+from callgate_executor.contract import Emitted, Execution, Step, encode_result
 from callgate_executor.handlers import (
     Call,
-    Emitted,
     Handler,
     Handlers,
     HandlerSpec,
+    executor_cancelling,
     run_handler,
     typed_arguments,
 )
 from worker.compose import build_registry, tool_labels
 from worker.errors import BrokerError, ConfigError, StateError
 from worker.metrics import Metrics
-from worker.published.model import Accepted, ResultError, ResultStatus, ToolResult, parse_event
+from worker.published.model import Accepted, ResultError, ToolResult, parse_event
 from worker.runtime.kafka import READ_COMMITTED, Kafka, Listener
 from worker.runtime.kafka_options import consumer_options, producer_options
+from worker.runtime.provision import largest_record_batch
 from worker.runtime.topics import TopicSpec
 from worker.schemas.contract import Contract
 from worker.schemas.registry import SchemaRegistry
@@ -208,11 +211,12 @@ class Executor:
         if not len(self._handlers):
             raise ConfigError("an executor needs at least one handler")
         ex = self.settings.executor
+        largest = largest_record_batch(self.settings)
         await self._kafka.ensure_topics(
             [
-                TopicSpec(self.requests, ex.partitions, compacted=False),
-                TopicSpec(self.executions, ex.partitions, compacted=True),
-                TopicSpec(self.results, ex.partitions, compacted=False),
+                TopicSpec(self.requests, ex.partitions, False, max_message_bytes=largest),
+                TopicSpec(self.executions, ex.partitions, True, max_message_bytes=largest),
+                TopicSpec(self.results, ex.partitions, False, max_message_bytes=largest),
             ]
         )
         counts = await self._kafka.partition_counts([self.requests, self.executions])
@@ -355,10 +359,11 @@ class Executor:
                     if owned.revoked:
                         return
                     await self._execute(owned, record)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("executor: %s-%d failed", owned.tp.topic, owned.tp.partition)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and executor_cancelling():
+                raise
+            # a bug or the broker: stopped, never a partition left paused in silence
+            log.error("executor: %s-%d failed", owned.tp.topic, owned.tp.partition, exc_info=exc)
             self._failure = exc
             self._stop.set()
             return
@@ -434,11 +439,17 @@ class Executor:
         contract_ = self._contract(event)
         output_check = contract_.output_check if contract_ is not None else None
         outcome = await run_handler(spec, call, output_check, self.settings.limits.max_depth)
-        answer = contract.ran(event, begun, outcome, max_bytes=self.settings.limits.max_event_bytes)
-        emitted = call.emitted if outcome.status is ResultStatus.SUCCEEDED else []
+        answer = contract.ran(
+            event,
+            begun,
+            outcome,
+            max_bytes=self.settings.limits.max_event_bytes,
+            emitted=call.emitted,
+            own_topics=(self.validated, self.requests, self.executions, self.results),
+        )
         assert answer.result is not None
         await self._finish(
-            owned, event, answer.result, offset, records=answer.records, emitted=emitted
+            owned, event, answer.result, offset, records=answer.records, emitted=answer.emitted
         )
         self.stats["executed"] += 1
         self._count(event, outcome.status.value)
@@ -477,7 +488,10 @@ class Executor:
         if not self._exactly_once:
             owned.delivered.add(event.event_id)
         if self._on_result is not None:
-            self._on_result(result)
+            try:
+                self._on_result(result)
+            except BaseException as exc:  # the application's callback: never the executor's stop
+                log.error("executor: on_result failed on call %s", event.call_id, exc_info=exc)
 
     def _record_of(self, owned: _Partition, execution: Execution) -> _Send:
         return (self.executions, owned.tp.partition, execution.key.encode(), execution.encode(), [])

@@ -12,6 +12,12 @@ pydantic model.
 output, held to the contract's output schema through the gate's tool-output path, as an MCP
 `structuredContent` would be), `failed` (the handler raised; only a `ToolError`'s message
 reaches the agent, any other exception is named by its class and logged), `timed_out`.
+
+Whatever the tool's own code raises (its handler, its argument or output model), any
+`BaseException` included, is its call's failure (`argument_type` before a run, `failed` after
+one), never the executor's: only the executor cancelling the task of a run (its stop, a
+partition revoked past its grace: `executor_cancelling`) stops the run, and then nothing of it
+is recorded. A `CancelledError` the handler raises itself is its failure like any other.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from callgate_executor.contract import Outcome
+from callgate_executor.contract import Emitted, Outcome
 from worker.core.tool_output import check_tool_result
 from worker.published.model import Accepted, ResultError, ResultStatus
 from worker.schemas.contract import CompiledCheck
@@ -47,15 +53,6 @@ class ToolError(Exception):
         super().__init__(message)
         self.message = message
         self.type = type or self.__class__.__name__
-
-
-@dataclass(frozen=True, slots=True)
-class Emitted:
-    """A record a handler asked to be written with its result."""
-
-    topic: str
-    key: bytes | None
-    value: bytes
 
 
 @dataclass(slots=True)
@@ -85,7 +82,9 @@ class Call(Generic[A]):
     def emit(self, topic: str, value: bytes, *, key: bytes | None = None) -> None:
         """Write `value` to `topic` together with this call's result: under exactly_once in the
         same Kafka transaction (both or neither), else just before it. Dropped if the handler
-        does not succeed."""
+        does not succeed. The call fails instead, writing none, when a record is not bytes to a
+        topic of the application's, or its key and value pass CALLGATE_LIMITS__MAX_EVENT_BYTES
+        (`contract.ran`)."""
         self.emitted.append(Emitted(topic, key, value))
 
 
@@ -134,9 +133,18 @@ class Handlers:
         return len(self._specs)
 
 
+def executor_cancelling() -> bool:
+    """Whether the executor is cancelling the running task (`Task.cancel`: its stop, a partition
+    revoked past its grace), as opposed to a `CancelledError` raised by the tool's own code.
+    A cancellation reaches a task only where it awaits, so only an awaited handler sees one."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def typed_arguments(spec: HandlerSpec, event: Accepted) -> BaseModel | ResultError:
     """The call's arguments as the handler's model reads them, or why they cannot be (the
-    model's refusal named by location and type only: never an argument's value)."""
+    model's refusal named by location and type only, never an argument's value; a validator
+    that raised anything else is named by the exception's class, and logged)."""
     try:
         return spec.arguments.model_validate(event.arguments)
     except ValidationError as exc:
@@ -150,6 +158,12 @@ def typed_arguments(spec: HandlerSpec, event: Accepted) -> BaseModel | ResultErr
                 :MAX_ERROR_MESSAGE
             ],
         )
+    except BaseException as exc:  # the tool's own code: see the module docstring
+        log.error("argument type of %s failed on call %s", spec.tool, event.call_id, exc_info=exc)
+        return ResultError(
+            type="argument_type",
+            message=f"the handler's argument type failed on the arguments ({_named(exc)})",
+        )
 
 
 async def run_handler(
@@ -159,30 +173,43 @@ async def run_handler(
     max_depth: int,
 ) -> Outcome:
     """One run of `spec`'s handler on `call`, within `spec.timeout_s` (see the module
-    docstring). Cancellation (the executor stopping) propagates: nothing is recorded."""
+    docstring). The executor's cancellation propagates, whatever the handler made of it:
+    nothing is recorded."""
+    deadline = asyncio.timeout(spec.timeout_s)
     try:
-        async with asyncio.timeout(spec.timeout_s):
+        async with deadline:
             output = await spec.handler(call)
-    except TimeoutError:
+        return checked_output(output, output_check, max_depth)
+    except BaseException as exc:  # the tool's own code: see the module docstring
+        if executor_cancelling():
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise asyncio.CancelledError from exc
+        if deadline.expired():
+            return Outcome(
+                ResultStatus.TIMED_OUT,
+                error=ResultError(
+                    type="deadline",
+                    message=f"the tool did not finish within its deadline of {spec.timeout_s:g} s",
+                ),
+            )
+        if (
+            isinstance(exc, ToolError)
+            and isinstance(exc.type, str)
+            and isinstance(exc.message, str)
+        ):
+            return Outcome(
+                ResultStatus.FAILED,
+                error=ResultError(type=exc.type, message=exc.message[:MAX_ERROR_MESSAGE]),
+            )
+        log.error("handler of %s failed on call %s", spec.tool, call.event.call_id, exc_info=exc)
         return Outcome(
-            ResultStatus.TIMED_OUT,
-            error=ResultError(
-                type="deadline",
-                message=f"the tool did not finish within its deadline of {spec.timeout_s:g} s",
-            ),
+            ResultStatus.FAILED, error=ResultError(type=_named(exc), message="the tool failed")
         )
-    except ToolError as exc:
-        return Outcome(
-            ResultStatus.FAILED,
-            error=ResultError(type=exc.type, message=exc.message[:MAX_ERROR_MESSAGE]),
-        )
-    except Exception as exc:
-        log.exception("handler of %s failed on call %s", spec.tool, call.event.call_id)
-        return Outcome(
-            ResultStatus.FAILED,
-            error=ResultError(type=type(exc).__name__, message="the tool failed"),
-        )
-    return checked_output(output, output_check, max_depth)
+
+
+def _named(exc: BaseException) -> str:
+    return type(exc).__name__
 
 
 def checked_output(output: Any, output_check: CompiledCheck | None, max_depth: int) -> Outcome:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import ssl
 import subprocess
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from worker.errors import ConfigError
 from worker.runtime.kafka_options import consumer_options, producer_options
@@ -55,6 +60,32 @@ def test_producer_waits_for_all_replicas(monkeypatch: pytest.MonkeyPatch) -> Non
     assert options["linger_ms"] == 7
     assert options["enable_idempotence"] is False
     assert options["max_batch_size"] == 256 * 1024  # one batch per partition per request
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    max_event_bytes=st.integers(1_000_000, 16 * 2**20) | st.integers(2**20 - 4096, 2**20 + 4096),
+    max_id_bytes=st.integers(16, 4096),
+    fill=st.integers(0, 4096),
+)
+def test_the_producer_takes_every_record_the_bound_allows(
+    max_event_bytes: int, max_id_bytes: int, fill: int
+) -> None:
+    """A record of an outcome event or an executor's result of CALLGATE_LIMITS__MAX_EVENT_BYTES,
+    with a key and headers of the longest identifiers, is one the producer lets through
+    (aiokafka refuses one its `max_request_size` is too small for, 1 MiB by default: a write
+    within the bound that stopped the executor and the gate)."""
+    config = Settings.model_validate(
+        {
+            "kafka": {"bootstrap_servers": "k1:9092"},
+            "limits": {"max_event_bytes": max_event_bytes, "max_id_bytes": max_id_bytes},
+        }
+    )
+    value = bytes(max_event_bytes - min(fill, max_event_bytes))
+    headers = [("status", b"succeeded"), ("tool", bytes(max_id_bytes))]
+    size = DefaultRecordBatchBuilder.estimate_size_in_bytes(bytes(max_id_bytes), value, headers)
+    default = inspect.signature(AIOKafkaProducer).parameters["max_request_size"].default
+    assert size <= producer_options(config).get("max_request_size", default)
 
 
 def test_the_batch_size_is_set_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

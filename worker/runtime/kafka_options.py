@@ -14,6 +14,7 @@ from typing import Any
 from aiokafka.helpers import create_ssl_context
 
 from worker.errors import ConfigError
+from worker.runtime.provision import largest_record_batch
 from worker.settings import KafkaSettings, Settings
 
 _ENV = "CALLGATE_KAFKA__"
@@ -81,7 +82,9 @@ def producer_options(settings: Settings) -> dict[str, Any]:
     """The outcome producer: every replica acknowledges before an input offset is committed.
 
     No idempotent producer: a resend may duplicate an event, which the deterministic
-    `event_id` makes harmless (and the embedded broker does not support it).
+    `event_id` makes harmless (and the embedded broker does not support it). It lets through
+    the largest record the settings allow (`provision.largest_record_batch`): aiokafka refuses a
+    larger one than `max_request_size` (1 MiB by default) before it is sent.
     """
     return {
         **connection_options(settings.kafka),
@@ -89,5 +92,6 @@ def producer_options(settings: Settings) -> dict[str, Any]:
         "enable_idempotence": False,
         "linger_ms": settings.kafka.linger_ms,
         "max_batch_size": settings.kafka.max_batch_bytes,
+        "max_request_size": largest_record_batch(settings),
         "request_timeout_ms": settings.kafka.request_timeout_ms,
     }

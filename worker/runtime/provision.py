@@ -85,15 +85,46 @@ def record_overhead(limits: LimitSettings) -> int:
     return escaped_header + key_and_headers + 512
 
 
+def event_batch(settings: Settings) -> int:
+    """The largest record batch holding an outcome event (or a record of an executor: its
+    result, its execution records, a record its handler emitted, each bounded alike)."""
+    return max(
+        settings.kafka.max_batch_bytes,
+        settings.limits.max_event_bytes + record_overhead(settings.limits),
+    )
+
+
+def held_batch(settings: Settings) -> int:
+    """The largest record batch of the approvals topic: a held call's record holds its pending
+    event and a little more."""
+    return max(
+        settings.kafka.max_batch_bytes,
+        settings.limits.max_event_bytes + 2 * record_overhead(settings.limits),
+    )
+
+
+def checkpoint_batch(settings: Settings) -> int:
+    """The largest record batch of a changelog: a checkpoint part."""
+    return max(
+        settings.kafka.max_batch_bytes,
+        settings.delivery.checkpoint_record_bytes + record_overhead(settings.limits),
+    )
+
+
+def largest_record_batch(settings: Settings) -> int:
+    """The largest record batch the group (or its executor) writes to any topic: what its
+    producers must let through (aiokafka's `max_request_size`)."""
+    return max(event_batch(settings), held_batch(settings), checkpoint_batch(settings))
+
+
 def plan(settings: Settings, input_partitions: dict[str, int]) -> list[TopicPlan]:
     """The topics of the group: the inputs named (with the partitions given for each), the
     outcome topics (and the shadow topic), each input's changelog (as many partitions), the
     idempotency topics, the pending-approval topic and its changelog."""
     group = settings.kafka.group_id
     batch = settings.kafka.max_batch_bytes
-    overhead = record_overhead(settings.limits)
-    event = max(batch, settings.limits.max_event_bytes + overhead)
-    checkpoint = max(batch, settings.delivery.checkpoint_record_bytes + overhead)
+    event = event_batch(settings)
+    checkpoint = checkpoint_batch(settings)
     topics = settings.topics
     plans = [
         TopicPlan(name, Role.INPUT, input_partitions.get(name), False, None)
@@ -112,9 +143,9 @@ def plan(settings: Settings, input_partitions: dict[str, int]) -> list[TopicPlan
     approval = settings.approval.partitions
     pending = settings.topics.pending_approval
     plans.append(TopicPlan(pending, Role.PENDING, approval, False, event))
-    # a held call's changelog record holds its pending event and a little more
-    held = max(batch, settings.limits.max_event_bytes + 2 * overhead)
-    plans.append(TopicPlan(approvals_topic(group), Role.APPROVALS, approval, True, held))
+    plans.append(
+        TopicPlan(approvals_topic(group), Role.APPROVALS, approval, True, held_batch(settings))
+    )
     return plans
 
 

@@ -23,6 +23,12 @@ from dataclasses import dataclass
 from worker.errors import StateError
 
 MAX_TOPIC_NAME = 249
+_TOPIC_NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TOPIC_NAME}}}")
+
+
+def legal_topic_name(name: object) -> bool:
+    """Whether `name` is a topic name Kafka takes (ASCII letters, digits, `.`, `_`, `-`)."""
+    return isinstance(name, str) and name not in (".", "..") and bool(_TOPIC_NAME.fullmatch(name))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,219 @@
+"""One call's fault stays that call's failure: whatever a handler, its argument model or its
+output raise (any `BaseException`, a `CancelledError` of its own included) is a recorded result,
+never an exception into the executor; only the executor's own cancellation stops a run; and
+whatever a handler emits is written only when it fits the bound and names a topic it may."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, model_serializer, model_validator
+
+from callgate_executor import contract
+from callgate_executor.contract import Emitted
+from callgate_executor.handlers import Call, HandlerSpec, run_handler, typed_arguments
+from tests.support.executor import Judge
+from tests.support.faults import RAISABLE, expected_failure
+from worker.published.model import Accepted, ResultError, ResultStatus, parse_event
+
+JUDGE = Judge()
+EVENT = parse_event(JUDGE.accepted("lookup", {"sku": "s"}, call_id="faults-lookup"))
+assert isinstance(EVENT, Accepted)
+
+
+class Lookup(BaseModel):
+    sku: str
+
+
+def _call() -> Call[Lookup]:
+    return Call(
+        arguments=Lookup(sku="s"),
+        event=EVENT,
+        idempotency_key=None,
+        execution_key=f"event:{EVENT.event_id}",
+        traceparent=None,
+        deadline=time.time() + 5,
+        attempt=1,
+    )
+
+
+def _spec(handler: Any, arguments: type[BaseModel] = Lookup) -> HandlerSpec:
+    return HandlerSpec("lookup", None, handler, arguments, False, 5.0)
+
+
+def _raising_handler(exc: BaseException, where: str) -> Any:
+    class Raising(BaseModel):
+        @model_serializer
+        def _dump(self) -> dict[str, Any]:
+            raise exc
+
+    async def handler(call: Call[Lookup]) -> Any:
+        if where == "after_await":
+            await asyncio.sleep(0)
+        if where == "output":
+            return Raising()
+        raise exc
+
+    return handler
+
+
+@pytest.mark.asyncio
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(exc=st.sampled_from(RAISABLE), where=st.sampled_from(["body", "after_await", "output"]))
+async def test_whatever_a_handler_raises_is_its_calls_failure(
+    exc: BaseException, where: str
+) -> None:
+    """README (the executor's outcomes): a handler raising anything, a `CancelledError` or a
+    `KeyboardInterrupt` of its own included, fails its call, recorded as any failure."""
+    try:
+        outcome = await run_handler(_spec(_raising_handler(exc, where)), _call(), None, 32)
+    except BaseException as escaped:
+        pytest.fail(f"{escaped!r} raised at {where} escaped the run")
+    assert outcome.status is ResultStatus.FAILED
+    assert outcome.error == expected_failure(exc, where)
+    assert asyncio.current_task() is not None
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.asyncio
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instead=st.none() | st.sampled_from(RAISABLE))
+async def test_the_executors_cancellation_stops_the_run_whatever_the_handler_makes_of_it(
+    instead: BaseException | None,
+) -> None:
+    """The executor cancelling a run (its stop, a revoke past the grace) stops it with nothing
+    recorded, whether the handler lets the cancellation through or raises something else."""
+    entered = asyncio.Event()
+
+    async def handler(call: Call[Lookup]) -> None:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if instead is None:
+                raise
+            raise instead from None
+
+    run = asyncio.create_task(run_handler(_spec(handler), _call(), None, 32))
+    await asyncio.wait_for(entered.wait(), 5)
+    run.cancel()
+    done, _ = await asyncio.wait([run], timeout=5)
+    assert done == {run}
+    assert run.cancelled(), run.result()
+
+
+@pytest.mark.asyncio
+async def test_a_handler_past_its_deadline_times_out_whatever_it_raises_then() -> None:
+    async def handler(call: Call[Lookup]) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("cleanup failed") from None
+
+    spec = HandlerSpec("lookup", None, handler, Lookup, False, 0.01)
+    outcome = await run_handler(spec, _call(), None, 32)
+    assert outcome.status is ResultStatus.TIMED_OUT
+
+
+@settings(max_examples=200, deadline=None)
+@given(exc=st.sampled_from(RAISABLE))
+def test_whatever_an_argument_model_raises_refuses_the_call(exc: BaseException) -> None:
+    """README: arguments the handler's type refuses, or its validator fails on with any
+    exception, are a `refused` result (`argument_type`), never an exception into the executor
+    (which stopped at that record on every restart)."""
+
+    class Failing(BaseModel):
+        sku: str
+
+        @model_validator(mode="before")
+        @classmethod
+        def _check(cls, data: Any) -> Any:
+            raise exc
+
+    try:
+        refusal = typed_arguments(_spec(None, Failing), EVENT)
+    except BaseException as escaped:
+        pytest.fail(f"{escaped!r} escaped the argument type")
+    assert isinstance(refusal, ResultError)
+    assert refusal.type == "argument_type"
+    refused = contract.refusal(
+        EVENT, handled=True, contract_requires_approval=False, argument_error=refusal
+    )
+    answer = contract.answer(EVENT, {}, refusal=refused, retry_safe=False)
+    assert answer.step is contract.Step.REFUSED
+
+
+#: the smallest bound the settings allow, so that records around it are quick to make
+SMALL = 65_536
+OWN = ("tool-calls.validated", "ex.requests", "ex.executions", "tool-results")
+
+topics = st.sampled_from(["ledger", "a.b_c-1", "x" * 249]) | st.sampled_from(
+    [*OWN, "", ".", "..", "a b", "é", "x" * 250, 5, None]
+)
+sizes = st.integers(0, 2 * SMALL) | st.integers(SMALL - 300, SMALL + 10)
+emitted = st.builds(
+    lambda topic, key, size, as_text: Emitted(
+        topic,  # type: ignore[arg-type]
+        key,
+        "v" * size if as_text else b"v" * size,  # type: ignore[arg-type]
+    ),
+    topics,
+    st.none() | st.binary(max_size=300) | st.just("text key"),
+    sizes,
+    st.booleans(),
+)
+
+
+def _fit(record: Emitted) -> bool:
+    return len(record.key or b"") + len(record.value) <= SMALL
+
+
+def _writable(record: Emitted) -> bool:
+    return (
+        isinstance(record.topic, str)
+        and record.topic not in OWN
+        and record.topic not in ("", ".", "..")
+        and record.topic.isascii()
+        and " " not in record.topic
+        and len(record.topic) <= 249
+        and isinstance(record.value, bytes)
+        and isinstance(record.key, bytes | None)
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=st.lists(emitted, max_size=4), output=st.integers(0, SMALL), ok=st.booleans())
+def test_what_a_handler_emits_is_written_only_when_it_fits_and_may_be(
+    records: list[Emitted], output: int, ok: bool
+) -> None:
+    """README: the records a handler emits are written with its result only when it
+    succeeded, each names a legal topic that is none of the executor's own, holds bytes, and
+    its key and value fit CALLGATE_LIMITS__MAX_EVENT_BYTES; else the call fails
+    (`emit_refused`, `output_too_large`) and none is written."""
+    begun = contract.started(EVENT, contract.execution_key(EVENT), "d", 1, EVENT.event_id)
+    if ok:
+        outcome = contract.Outcome(ResultStatus.SUCCEEDED, output={"text": "x" * output})
+    else:
+        outcome = contract.Outcome(ResultStatus.FAILED, error=ResultError(type="t", message="m"))
+    answer = contract.ran(EVENT, begun, outcome, max_bytes=SMALL, emitted=records, own_topics=OWN)
+    assert answer.result is not None
+    written = [contract.encode_result(answer.result), *(r.encode() for r in answer.records)]
+    assert max(len(value) for value in written) <= SMALL
+    assert all(_writable(r) and _fit(r) for r in answer.emitted)
+    if not ok:
+        assert answer.emitted == ()
+        assert answer.result.status is ResultStatus.FAILED
+        return
+    if not all(_writable(r) for r in records):
+        assert (answer.result.error, answer.emitted) == (contract.EMIT_REFUSED, ())
+    elif not all(_fit(r) for r in records):
+        assert (answer.result.error, answer.emitted) == (contract.OUTPUT_TOO_LARGE, ())
+    elif answer.result.status is ResultStatus.SUCCEEDED:
+        assert answer.emitted == tuple(records)
+    else:
+        assert answer.result.error == contract.OUTPUT_TOO_LARGE  # the output itself
