@@ -18,6 +18,8 @@ from worker.runtime.provision import largest_record_batch
 from worker.settings import KafkaSettings, Settings
 
 _ENV = "CALLGATE_KAFKA__"
+#: aiokafka's own `max_request_size`
+AIOKAFKA_MAX_REQUEST_SIZE = 1 << 20
 
 
 def connection_options(kafka: KafkaSettings) -> dict[str, Any]:
@@ -84,7 +86,8 @@ def producer_options(settings: Settings) -> dict[str, Any]:
     No idempotent producer: a resend may duplicate an event, which the deterministic
     `event_id` makes harmless (and the embedded broker does not support it). It lets through
     the largest record the settings allow (`provision.largest_record_batch`): aiokafka refuses a
-    larger one than `max_request_size` (1 MiB by default) before it is sent.
+    larger one than `max_request_size` before it is sent (never less than aiokafka's own 1 MiB,
+    so that a bound below it refuses nothing it let through before).
     """
     return {
         **connection_options(settings.kafka),
@@ -92,6 +95,6 @@ def producer_options(settings: Settings) -> dict[str, Any]:
         "enable_idempotence": False,
         "linger_ms": settings.kafka.linger_ms,
         "max_batch_size": settings.kafka.max_batch_bytes,
-        "max_request_size": largest_record_batch(settings),
+        "max_request_size": max(largest_record_batch(settings), AIOKAFKA_MAX_REQUEST_SIZE),
         "request_timeout_ms": settings.kafka.request_timeout_ms,
     }
