@@ -8,15 +8,43 @@ kelvin call to accepted. The replay on a Kafka topic is in tests/runtime/test_hi
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.datafiles import REPO
+from tests.core.test_flips import FIXED, rewrite
+from tests.core.test_processor import (
+    IDLE_MS,
+    LIFETIME_MS,
+    TOPIC,
+    envelope,
+    payment_args,
+    traffic,
+)
+from tests.datafiles import REPO, SCHEMAS
+from worker.check import FileRecord
 from worker.cli import main
-from worker.replay import parse_time
+from worker.compose import (
+    build_assembler,
+    build_decoder,
+    build_gate,
+    build_key_store,
+    build_registry,
+    with_contracts,
+)
+from worker.core.approval import APPROVAL_RESERVE
+from worker.core.flips import compare
+from worker.core.idempotency import resolve
+from worker.core.pipeline import Gate
+from worker.core.processor import EventLimits, Processor, Route
+from worker.model import Outcome, Phase, Verdict
+from worker.replay import Replay, parse_time
+from worker.settings import Settings
 
 EXAMPLES = REPO / "examples"
 CURRENT = EXAMPLES / "contracts" / "current"
@@ -261,3 +289,173 @@ def test_the_readme_shows_what_the_example_prints(
     status, out, _ = replay(capsys, *command.split()[2:])
     assert status == 0
     assert out == shown
+
+
+# -- each side is what a worker running that side's contracts emits ---------------------------
+
+#: a small event bound (the least the settings allow is near 32 KiB with these arguments), so an
+#: adapter can make an accepted call's event too large for it
+BOUND = Settings(
+    schemas={"dir": SCHEMAS},
+    assembly={
+        "idle_timeout_s": IDLE_MS / 1000,
+        "max_call_lifetime_s": LIFETIME_MS / 1000,
+        "early_verdict": False,  # a replay judges whole calls
+    },
+    limits={"max_bytes": 16_384, "max_event_bytes": 65_536},
+)
+#: an adapter's padding that leaves an event of the generated calls under the bound, but not
+#: with the bytes an approval reserves; and one past the bound
+PAD_HELD, PAD_OVER = 65_536 - 1_000 - APPROVAL_RESERVE // 2, 70_000
+PADDED = """
+
+def _padded(adapt, pad):
+    return lambda arguments: {**adapt(arguments), "note": "x" * pad}
+
+
+def register(plugins: Plugins) -> None:
+    plugins.adapter("weather.get_weather", "1")(_padded(weather_v1_to_internal, PAD))
+    plugins.adapter("weather.get_weather", "2")(_padded(weather_v2_to_internal, PAD))
+    plugins.adapter("payments.create_payment", "1")(_padded(dict, PAD))
+    plugins.rule("payments.create_payment")(payment_within_ceiling)
+"""
+
+
+def contract_sets(root: Path) -> dict[str, Settings]:
+    """The shipped contracts; their copies whose adapters make accepted events too large (keyed
+    ones too); and ones holding get_weather v2 for approval, too large only with its approval."""
+    sets = {"shipped": BOUND}
+    for name, pad, held in (("too large", PAD_OVER, False), ("held", PAD_HELD, True)):
+        target = root / name.replace(" ", "-")
+        shutil.copytree(SCHEMAS, target)
+        plugins = target / "plugins.py"
+        plugins.write_text(plugins.read_text() + f"\nPAD = {pad}\n" + PADDED)
+        if held:
+            rewrite(
+                target / "weather" / "get_weather.v2.schema.json",
+                lambda s: s.setdefault("x-callgate", {}).__setitem__("requires_approval", True),
+            )
+        sets[name] = with_contracts(BOUND, target)
+    return sets
+
+
+@pytest.fixture(scope="module")
+def gates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Gate]:
+    return {
+        name: build_gate(chosen, build_registry(chosen))
+        for name, chosen in contract_sets(tmp_path_factory.mktemp("contracts")).items()
+    }
+
+
+def processor(gate: Gate, shadow: Gate | None = None) -> Processor:
+    limits = BOUND.limits
+    return Processor(
+        build_assembler(BOUND),
+        build_decoder(BOUND),
+        gate,
+        EventLimits(limits.max_event_bytes, limits.max_feedback_bytes),
+        shadow=shadow,
+    )
+
+
+Seen = tuple[str, Outcome, Phase | None, str | None, bool]
+
+
+def emitted(records: list[FileRecord], gate: Gate) -> list[Seen]:
+    """What a worker running `gate`'s contracts emits for each call, its keys decided by their
+    owner as `callgate check` decides them: outcome, phase, code, held for approval."""
+    run, keys, seen = processor(gate), build_key_store(BOUND), []
+    for emission in [*run.feed(TOPIC, 0, records), *run.flush()]:
+        verdict = emission.verdict
+        found = (verdict.outcome, verdict.phase, verdict.code or verdict.reason)
+        held = emission.route is Route.PENDING_APPROVAL
+        if emission.route is Route.IDEMPOTENCY:
+            decided = resolve(keys, emission.value, None, BOUND.limits.max_feedback_bytes)
+            if decided.code is not None:
+                found = (decided.outcome, Phase.IDEMPOTENCY, decided.code)
+            held = decided.pending
+        seen.append((emission.call.event_id, *found, held))
+    return seen
+
+
+def side(event_id: str, verdict: Verdict) -> Seen:
+    held = verdict.outcome is Outcome.ACCEPTED and verdict.requires_approval
+    return (event_id, verdict.outcome, verdict.phase, verdict.code or verdict.reason, held)
+
+
+#: whole keyed calls: payments and refunds (a refund is held for approval) under two keys each,
+#: requests equal or not, some refused by their schema or rule; get_weather keyed by its envelope
+KEYED = st.one_of(
+    st.builds(
+        lambda key, amount: ("create_payment", {**payment_args(idempotency_key=key), **amount}),
+        st.sampled_from(["pay-1", "pay-2"]),
+        st.sampled_from([{}, {}, {"amount_minor": 2}, {"amount_minor": 10**12}]),
+    ),
+    st.builds(
+        lambda key, amount: (
+            "refund_payment",
+            {
+                "payment_id": "p1",
+                "amount_minor": amount,
+                "currency": "EUR",
+                "reason": None,
+                "idempotency_key": key,
+            },
+        ),
+        st.sampled_from(["ref-1", "ref-2"]),
+        st.sampled_from([1, 1, 2, 0]),
+    ),
+    st.builds(
+        lambda units: ("get_weather", {"city": "Oslo", "units": units, "idempotency_key": "w-1"}),
+        st.sampled_from(["celsius", "kelvin"]),
+    ),
+)
+
+
+@st.composite
+def keyed_traffic(draw: st.DrawFn) -> list[FileRecord]:
+    """`traffic()` with whole keyed calls after it, on the same partition."""
+    records = draw(traffic())
+    offset = len(records)
+    clock = records[-1].timestamp if records else 1_700_000_000_000
+    for n, (tool, arguments) in enumerate(draw(st.lists(KEYED, min_size=2, max_size=8))):
+        fields: dict[str, Any] = {"tool": tool, "final": True}
+        if tool == "get_weather":  # an envelope's key, for a contract that reads none
+            fields["idempotency_key"] = arguments.pop("idempotency_key")
+        value = envelope("keyed", f"k{n}", 0, orjson.dumps(arguments).decode(), **fields)
+        assert clock is not None
+        clock += 1
+        records.append(FileRecord(TOPIC, 0, offset + n, clock, None, value, ()))
+    return records
+
+
+@settings(FIXED, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    records=keyed_traffic(),
+    pair=st.tuples(*[st.sampled_from(["shipped", "too large", "held"])] * 2),
+)
+def test_each_side_of_a_replay_is_what_a_worker_on_its_contracts_emits(
+    gates: dict[str, Gate], records: list[FileRecord], pair: tuple[str, str]
+) -> None:
+    """Generated traffic (envelopes keyed and not, vendor streams, poison records, calls cut,
+    resent, timed out) judged under two of: the shipped contracts, adapters that make accepted
+    events (keyed ones too) too large for the event bound, and get_weather v2 held for approval
+    with an event too large only with its approval. Each call's verdict on each side of the
+    replay, once its keys are decided, is the event a worker on that side's contracts writes,
+    and the kind is the comparison of the two."""
+    baseline, candidate = gates[pair[0]], gates[pair[1]]
+    replayed = processor(baseline, candidate)
+    tally = Replay(
+        build_key_store(BOUND),
+        build_key_store(BOUND),
+        (baseline.registry, candidate.registry),
+        BOUND.limits.max_feedback_bytes,
+    )
+    compared = []
+    for emission in [*replayed.feed(TOPIC, 0, records), *replayed.flush()]:
+        assert emission.shadow is not None
+        settled = tally.settle(emission.shadow)
+        assert settled.kind is compare(settled.baseline, settled.candidate)
+        compared.append(settled)
+    assert [side(c.call.event_id, c.baseline) for c in compared] == emitted(records, baseline)
+    assert [side(c.call.event_id, c.candidate) for c in compared] == emitted(records, candidate)

@@ -217,7 +217,7 @@ def test_contracts_equal_to_the_baseline_never_flip_a_call(schema: Any, values: 
     except SchemaLoadError:
         assume(False)
     for call in calls_of([*values, *({"a": v} for v in values)]):
-        compared = judge_both(call, baseline.judge(call), candidate)
+        compared = judge_both(call, baseline.judge(call), candidate.judge)
         assert not compared.kind.is_flip, (compared.baseline, compared.candidate)
 
 
@@ -232,8 +232,8 @@ def test_swapped_contracts_flip_each_call_the_other_way(
     except SchemaLoadError:
         assume(False)
     for call in calls_of([*values, *({"a": v} for v in values)]):
-        forward = judge_both(call, first.judge(call), second)
-        backward = judge_both(call, second.judge(call), first)
+        forward = judge_both(call, first.judge(call), second.judge)
+        backward = judge_both(call, second.judge(call), first.judge)
         assert backward.kind is forward.kind.reversed, (forward.baseline, forward.candidate)
 
 
@@ -279,7 +279,7 @@ def test_a_tightened_enum_flips_the_calls_it_now_refuses_and_no_other(tmp_path: 
         weather("Lima", "kelvin"),
         weather("Quito", "fahrenheit", version=None, tool="weather.get_weather"),
     ]:
-        kinds[call.call_id] = judge_both(call, baseline.judge(call), candidate).kind
+        kinds[call.call_id] = judge_both(call, baseline.judge(call), candidate.judge).kind
     assert kinds == {
         "Oslo-celsius": Kind.ACCEPTED_UNCHANGED,
         "Boston-fahrenheit": Kind.ACCEPTED_TO_REJECTED,
@@ -306,7 +306,7 @@ def test_accepted_changed_names_what_an_executor_would_see_differ(tmp_path: Path
     candidate = build_gate(candidate_settings, build_registry(candidate_settings))
     found = {}
     for call in [weather("Oslo", "celsius"), weather("Rome", "celsius", version=None)]:
-        compared = judge_both(call, baseline.judge(call), candidate)
+        compared = judge_both(call, baseline.judge(call), candidate.judge)
         assert compared.kind is Kind.ACCEPTED_CHANGED
         found[call.call_id] = compared.record()["changed"]
     assert found == {
@@ -326,7 +326,7 @@ def test_a_call_the_reassembler_decided_is_not_judged_again() -> None:
         "s", "c", "get_weather", b'{"ci', incomplete=IncompleteReason.MAX_TOKENS.value
     )
     verdict = gate.judge(cut)
-    compared = judge_both(cut, verdict, refusing)
+    compared = judge_both(cut, verdict, refusing.judge)
     assert compared.candidate is verdict
     assert compared.kind is Kind.INCOMPLETE_UNCHANGED
 

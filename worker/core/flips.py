@@ -2,7 +2,9 @@
 
 `compare(baseline, candidate)` is the one comparison: `callgate replay` (history re-judged) and
 the worker's shadow mode (live traffic judged a second time) both call it, on the verdicts of
-the same assembled call under the current contracts (the baseline) and under candidate ones.
+the same assembled call under the current contracts (the baseline) and under candidate ones,
+each as its event is written (an accepted call whose event cannot be written under the event
+bound is the `event_too_large` rejection the worker emits, see `Processor`).
 Its answer is a `Kind`:
 
 - a *flip*, a change in what would run: `accepted_to_rejected`, `rejected_to_accepted`, any
@@ -25,11 +27,14 @@ shown; `changed` names the fields of an `accepted_changed` that differ.
 
 A call the reassembler already decided (incomplete, or an assembly error) gets its verdict
 before any contract or plugin is read, so `judge_both` gives the candidate the baseline's
-verdict for it instead of judging it twice. Pure: no I/O, no clock.
+verdict for it instead of judging it twice; any other call is judged by the `candidate`
+function it is given (the processor's: the candidate gate's verdict as its event is written).
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -38,7 +43,6 @@ import orjson
 
 from worker._native import AssembledCall, ParseError, parse_json
 from worker.core.canonical import canonical
-from worker.core.pipeline import Gate
 from worker.model import Outcome, Verdict
 
 #: how deep an accepted call's arguments may nest when compared (their parse already held them
@@ -207,10 +211,12 @@ def _side(verdict: Verdict) -> dict[str, Any]:
     return side
 
 
-def judge_both(call: AssembledCall, baseline: Verdict, candidate: Gate) -> Comparison:
+def judge_both(
+    call: AssembledCall, baseline: Verdict, candidate: Callable[[AssembledCall], Verdict]
+) -> Comparison:
     """`call`, judged `baseline` under the current contracts, judged again by `candidate`."""
     if call.incomplete is not None or call.assembly_error is not None:
         second = baseline  # decided by the reassembler, before any contract is read
     else:
-        second = candidate.judge(call)
+        second = candidate(call)
     return Comparison(call, baseline, second, compare(baseline, second))

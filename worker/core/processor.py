@@ -16,8 +16,9 @@ once its key is decided). One whose event could not take an approval's record on
 an `event_too_large` rejection here.
 
 With a `shadow` gate (candidate contracts), every call is judged by it too and its emission
-carries the `Comparison` (`worker.core.flips`); the verdict, the event and where it goes are the
-main gate's alone.
+carries the `Comparison` (`worker.core.flips`) of the two verdicts as each side's event is
+written (one too large for the event bound is compared as the `event_too_large` rejection it
+becomes); the verdict, the event and where it goes are the main gate's alone.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ _ROUTES = {
 
 class Emission(NamedTuple):
     """One record to produce, and the call and verdict it came from (for metrics); with a
-    shadow gate, the call's verdicts compared (the gates' own, before the event was written)."""
+    shadow gate, the call's verdicts compared (each as its event is written)."""
 
     route: Route
     key: bytes
@@ -121,41 +122,11 @@ class Processor:
     def emit(self, call: AssembledCall) -> Emission:
         """The emission of one closed call. Never raises for what a call holds: a failure to
         write its event is that call's `internal_error` rejection (logged)."""
-        limits = self._limits
-        judged = self.gate.judge(call)
-        shadow = judge_both(call, judged, self.shadow) if self.shadow is not None else None
-        # where the event goes follows the event as written (an accepted call whose event cannot
-        # be written is an `event_too_large` rejection, never an accepted or keyed emission)
-        try:
-            value, verdict = encode_written(
-                call, judged, limits.max_event_bytes, limits.max_feedback_bytes
-            )
-            held = verdict.outcome is Outcome.ACCEPTED and verdict.requires_approval
-            if held and len(value) + APPROVAL_RESERVE > limits.max_event_bytes:
-                detail = f"the event with its approval would exceed {limits.max_event_bytes} bytes"
-                too_large = substitute_rejection(
-                    verdict, Code.EVENT_TOO_LARGE, detail, limits.max_feedback_bytes
-                )
-                value, verdict = encode_written(
-                    call, too_large, limits.max_event_bytes, limits.max_feedback_bytes
-                )
-        except Exception:
-            log.exception(
-                "internal error writing the event of call %r of stream %r (event %s)",
-                call.call_id,
-                call.stream_id,
-                call.event_id,
-                extra=call_fields(call),
-            )
-            failed = substitute_rejection(
-                judged,
-                Code.INTERNAL_ERROR,
-                "callgate failed to write this call's event",
-                limits.max_feedback_bytes,
-            )
-            value, verdict = encode_written(
-                call, failed, limits.max_event_bytes, limits.max_feedback_bytes
-            )
+        value, verdict = self._written(call, self.gate.judge(call))
+        shadow = None
+        if self.shadow is not None:
+            candidate = self.shadow
+            shadow = judge_both(call, verdict, lambda c: self._written(c, candidate.judge(c))[1])
         schema = verdict.schema
         if verdict.idempotency_digest is not None and verdict.outcome is Outcome.ACCEPTED:
             request = idempotency_request(call, verdict, value)
@@ -171,6 +142,41 @@ class Processor:
         headers = record_headers(verdict.outcome, call.tool, version)
         route = _ROUTES[verdict.outcome]
         return Emission(route, record_key(call), value, headers, call, verdict, shadow)
+
+    def _written(self, call: AssembledCall, judged: Verdict) -> tuple[bytes, Verdict]:
+        """The event of `judged` and the verdict it was written from: where it goes follows
+        the second (an accepted call whose event, or whose event with its approval, cannot be
+        written is an `event_too_large` rejection, never an accepted or keyed emission)."""
+        limits = self._limits
+        try:
+            value, verdict = encode_written(
+                call, judged, limits.max_event_bytes, limits.max_feedback_bytes
+            )
+            held = verdict.outcome is Outcome.ACCEPTED and verdict.requires_approval
+            if held and len(value) + APPROVAL_RESERVE > limits.max_event_bytes:
+                detail = f"the event with its approval would exceed {limits.max_event_bytes} bytes"
+                too_large = substitute_rejection(
+                    verdict, Code.EVENT_TOO_LARGE, detail, limits.max_feedback_bytes
+                )
+                return encode_written(
+                    call, too_large, limits.max_event_bytes, limits.max_feedback_bytes
+                )
+            return value, verdict
+        except Exception:
+            log.exception(
+                "internal error writing the event of call %r of stream %r (event %s)",
+                call.call_id,
+                call.stream_id,
+                call.event_id,
+                extra=call_fields(call),
+            )
+            failed = substitute_rejection(
+                judged,
+                Code.INTERNAL_ERROR,
+                "callgate failed to write this call's event",
+                limits.max_feedback_bytes,
+            )
+            return encode_written(call, failed, limits.max_event_bytes, limits.max_feedback_bytes)
 
     # -- partitions ---------------------------------------------------------------------------
 
