@@ -459,3 +459,50 @@ def test_each_side_of_a_replay_is_what_a_worker_on_its_contracts_emits(
         compared.append(settled)
     assert [side(c.call.event_id, c.baseline) for c in compared] == emitted(records, baseline)
     assert [side(c.call.event_id, c.candidate) for c in compared] == emitted(records, candidate)
+
+
+# -- each input file its own partition ---------------------------------------------------------
+
+#: input names (the prefix a directory): twice the same file, and two files whose paths are the
+#: same in their first 249 bytes (the longest topic name Kafka allows, which names the records)
+LONG = "d" * 250
+NAMES = ["a.jsonl", "b.jsonl", f"{LONG}/a.jsonl", f"{LONG}/b.jsonl"]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("inputs")
+    for name in NAMES:
+        (root / name).parent.mkdir(exist_ok=True)
+        shutil.copy(TRAFFIC, root / name)
+    return root
+
+
+# capsys: each replay's output is read (and so reset) before the next
+@settings(FIXED, max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chosen=st.lists(st.sampled_from(NAMES), min_size=1, max_size=4))
+def test_every_call_of_every_input_is_counted_once_or_the_inputs_are_refused(
+    inputs: Path, chosen: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Inputs that would be read as one partition (a file named twice, paths alike in the bytes
+    a topic name keeps) are refused; any others are each counted whole, as each alone."""
+    paths = [str(inputs / name) for name in chosen]
+    topics = [path.encode()[:249] for path in paths]
+    status, out, err = replay(
+        capsys, "--json", "--baseline", CURRENT, "--schemas", CANDIDATE, *paths
+    )
+    if len(set(topics)) < len(topics):
+        assert (status, out) == (2, "")
+        assert "read as one partition" in err
+        return
+    assert status == 0, err
+    alone = len(examples_calls(capsys))
+    assert orjson.loads(out)["calls"] == alone * len(paths)
+
+
+def examples_calls(capsys: pytest.CaptureFixture[str]) -> list[Any]:
+    """The calls of examples/traffic.jsonl, judged alone by `check`."""
+    status = main(["check", "--schemas", str(CURRENT), str(TRAFFIC)])
+    out, _ = capsys.readouterr()
+    assert status == 0
+    return [orjson.loads(line) for line in out.splitlines()]

@@ -100,7 +100,7 @@ def feed_input(
     """What the processor makes of `source`, batch by batch; the last batch is what the end of
     the input makes of the calls still open."""
     stream = stream_id or Path(name).stem or "stream"
-    topic = _topic(name)
+    topic = input_topic(name)
     batch: list[FileRecord] = []
     for record in _records(source, topic, fmt, stream, headers or {}):
         batch.append(record)
@@ -150,8 +150,9 @@ def run_check(
     return tally
 
 
-def _topic(name: str) -> str:
-    """The input's name as the records' topic, cut to the longest topic name Kafka allows."""
+def input_topic(name: str) -> str:
+    """The input's name as the records' topic, cut to the longest topic name Kafka allows (the
+    records are that topic's partition 0: two inputs of one topic would be one partition)."""
     cut = name.encode("utf-8", "replace")[:MAX_TOPIC_BYTES]
     return cut.decode("utf-8", "ignore")
 

@@ -11,7 +11,15 @@ from pathlib import Path
 from worker import __version__
 from worker.adapters.decoder import ENVELOPE, formats
 from worker.adapters.dialects import dialect_of, split_format
-from worker.check import FAILED_ON, PASSED, feed_input, main_check, open_input, parse_fail_on
+from worker.check import (
+    FAILED_ON,
+    PASSED,
+    feed_input,
+    input_topic,
+    main_check,
+    open_input,
+    parse_fail_on,
+)
 from worker.compose import build_key_store, build_processor
 from worker.errors import CallgateError, ConfigError, InputFormatError
 from worker.replay import EXAMPLES, FLIPS_OVER, NO_FLIPS_OVER, Replay, exit_status, parse_time
@@ -72,6 +80,7 @@ def _replay(args: argparse.Namespace) -> int:
         )
     if args.topic and (args.format or args.header or args.stream_id):
         raise ConfigError("--format, --header and --stream-id are for input files")
+    _each_its_own_partition(args.inputs)
     if args.since is not None and args.from_offset is not None:
         raise ConfigError("the range starts at --since or at --from-offset, not both")
     if args.until is not None and args.to_offset is not None:
@@ -122,6 +131,21 @@ def _replay(args: argparse.Namespace) -> int:
     else:
         print(report.table())
     return exit_status(report, args.fail_on_flips)
+
+
+def _each_its_own_partition(inputs: Sequence[str]) -> None:
+    """Refuse inputs that would be read as one partition (one file named twice, or names alike
+    in all a topic name keeps): the second's records would be taken for the first's, read
+    again, and its calls lost."""
+    read: dict[str, str] = {}
+    for path in inputs:
+        topic = input_topic(path)
+        if topic in read:
+            raise ConfigError(
+                f"{read[topic]} and {path} would be read as one partition (their names are "
+                "alike in the bytes a topic name keeps): name each input once"
+            )
+        read[topic] = path
 
 
 def _time(text: str | None, option: str) -> int | None:
