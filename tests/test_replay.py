@@ -23,6 +23,7 @@ from tests.core.test_processor import (
     LIFETIME_MS,
     TOPIC,
     envelope,
+    every_format,
     normalized,
     payment_args,
     traffic,
@@ -415,8 +416,9 @@ KEYED = st.one_of(
 
 @st.composite
 def keyed_traffic(draw: st.DrawFn) -> list[FileRecord]:
-    """`traffic()` with whole keyed calls after it, on the same partition."""
-    records = draw(traffic())
+    """Generated traffic (`traffic()`, or `every_format()`: every vendor format, keyed envelopes)
+    with whole keyed calls after it, on the same partition."""
+    records = draw(st.one_of(traffic(), every_format()))
     offset = len(records)
     clock = records[-1].timestamp if records else 1_700_000_000_000
     for n, (tool, arguments) in enumerate(draw(st.lists(KEYED, min_size=2, max_size=8))):
