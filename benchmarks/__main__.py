@@ -10,9 +10,11 @@ pass-through draining the e2e workload, per record and by part; needs py-spy and
 attach to a process), tracing (what tracing costs a round, off and on, in instructions;
 `--baseline ROOT` counts another checkout's), startup (`callgate run`'s spawn to its first
 event, a fresh group and a restart with state to restore, in phases, against the pass-through's;
-`--broker` limits it to one broker, `--baseline ROOT` starts another checkout's worker too); none
-means core, memory, checkpoints and e2e. `--quick` runs a benchmark at a tiny size (the smoke
-tests use it; its figures mean nothing). `--broker` limits e2e and startup to one broker (and picks
+`--broker` limits it to one broker, `--baseline ROOT` starts another checkout's worker too),
+offline (`callgate check` as a whole process, start-up, reading, judging and writing, against
+the seed's design as a whole process, on 50,000 small calls); none means core, memory,
+checkpoints and e2e. `--quick` runs a benchmark at a tiny size (the smoke tests use it; its
+figures mean nothing). `--broker` limits e2e and startup to one broker (and picks
 e2e_profile's, Apache Kafka by default). `--delivery` picks e2e's delivery modes (at_least_once,
 exactly_once against a transactional pass-through, or both, the default; tansu has no
 transactions, so exactly_once is skipped there).
@@ -35,6 +37,7 @@ from benchmarks import (
     instructions,
     memory,
     observability,
+    offline,
     profile,
     scaling,
     startup,
@@ -82,6 +85,12 @@ def _e2e_profile(args: argparse.Namespace) -> dict[str, Any]:
         broker=broker,
         out=args.out,
     )
+
+
+def _offline(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:
+        return offline.run(calls=200, repeats=args.repeats or 1)
+    return offline.run(repeats=args.repeats or 3)
 
 
 def _instructions(args: argparse.Namespace) -> dict[str, Any]:
@@ -143,6 +152,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "e2e": _e2e,
     "e2e_profile": _e2e_profile,
     "instructions": _instructions,
+    "offline": _offline,
     "scaling": _scaling,
     "observability": _observability,
     "profile": _profile,

@@ -4,18 +4,23 @@ Per chunk `json.loads` of the envelope; the deltas of a call joined when its fin
 `json.loads` of the arguments; a `jsonschema.Draft202012Validator` built once per tool; every
 error it reports collected; the outcome encoded with `json.dumps`. No duplicate-key detection, no
 sequence checks, no limits: it does less than callgate, which only makes the comparison kind to it.
+
+`python -m benchmarks.baseline SCHEMAS FILE` is the seed as a whole process (the offline
+benchmark's baseline): the envelopes of FILE, one per line, in; one event per call out, a line
+each, on stdout.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 
-from benchmarks.workload import Record
+from benchmarks.workload import TOPIC, Record
 
 
 def load_validators(directory: Path) -> dict[str, jsonschema.Draft202012Validator]:
@@ -87,3 +92,18 @@ class SeedGate:
     def events(self, records: Iterable[Record]) -> list[dict[str, Any]]:
         """The decoded events of `records` (for checks, untimed)."""
         return [json.loads(event) for r in records if (event := self.feed(r)) is not None]
+
+
+def main(schemas: str, source: str) -> int:
+    gate = SeedGate(load_validators(Path(schemas)))
+    out = sys.stdout.buffer
+    with open(source, "rb") as lines:
+        for offset, line in enumerate(lines):
+            event = gate.feed(Record(TOPIC, 0, offset, None, None, line))
+            if event is not None:
+                out.write(event + b"\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(*sys.argv[1:3]))

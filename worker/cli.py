@@ -25,7 +25,6 @@ from worker.errors import CallgateError, ConfigError, InputFormatError
 from worker.replay import EXAMPLES, FLIPS_OVER, NO_FLIPS_OVER, Replay, exit_status, parse_time
 from worker.runtime.approve_cli import add_approval_commands
 from worker.runtime.cli import add_run_command
-from worker.runtime.history import Bound, Span, read_range
 from worker.runtime.topics_cli import add_topics_command
 from worker.schemas.cli import add_schemas_command
 from worker.settings import load_settings
@@ -109,6 +108,8 @@ def _replay(args: argparse.Namespace) -> int:
                     replay.add(emissions)
         read = ", ".join(args.inputs)
     else:
+        from worker.runtime.history import Bound, Span, read_range  # noqa: PLC0415 (only --topic reads Kafka)
+
         start = Bound(args.from_offset, _time(args.since, "--since"))
         end = Bound(args.to_offset, _time(args.until, "--until"))
         spans: list[Span] = read_range(

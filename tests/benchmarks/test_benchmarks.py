@@ -103,6 +103,42 @@ def test_core_covers_both_schemas_both_chunk_counts_and_both_engines(tmp_path: P
             assert agreed["judged_by_both"] == row["calls"]
 
 
+@pytest.mark.timeout(300)
+def test_offline_runs_both_whole_processes_on_both_mixes_and_they_judge_alike(
+    tmp_path: Path,
+) -> None:
+    """`callgate check` and the seed, each a process of its own, write one event per call of the
+    same file and accept the same calls (the seed blind to duplicate keys)."""
+    document = _run("offline", tmp_path)
+    assert document["target"] == 4.0
+    rows = document["rows"]
+    assert {(row["mix"], row["chunks_per_call"]) for row in rows} == {
+        ("valid", 10),
+        ("mixed", 10),
+    }
+    for row in rows:
+        assert row["records"] == row["calls"] * 10
+        seed = row["seed"]
+        for figure in ("wall_s", "cpu_s", "startup_s"):
+            assert _positive(seed[figure]), figure
+        assert sum(seed["outcomes"].values()) == row["calls"]
+        assert set(row["engines"]) == set(ENGINES)
+        for engine in row["engines"].values():
+            for figure in ("wall_s", "cpu_s", "startup_s", "ratio_vs_seed", "cpu_ratio_vs_seed"):
+                assert _positive(engine[figure]), figure
+            assert isinstance(engine["meets_target"], bool)
+            assert sum(engine["outcomes"].values()) == row["calls"]
+            if row["mix"] == "valid":
+                assert engine["outcomes"] == {"accepted": row["calls"]}
+            else:
+                assert {"schema_violation", "invalid_json", "duplicate_key"} <= set(
+                    engine["outcomes"]
+                )
+            agreed = engine["agreement_with_seed"]
+            assert agreed["agree"], agreed
+            assert agreed["judged_by_both"] == row["calls"]
+
+
 @pytest.mark.parametrize("label", ["small", "large"])
 def test_the_seed_and_callgate_accept_the_same_calls(label: str) -> None:
     """On every kind of invalid call, the seed and callgate accept the same calls, but for the

@@ -18,7 +18,6 @@ from typing import Any
 from worker import logs
 from worker.compose import log_span_ids
 from worker.errors import CallgateError, ConfigError, SchemaLoadError
-from worker.runtime.serve import serve
 from worker.settings import Settings, load_settings, setting_fields
 
 
@@ -68,6 +67,9 @@ def load_and_log(settings_file: Path | None) -> Settings:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    # the worker's modules load only for `run`: the other commands start without them
+    from worker.runtime.serve import serve  # noqa: PLC0415
+
     try:
         started = time.perf_counter()
         settings = load_and_log(args.settings)
