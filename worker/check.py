@@ -128,6 +128,8 @@ def run_check(
     for emissions in feed_input(
         processor, source, name=name, fmt=fmt, stream_id=stream_id, headers=headers
     ):
+        # one write per batch: stdout may be unbuffered (PYTHONUNBUFFERED), a system call a line
+        lines: list[bytes] = []
         for emission in emissions:
             value = emission.value
             verdict = emission.verdict
@@ -145,7 +147,9 @@ def run_check(
                 elif resolution.pending:
                     outcome, phase = PENDING_OUTCOME, Phase.APPROVAL.value
             tally[(outcome, phase, detail)] += 1
-            out.write(value + b"\n")
+            lines.append(value)
+        if lines:
+            out.write(b"\n".join(lines) + b"\n")
     out.flush()
     return tally
 
