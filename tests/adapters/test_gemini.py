@@ -179,6 +179,48 @@ def test_a_partial_value_that_cannot_be_placed_breaks_the_call(what: str) -> Non
     assert calls["s1:0:0"].incomplete == IncompleteReason.STREAM_CORRUPT
 
 
+_NOT_STRINGS = st.one_of(
+    st.integers(-(2**53), 2**53),
+    st.floats(-1e18, 1e18),
+    st.booleans(),
+    st.none(),
+)
+
+
+@given(seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_a_value_that_is_not_the_next_piece_of_an_open_string_breaks_the_stream(
+    seed: int, data: st.DataObject
+) -> None:
+    # the string's next piece replaced by a number, boolean or null at the same path: written
+    # into the string, `numberValue: 123` after "Par" made the accepted text "Par2"
+    rng = random.Random(seed)
+    calls = [(f"c{i}", f"tool_{i}", streamgen.arguments(rng)) for i in range(rng.randint(1, 3))]
+    events = streamgen.gemini_stream("g1", calls, rng, partial=True)
+    open_at = [
+        i
+        for i, event in enumerate(events)
+        for part in event["candidates"][0]["content"]["parts"]
+        if part.get("functionCall", {}).get("partialArgs", [{}])[0].get("willContinue")
+    ]
+    at = data.draw(st.sampled_from(open_at)) + 1
+    (part,) = events[at]["candidates"][0]["content"]["parts"]
+    path = part["functionCall"]["partialArgs"][0]["jsonPath"]
+    value = streamgen._partial_arg(path, data.draw(_NOT_STRINGS))
+    part["functionCall"]["partialArgs"] = [value]
+    done = assemble(GEMINI, encode(events))
+    (record,) = [c for c in done if c.assembly_error == Code.MALFORMED_RECORD]
+    assert "is not finished" in (record.assembly_detail or "")
+    opened = sum("name" in p.get("functionCall", {}) for e in events[:at] for p in _parts(e))
+    assert {c.call_id: c.incomplete for c in done if c is not record} == {
+        f"s1:0:{n}": IncompleteReason.STREAM_CORRUPT for n in range(opened)
+    }
+
+
+def _parts(event: dict[str, Any]) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = event["candidates"][0]["content"]["parts"]
+    return parts
+
+
 def test_a_call_that_ends_inside_an_open_string_breaks_the_stream() -> None:
     events = [
         chunk(call(name="t", willContinue=True)),

@@ -15,7 +15,8 @@ server-side `toolCall` / `toolResponse`) is not a client call and yields nothing
   first part without `willContinue: true` ends the call (often an empty `functionCall: {}`).
   The adapter writes the JSON text as the paths arrive, in document order: each path must come
   after the previous one (the next key of an object, never a key it has; the next element of an
-  array, from 0); a string piece continues only the path it is open at.
+  array, from 0); a string piece continues only the path it is open at, and while a string is
+  open the next value must be its next piece (a number, boolean or null there breaks the call).
 
 Call ids: the vendor's `id` when the part has one; else `<stream>:<candidate>:<n>`, where `n`
 counts the candidate's calls from 0 (the same stream and the same order give the same ids, so a
@@ -114,7 +115,9 @@ class _Writer:
     def put(self, path: list[Step], value: Any, more: bool, where: str) -> str:
         """The text that writes `value` at `path` (a string piece when `more` or continuing)."""
         if self.string:
-            if path != self.path:
+            # only the next piece of the string continues it: any other value there (a number,
+            # true, null) would be written into the string's text as characters of its own
+            if path != self.path or not isinstance(value, str):
                 raise InputFormatError(f"{where}: the string at {_show(self.path)} is not finished")
             self.string = more
             return _piece(value) + ("" if more else '"')
