@@ -613,7 +613,7 @@ def committed_fixtures() -> dict[str, bytes]:
         ),
         "openai_responses_incomplete_mid_call.sse": to_sse(
             responses_stream(
-                "resp_gen_incomplete", [WEATHER, SHELL], random.Random(2), cut_after=7
+                "resp_gen_incomplete", [WEATHER, SHELL], random.Random(2), cut_after=11
             ),
             named=True,
         ),

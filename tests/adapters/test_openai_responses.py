@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from tests.adapters import streamgen
 from tests.adapters.oracles import RECORDED, RESPONSES, assemble, chunks_of, encode, sdk_calls
@@ -92,6 +94,42 @@ def test_the_recorded_incomplete_response_payload_ends_a_stream_as_max_tokens() 
     events = stream([streamgen.SHELL], cut_after=2)
     events[-1]["response"] = {**payload, "id": "r1", "output": []}
     assert outcomes(events, flush=False) == {"call_shell_3": IncompleteReason.MAX_TOKENS}
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    cut_after=st.none() | st.integers(0, 12),
+    status=st.sampled_from(["incomplete", "in_progress", "failed", "searching"]),
+    item_done=st.booleans(),
+    data=st.data(),
+)
+def test_a_call_whose_final_item_says_it_did_not_finish_is_never_released(
+    seed: int, cut_after: int | None, status: str, item_done: bool, data: st.DataObject
+) -> None:
+    # the final response is a final form of each call too: one whose item there said it was
+    # cut was released whole once its `.done` had come (a cut call accepted)
+    rng = random.Random(seed)
+    calls = [(f"call_{i}", f"tool_{i}", streamgen.arguments(rng)) for i in range(rng.randint(1, 3))]
+    events = streamgen.responses_stream(
+        "r1", calls, rng, numbered=rng.random() < 0.5, cut_after=cut_after
+    )
+    finished = sorted({e["output_index"] for e in events if e["type"] == ARGS_DONE})
+    assume(finished)
+    index = data.draw(st.sampled_from(finished))
+    if not item_done:  # the item's own `.done` lost: the final response alone says it
+        events = [e for e in events if (e["type"], e.get("output_index")) != (ITEM_DONE, index)]
+        for number, event in enumerate(events):
+            if "sequence_number" in event:
+                event["sequence_number"] = number
+    before = outcomes(events)
+    (final,) = [i for i in events[-1]["response"]["output"] if i["call_id"] == f"call_{index}"]
+    final["status"] = status
+    found = outcomes(events)
+    if cut_after is None:  # a response that completed with a call unfinished: unplaceable
+        assert found.pop(f"record:in:0:{len(events) - 1}") == "malformed_record"
+        assert found == dict.fromkeys(before, IncompleteReason.STREAM_CORRUPT)
+    else:  # a cut response: that call is cut, the others end as they did
+        assert found == {**before, f"call_{index}": IncompleteReason.MAX_TOKENS}
 
 
 def test_a_lost_event_turns_the_streaming_calls_into_a_sequence_gap() -> None:

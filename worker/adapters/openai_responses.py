@@ -10,13 +10,14 @@ equal the others (the adapter keeps a digest of the first); the call is released
 the final response's text as its expected text, which the reassembler compares with the deltas
 it assembled (a difference: `stream_corrupt`; a call past its bound keeps no text, and is
 rejected with its bound whatever its final text). A call whose item never finished (a
-`response.incomplete` mid-call, an `output_item.done` with status `incomplete`) stays open and
-the END makes it incomplete. A call a model-run program made (programmatic tool calling: the
-item's `caller` is `{"type": "program", ...}`) keeps its item `in_progress` in
-`output_item.done` and in the final response while the program waits for its result: it is
-finished once its arguments' `.done` has come, and its item's text must agree with it; the
-item's `caller` is stated on the call's first chunk, so its event names it. A final response
-without `output` releases nothing.
+`response.incomplete` mid-call, an `output_item.done` with status `incomplete`, a final
+response whose item says it is not finished, whatever its `.done` said) stays open and the END
+makes it incomplete (a `response.completed` saying so cannot be placed). A call a model-run
+program made (programmatic tool calling: the item's `caller` is `{"type": "program", ...}`)
+keeps its item `in_progress` in `output_item.done` and in the final response while the program
+waits for its result: it is finished once its arguments' `.done` has come, and its item's text
+must agree with it; the item's `caller` is stated on the call's first chunk, so its event names
+it. A final response without `output` releases nothing.
 
 In a dialect whose ids rotate (`copilot`, `worker.adapters.dialects`), the response's and the
 items' ids are not compared from event to event: events are placed by `output_index` alone. In
@@ -217,6 +218,16 @@ def _programmatic(item: Mapping[str, Any], where: str) -> bool:
     its item stays `in_progress` while the program runs, after its arguments are final."""
     caller = f.opt_obj(item, "caller", where)
     return caller is not None and f.opt_str(caller, "type", f"{where}.caller") == "program"
+
+
+def _finished(item: Mapping[str, Any], text_final: bool, where: str) -> bool:
+    """Whether a call's item (its `output_item.done`, or the final response's) says the call
+    finished: status `completed` (or none), or `in_progress` for a call a model-run program
+    made once its text is final (`text_final`); any other status says it was cut."""
+    status = f.opt_str(item, "status", where)
+    return status in (None, "completed") or (
+        status == "in_progress" and text_final and _programmatic(item, where)
+    )
 
 
 def _digest(text: str) -> str:
@@ -571,9 +582,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
             raise InputFormatError(f"{kind}: the item's name changed")
         out: list[Chunk] = []
         status = f.opt_str(item, "status", where)
-        if status in (None, "completed") or (
-            status == "in_progress" and call.status == _DONE and _programmatic(item, where)
-        ):
+        if _finished(item, call.status == _DONE, where):
             text = _item_text(item, spec, where)
             if fresh:
                 out.append(self._opening(call, item, text, kind))
@@ -644,6 +653,10 @@ class OpenAIResponsesAdapter(VendorAdapter):
                 or _call_names(item, call.spec, where)[1] != call.name
             ):
                 raise InputFormatError(f"{where}: the item's type, id or name changed")
+            if not _finished(item, True, where):
+                if complete:
+                    raise InputFormatError(f"{kind}: call {call.call_id!r} never finished")
+                continue  # the response was cut inside the call's item: the END ends it
             text = _item_text(item, call.spec, where)
             if _digest(text) != call.digest:
                 raise InputFormatError(f"{where}: the final text differs from the call's .done")
