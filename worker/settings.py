@@ -294,7 +294,10 @@ class LimitSettings(BaseModel):
         "fields, a call's caller: longer is a malformed record",
     )
     max_message_bytes: int = Field(
-        512, ge=64, description="a violation's path or message, a malformed record's detail"
+        512,
+        ge=64,
+        description="a violation's path or message (a business rule's keyword too), a malformed "
+        "record's detail",
     )
     max_feedback_bytes: int = Field(4096, ge=256, description="size bound of retry_feedback")
     max_violations: int = Field(32, ge=1, description="violations computed per rejection")

@@ -43,8 +43,8 @@ from worker.model import (
     Violation,
 )
 from worker.plugins import Plugins, RuleContext, load_plugins
-from worker.schemas.contract import Contract, LookupFailure
-from worker.schemas.drafts import escape
+from worker.schemas.contract import CUT, Contract, LookupFailure
+from worker.schemas.drafts import escape, pointer
 from worker.schemas.registry import SchemaRegistry
 from worker.settings import Settings
 
@@ -596,6 +596,64 @@ def test_rules_only_see_schema_valid_arguments() -> None:
     gate = Gate(REGISTRY, plugins_with(rule=spy), LIMITS)
     gate.judge(call('{"city": 1, "units": "celsius"}'))
     assert seen == []
+
+
+_RULE_TEXT = st.text(
+    st.sampled_from(["a", "/", "~", '"', "\x01", "é", "\u2028", "😀"]), max_size=90
+)
+_RULE_PATH = _RULE_TEXT | st.lists(_RULE_TEXT, max_size=12).map(pointer)
+
+
+def _tokens(path: str) -> list[str]:
+    return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
+
+
+@FIXED
+@given(
+    found=st.lists(
+        st.lists(st.builds(Violation, _RULE_PATH, _RULE_TEXT, _RULE_TEXT), max_size=5),
+        min_size=1,
+        max_size=3,
+    ),
+    max_violations=st.integers(1, 6),
+    max_message_bytes=st.integers(64, 160),
+)
+def test_a_rules_violations_are_bounded_as_the_engines_are(
+    found: list[list[Violation]], max_violations: int, max_message_bytes: int
+) -> None:
+    """A business rule's violations count toward `max_violations`, and each path, keyword and
+    message is cut to `max_message_bytes` as the engines cut theirs: a path at a token boundary
+    ending in CUT, a text ending in an ellipsis; one that fits is what the rule said."""
+    bounds = violation_limits(
+        Settings(
+            limits={"max_violations": max_violations, "max_message_bytes": max_message_bytes}
+        ).limits
+    )
+    plugins = Plugins()
+    for returned in found:
+        plugins.rule("weather.get_weather")(lambda arguments, context, said=returned: said)
+    verdict = Gate(REGISTRY, plugins, dataclasses.replace(LIMITS, violations=bounds)).judge(
+        call('{"city": "Oslo", "units": "celsius"}')
+    )
+    said = [violation for returned in found for violation in returned]
+    if not said:
+        accepted(verdict, WEATHER_V1)
+        return
+    rejected(verdict, Phase.BUSINESS_VALIDATION, Code.BUSINESS_RULE, retryable=True)
+    assert len(verdict.violations) == min(len(said), max_violations)
+    for original, kept in zip(said, verdict.violations, strict=False):
+        assert len(kept.path.encode()) <= max_message_bytes
+        for text, cut in ((original.keyword, kept.keyword), (original.message, kept.message)):
+            assert len(cut.encode()) <= max_message_bytes
+            assert cut == text or (cut.endswith("\u2026") and text.startswith(cut[:-1]))
+        if kept.path != original.path:
+            assert kept.path.endswith(CUT)
+            shown = _tokens(kept.path.removesuffix(CUT))
+            if original.path.startswith("/"):  # whole tokens, the first ones
+                assert shown == _tokens(original.path)[: len(shown)]
+            else:  # not a pointer: one token, too long to show
+                assert shown == []
+    assert len(orjson.dumps(verdict.retry_feedback)) <= LIMITS.max_feedback_bytes
 
 
 # --- normalization ----------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from time import perf_counter_ns
 from typing import Any
 
@@ -74,7 +75,7 @@ from worker.schemas.contract import (
 )
 from worker.schemas.messages import describe
 from worker.schemas.registry import SchemaRegistry
-from worker.schemas.report import bounded
+from worker.schemas.report import bounded, bounded_violation
 
 log = logging.getLogger("callgate.gate")
 
@@ -160,8 +161,9 @@ _STRUCTURED_CONTENT = ("result", "structuredContent")
 
 
 def _violations(found: Iterable[Any]) -> Iterator[Violation]:
-    """What a rule returned, each item checked: it goes into the event and the feedback as is,
-    so anything but a `Violation` of strings is the rule's bug (raised here: `rule_error`)."""
+    """What a rule returned, each item checked: it goes into the event and the feedback
+    (bounded as the engines' violations are), so anything but a `Violation` of strings is the
+    rule's bug (raised here: `rule_error`)."""
     for item in found:
         if type(item) is not Violation or not all(
             type(text) is str for text in (item.path, item.keyword, item.message)
@@ -437,9 +439,12 @@ class Gate:
         if rules:
             context = RuleContext(schema, key)
             found: list[Violation] = []
+            bounds = self._limits.violations
             for rule in rules:
                 try:
-                    found.extend(_violations(rule(value, context)))
+                    room = bounds.max_violations - len(found)
+                    taken = islice(_violations(rule(value, context)), room)
+                    found.extend(bounded_violation(v, bounds) for v in taken)
                 except Exception as exc:  # a plugin's bug is this call's rule_error
                     started, now = now, perf_counter_ns()
                     phases[_BUSINESS_VALIDATION] = (now - started) // 1000

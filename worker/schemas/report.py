@@ -19,7 +19,8 @@ It descends through `$ref`, `allOf`, `if`/`then`/`else`, `dependentSchemas`, `pr
 `patternProperties` (matched with RE2, meaning what the engines mean), `additionalProperties`,
 `prefixItems` / `items` (draft 7: `items` / `additionalItems`) and reports a failed `anyOf`,
 `oneOf`, `not` or `propertyNames` as one violation where it applies. It stops as soon as it holds
-`max_violations`. Every violation's path and message is bounded in bytes (`bounded`).
+`max_violations`. Every violation's path and message is bounded in bytes (`bounded`; a business
+rule's violation, with its keyword, by `bounded_violation`).
 """
 
 from __future__ import annotations
@@ -78,10 +79,32 @@ def bounded(
             kept.append(piece)
             used += size
         text = "".join(kept) + CUT
-    if len(message.encode()) > limits.max_message_bytes:
-        room = limits.max_message_bytes - len("\u2026".encode())
-        message = message.encode()[:room].decode(errors="ignore") + "\u2026"
-    return Violation(text, keyword, message)
+    return Violation(text, keyword, _cut(message, limits.max_message_bytes))
+
+
+def _cut(text: str, max_bytes: int) -> str:
+    """`text` as it is when it fits `max_bytes`, or cut to fit and ending in "\u2026"."""
+    if len(text.encode()) <= max_bytes:
+        return text
+    room = max_bytes - len("\u2026".encode())
+    return text.encode()[:room].decode(errors="ignore") + "\u2026"
+
+
+def bounded_violation(violation: Violation, limits: ViolationLimits) -> Violation:
+    """A violation made elsewhere (a business rule's) within the bounds `bounded` gives the
+    engines' own: the same violation when it fits; else its path (a JSON Pointer; any other
+    text is one token) cut at a token boundary, and its keyword and message cut like a
+    message."""
+    path, keyword, message = violation.path, violation.keyword, violation.message
+    if len(path.encode()) > limits.max_path_bytes:
+        tokens: Path = (
+            [t.replace("~1", "/").replace("~0", "~") for t in path[1:].split("/")]
+            if path.startswith("/")
+            else [path]
+        )
+        path = bounded(tokens, "", "", limits).path
+    keyword = _cut(keyword, limits.max_message_bytes)
+    return Violation(path, keyword, _cut(message, limits.max_message_bytes))
 
 
 class Findings:
