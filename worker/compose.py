@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from worker._native import Assembler, EarlyRules
 from worker.adapters.decoder import Decoder
 from worker.core.approval import ApprovalStore
+from worker.core.feedback import largest_feedback_bytes
 from worker.core.idempotency import KeyStore
 from worker.core.pipeline import Gate, GateLimits
 from worker.core.processor import EventLimits, Processor
@@ -67,7 +68,17 @@ def shadow_series(processor: Processor) -> list[tuple[str, str]]:
 
 
 def build_gate(settings: Settings, registry: SchemaRegistry) -> Gate:
+    """The gate of `registry`; ConfigError when a contract's retry feedback could exceed
+    CALLGATE_LIMITS__MAX_FEEDBACK_BYTES with no violation shown (its id and version too long)."""
     limits = settings.limits
+    for contract in registry.contracts():
+        needed = largest_feedback_bytes(contract.ref, limits.max_violations)
+        if needed > limits.max_feedback_bytes:
+            raise ConfigError(
+                f"{contract.file}: the retry feedback of {contract.ref.id} version "
+                f"{contract.ref.version} can be {needed} bytes, over "
+                f"CALLGATE_LIMITS__MAX_FEEDBACK_BYTES ({limits.max_feedback_bytes})"
+            )
     return Gate(
         registry,
         load_plugins(settings.schemas.dir, settings.plugins),

@@ -320,7 +320,14 @@ class LimitSettings(BaseModel):
         # (`\u0001`): the smallest event a call can have must fit, and an accepted call of
         # max_bytes must fit with it (measured with the event writer itself)
         from worker.core.events import worst_case_event_bytes  # noqa: PLC0415 (import cycle)
+        from worker.core.feedback import largest_feedback_bytes  # noqa: PLC0415 (import cycle)
 
+        least = largest_feedback_bytes(None, self.max_violations)
+        if self.max_feedback_bytes < least:
+            raise ValueError(
+                f"max_feedback_bytes must hold the longest feedback that shows no violation "
+                f"with max_violations={self.max_violations}: at least {least}"
+            )
         around = worst_case_event_bytes(self.max_id_bytes, self.max_feedback_bytes)
         if self.max_event_bytes < self.max_bytes + around:
             raise ValueError(

@@ -7,18 +7,25 @@ violations themselves (for the event, for operators) keep the real path.
 
 from __future__ import annotations
 
+from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any
 
 import orjson
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from worker._native import AssembledCall
+from worker.compose import build_gate, build_registry
 from worker.core.feedback import NO_ARGUMENTS, UNDECLARED, build_feedback, feedback_path
-from worker.model import Code, SchemaRef, Violation
+from worker.errors import ConfigError
+from worker.model import Code, Outcome, SchemaRef, Violation
 from worker.schemas.contract import CUT, ViolationLimits
 from worker.schemas.drafts import Draft, declared_names, escape
 from worker.schemas.engines import compile_check
+from worker.settings import Settings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
 LIMITS = ViolationLimits(max_violations=32, max_path_bytes=512, max_message_bytes=512)
@@ -198,3 +205,58 @@ def test_the_feedback_is_encoded_once_within_its_bound(
     assert feedback.fields.get("violations_omitted", 0) == left_out
     if left_out:  # said last, after everything it qualifies
         assert list(feedback.fields)[-1] == "violations_omitted"
+
+
+_REQUIRED = [f"p{n}" for n in range(12)]
+_CONTRACT = {
+    "type": "object",
+    "properties": {name: {"type": "integer"} for name in _REQUIRED},
+    "required": _REQUIRED,
+    "additionalProperties": False,
+}
+#: arguments each phase before the contract's own rejects: every kind of violation a call of
+#: one tool can get, from one violation to as many as `max_violations` keeps
+_REJECTED_ARGUMENTS = ["{", "[1]", "{}", '{"p0": 1.5}', '{"p0": 1e400}', "[" * 300 + "]" * 300]
+
+
+@settings(FIXED, max_examples=60)
+@given(
+    domain=st.text(st.sampled_from("abz_-"), min_size=1, max_size=60),
+    tool=st.text(st.sampled_from("AZaz09_-"), min_size=1, max_size=160),
+    max_feedback_bytes=st.integers(256, 262) | st.integers(256, 700),
+    max_violations=st.sampled_from([1, 9, 10, 32, 10**6, 10**12]),
+)
+def test_a_gate_that_is_built_keeps_every_feedback_within_its_bound(
+    domain: str, tool: str, max_feedback_bytes: int, max_violations: int
+) -> None:
+    """Whatever a contract's id and version, and whatever the bounds, either the settings or
+    the gate refuse them (naming the setting, and the contract's file), or every rejection of
+    that contract, its retry budget spent or not, has feedback within max_feedback_bytes
+    (the issue: a contract's id made a feedback with no violation left longer than its bound,
+    even the shipped ones under the least bound the settings took)."""
+    with TemporaryDirectory() as directory:
+        (Path(directory) / domain).mkdir()
+        file = Path(directory) / domain / f"{tool}.v7.schema.json"
+        file.write_bytes(orjson.dumps(_CONTRACT))
+        limits = {"max_feedback_bytes": max_feedback_bytes, "max_violations": max_violations}
+        refusal = ""
+        try:
+            chosen = Settings(schemas={"dir": directory}, limits=limits)
+            gate = build_gate(chosen, build_registry(chosen))
+        except ValidationError as refused:
+            refusal = "max_feedback_bytes must hold"
+            assert refusal in str(refused)  # noqa: PT017 (refused by one of two steps)
+        except ConfigError as refused:
+            refusal = f"{file}: the retry feedback of {domain}.{tool} version 7"
+            assert refusal in str(refused)  # noqa: PT017
+            assert "CALLGATE_LIMITS__MAX_FEEDBACK_BYTES" in str(refused)  # noqa: PT017
+    event("built" if not refusal else "refused by the gate" if "retry" in refusal else refusal)
+    if refusal:
+        return
+    for text in _REJECTED_ARGUMENTS:
+        for attempt in (None, chosen.retry.budget):
+            judged = gate.judge(AssembledCall("s", "c", tool, text.encode(), attempt=attempt))
+            assert judged.outcome is Outcome.REJECTED, (text, judged)
+            assert judged.retry_feedback is not None
+            written = orjson.dumps(judged.retry_feedback)
+            assert len(written) <= max_feedback_bytes, written

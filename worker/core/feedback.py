@@ -14,11 +14,14 @@ event's own violations keep the real path (for operators). A refusal by authoriz
 the model learns that the call is not permitted, never which rule or principal decided it, nor that
 a rule failed (the event's own code and violations say, for operators). It is bounded in size:
 violations are dropped from the end, and the count of dropped ones is said, until the encoded
-object fits; the encoding that fits is the one the event embeds.
+object fits; the encoding that fits is the one the event embeds. What is left when none is shown
+(the code's instruction, the schema's id and version, the count) always fits: the settings, and the
+composition for each contract, refuse a bound that could not hold it (`largest_feedback_bytes`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -153,6 +156,29 @@ def feedback_path(path: str, declared: Names, arguments: Any = NO_ARGUMENTS) -> 
 def _is_index(token: str, length: int) -> bool:
     canonical = token == "0" or (token[:1] in "123456789" and len(token) < 10)
     return canonical and token.isascii() and token.isdigit() and int(token) < length
+
+
+def largest_feedback_bytes(schema: SchemaRef | None, max_violations: int) -> int:
+    """The longest feedback of `schema` that shows no violation: of any code, retryable or not,
+    its budget spent or not, saying `max_violations` were left out (a rejection holds no more).
+    A bound this large holds every feedback of the schema, whatever its violations say: the
+    settings hold it for no schema (`LimitSettings`), and `worker.compose.build_gate` for
+    each contract of the gate."""
+    return max(
+        len(
+            build_feedback(
+                code,
+                schema,
+                (),
+                retryable=False,
+                budget_exhausted=spent,
+                max_bytes=sys.maxsize,
+                omitted=max_violations,
+            ).json
+        )
+        for code in Code
+        for spent in (False, True)
+    )
 
 
 def build_feedback(
