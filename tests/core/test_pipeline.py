@@ -604,6 +604,71 @@ _RULE_TEXT = st.text(
 _RULE_PATH = _RULE_TEXT | st.lists(_RULE_TEXT, max_size=12).map(pointer)
 
 
+_KEY_CHARS = st.sampled_from(["k", "/", "~", '"', "\x01", "é", "😀"])
+_WIDE = Gate(
+    REGISTRY,
+    PLUGINS,
+    dataclasses.replace(
+        LIMITS,
+        violations=violation_limits(Settings(limits={"max_message_bytes": 1 << 20}).limits),
+    ),
+)
+
+
+def _failing_call(where: str, keys: list[str]) -> AssembledCall:
+    """A call whose violation path runs through `keys`: a key twice, a text cut off, or a tool
+    result whose structuredContent has a member its output schema does not allow."""
+    nested: Any = {"b": 1}
+    for key in reversed(keys):
+        nested = {key: nested}
+    text = orjson.dumps(nested).decode()
+    if where == "duplicate_key":
+        return call(text.replace('{"b":1}', '{"b":1,"b":2}'))
+    if where == "invalid_json":
+        return call(text[: text.index('{"b":1}') + len('{"b":1')])
+    message = result(structuredContent={**WEATHER_DATA, **nested})
+    message["result"]["content"] = []
+    return call(orjson.dumps(message), MCP_WEATHER, tool_version=None, channel="mcp_result")
+
+
+@FIXED
+@given(
+    keys=st.lists(st.text(_KEY_CHARS, min_size=1, max_size=40), max_size=4),
+    slack=st.integers(-2, 2),
+    where=st.sampled_from(["duplicate_key", "invalid_json", "structuredContent"]),
+    max_message_bytes=st.integers(64, 160),
+)
+def test_every_violation_is_bounded_whoever_made_it(
+    keys: list[str], slack: int, where: str, max_message_bytes: int
+) -> None:
+    """The parser's failure paths (a key twice, a text cut off, below generated keys) and the
+    tool-output check's (below `/result/structuredContent`) are bounded as the engines' are:
+    one key is sized so that the path the call shows is the bound, or a byte or two off it,
+    and whatever the path, the verdict's is within the bound, its first whole tokens."""
+    bounds = violation_limits(Settings(limits={"max_message_bytes": max_message_bytes}).limits)
+    gate = Gate(REGISTRY, PLUGINS, dataclasses.replace(LIMITS, violations=bounds))
+
+    def sized(key: str) -> list[str]:  # the key the path shows first (a result's) or last
+        return [key, *keys] if where == "structuredContent" else [*keys, key]
+
+    (probe,) = _WIDE.judge(_failing_call(where, sized(""))).violations
+    size = max(1, max_message_bytes - len(probe.path.encode()) + slack)
+    the_call = _failing_call(where, sized("k" * size))
+    (whole,) = _WIDE.judge(the_call).violations
+    assert len(whole.path.encode()) == len(probe.path.encode()) + size
+    verdict = gate.judge(the_call)
+    assert verdict.outcome is Outcome.REJECTED
+    (kept,) = verdict.violations
+    assert len(kept.path.encode()) <= max_message_bytes
+    assert len(kept.message.encode()) <= max_message_bytes
+    if kept.path != whole.path:
+        assert len(whole.path.encode()) > max_message_bytes
+        assert kept.path.endswith(CUT)
+        cut = _tokens(kept.path.removesuffix(CUT))
+        assert cut == _tokens(whole.path)[: len(cut)]
+    assert len(orjson.dumps(verdict.retry_feedback)) <= LIMITS.max_feedback_bytes
+
+
 def _tokens(path: str) -> list[str]:
     return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
 

@@ -162,8 +162,8 @@ _STRUCTURED_CONTENT = ("result", "structuredContent")
 
 def _violations(found: Iterable[Any]) -> Iterator[Violation]:
     """What a rule returned, each item checked: it goes into the event and the feedback
-    (bounded as the engines' violations are), so anything but a `Violation` of strings is the
-    rule's bug (raised here: `rule_error`)."""
+    (bounded as every violation is, `Gate._rejected`), so anything but a `Violation` of strings
+    is the rule's bug (raised here: `rule_error`)."""
     for item in found:
         if type(item) is not Violation or not all(
             type(text) is str for text in (item.path, item.keyword, item.message)
@@ -439,12 +439,11 @@ class Gate:
         if rules:
             context = RuleContext(schema, key)
             found: list[Violation] = []
-            bounds = self._limits.violations
+            most = self._limits.violations.max_violations
             for rule in rules:
                 try:
-                    room = bounds.max_violations - len(found)
-                    taken = islice(_violations(rule(value, context)), room)
-                    found.extend(bounded_violation(v, bounds) for v in taken)
+                    room = most - len(found)
+                    found.extend(islice(_violations(rule(value, context)), room))
                 except Exception as exc:  # a plugin's bug is this call's rule_error
                     started, now = now, perf_counter_ns()
                     phases[_BUSINESS_VALIDATION] = (now - started) // 1000
@@ -707,11 +706,13 @@ class Gate:
         repairs: tuple[RepairKind, ...] = (),
     ) -> Verdict:
         """A rejection with its retry feedback (naming only what the contract declares), and
-        the retry budget applied."""
+        the retry budget applied. Every rejection's violations pass here, bounded as the
+        engines bound theirs whoever made them (a rule, the parser, the tool-output check)."""
         schema = contract.ref if contract is not None else None
         if declared is None:
             declared = contract.declared_names if contract is not None else frozenset()
         limits = self._limits
+        violations = tuple(bounded_violation(v, limits.violations) for v in violations)
         retryable = code in RETRYABLE
         exhausted = retryable and call.attempt is not None and call.attempt >= limits.retry_budget
         if exhausted:

@@ -19,8 +19,8 @@ It descends through `$ref`, `allOf`, `if`/`then`/`else`, `dependentSchemas`, `pr
 `patternProperties` (matched with RE2, meaning what the engines mean), `additionalProperties`,
 `prefixItems` / `items` (draft 7: `items` / `additionalItems`) and reports a failed `anyOf`,
 `oneOf`, `not` or `propertyNames` as one violation where it applies. It stops as soon as it holds
-`max_violations`. Every violation's path and message is bounded in bytes (`bounded`; a business
-rule's violation, with its keyword, by `bounded_violation`).
+`max_violations`. Every violation's path and message is bounded in bytes (`bounded`; one made
+elsewhere, with its keyword, by `bounded_violation`).
 """
 
 from __future__ import annotations
@@ -91,10 +91,10 @@ def _cut(text: str, max_bytes: int) -> str:
 
 
 def bounded_violation(violation: Violation, limits: ViolationLimits) -> Violation:
-    """A violation made elsewhere (a business rule's) within the bounds `bounded` gives the
-    engines' own: the same violation when it fits; else its path (a JSON Pointer; any other
-    text is one token) cut at a token boundary, and its keyword and message cut like a
-    message."""
+    """A violation made elsewhere (a business rule's, the parser's, the tool-output check's)
+    within the bounds `bounded` gives the engines' own: the same violation when it fits; else
+    its path (a JSON Pointer; any other text is one token) cut at a token boundary, and its
+    keyword and message cut like a message."""
     path, keyword, message = violation.path, violation.keyword, violation.message
     if len(path.encode()) > limits.max_path_bytes:
         tokens: Path = (
