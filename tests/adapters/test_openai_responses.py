@@ -9,16 +9,21 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.adapters import streamgen
 from tests.adapters.oracles import RECORDED, RESPONSES, assemble, chunks_of, encode, sdk_calls
+from tests.datafiles import SCHEMAS
 from worker.adapters.input import read_records
-from worker.adapters.openai_responses import OpenAIResponsesAdapter
+from worker.adapters.openai_responses import UNJUDGED_KINDS, OpenAIResponsesAdapter
+from worker.compose import build_gate, build_registry
 from worker.errors import InputFormatError
 from worker.model import ChunkKind, Code, FinishReason, IncompleteReason
+from worker.settings import Settings
 
+SETTINGS = Settings(schemas={"dir": SCHEMAS})
+GATE = build_gate(SETTINGS, build_registry(SETTINGS))
 CALLS = [streamgen.WEATHER, streamgen.STOCK, streamgen.SHELL]
 DELTA = "response.function_call_arguments.delta"
 ARGS_DONE = "response.function_call_arguments.done"
@@ -498,9 +503,45 @@ def test_a_call_kind_no_contract_kind_exists_for_is_rejected_never_ignored(
     events.insert(1, {"type": ITEM_DONE, "output_index": 5, "item": done})
     calls = {c.call_id: c for c in assemble(RESPONSES, encode(events))}
     (rejected,) = [c for c in calls.values() if c.assembly_error == Code.UNSUPPORTED_CALL_KIND]
-    assert f"item {item['call_id']} is of kind {item['type']}" in (rejected.assembly_detail or "")
+    detail = rejected.assembly_detail or ""
+    known = item["type"] in UNJUDGED_KINDS  # named; any other kind's type is the stream's text
+    assert (f"of a kind {item['type']}," in detail) is known
+    assert ("of a kind that callgate does not know," in detail) is not known
+    assert item["call_id"] not in detail
     assert rejected.call_id == item["call_id"]  # the agent waiting for the call hears of it
     assert calls["call_weather_1"].incomplete is None  # the stream's other calls go on
+
+
+_STREAM_TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=24)
+_ENDS = st.sampled_from(["_call", "_request"])
+
+
+@settings(derandomize=True, deadline=None, max_examples=150)
+@given(
+    kind=st.sampled_from(sorted(UNJUDGED_KINDS)) | st.builds("zq{}{}".format, _STREAM_TEXT, _ENDS),
+    call_id=st.builds("cid{}".format, _STREAM_TEXT),
+)
+def test_the_feedback_of_an_unjudged_kind_holds_nothing_of_the_stream(
+    kind: str, call_id: str
+) -> None:
+    """Whatever type and call id a client-run item has, its rejection's retry feedback (and its
+    event's violation, the same text) names the kind only when callgate knows it, and never the
+    call id (the issue: `item <id> is of kind <type>` echoed both, any text ending in `_call`)."""
+    item = {"type": kind, "id": "it_1", "call_id": call_id, "execution": "client"}
+    events = stream()
+    events.insert(1, {"type": ITEM_DONE, "output_index": 5, "item": {**item, "status": "done"}})
+    (rejected,) = [c for c in assemble(RESPONSES, encode(events)) if c.assembly_error is not None]
+    verdict = GATE.judge(rejected)
+    assert verdict.code == Code.UNSUPPORTED_CALL_KIND
+    feedback = verdict.retry_feedback
+    assert feedback is not None
+    (shown,) = feedback["violations"]
+    (violation,) = verdict.violations
+    assert shown["message"] == violation.message
+    assert call_id not in violation.message
+    assert (kind in violation.message) is (kind in UNJUDGED_KINDS)
+    assert call_id not in feedback["instruction"]
+    assert kind not in feedback["instruction"]
 
 
 @pytest.mark.parametrize("name", VENDOR_RUN)

@@ -46,7 +46,8 @@ interpreter, image generation, remote MCP calls and tool lists, a program and it
 hosted shell, a server-side tool search), and every `*_output` item, yield nothing. A call the
 client runs of a kind no contract kind exists for (`computer_call`, a client-side
 `tool_search_call`, any new `*_call` or `*_request`) is a rejected record of code
-`unsupported_call_kind` under the item's call id (its detail names its kind), when it is first
+`unsupported_call_kind` under the item's call id (its detail names its kind when it is one
+callgate knows, `UNJUDGED_KINDS`: the type of another is the stream's text), when it is first
 seen; it never passes in silence, and the stream's other calls go on.
 
 `sequence_number` is per stream, not per call, and older streams lack it. When a stream has it,
@@ -133,6 +134,10 @@ BUILT_IN_TOOLS = frozenset(spec.tool for spec in _KINDS.values() if spec.tool is
 _ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
 _LIFECYCLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 
+
+#: the calls the client runs that callgate knows and no contract kind judges (a rejection's
+#: detail names these; any other `*_call` or `*_request` kind is one it does not know)
+UNJUDGED_KINDS = frozenset({"computer_call", "tool_search_call"})
 
 #: items the vendor runs itself, or that are no calls: nothing for the gate to judge
 VENDOR_RUN = frozenset(
@@ -507,9 +512,11 @@ class OpenAIResponsesAdapter(VendorAdapter):
         yet: its rejection `unsupported_call_kind`, so that it never passes in silence."""
         if not _client_runs(item, item_type, f"{kind}.item"):
             return []
-        call_id = f.short_code(item.get("call_id", item.get("id")), "(no id)")
+        # the kind is named only from callgate's own words: the item's type, like its id, is the
+        # stream's text, and the detail is the rejection's retry feedback
+        named_kind = item_type if item_type in UNJUDGED_KINDS else "that callgate does not know"
         detail = (
-            f"openai.responses: item {call_id} is of kind {item_type}, a call the client runs; "
+            f"openai.responses: an item of a kind {named_kind}, a call the client runs; "
             "no contract kind judges it"
         )
         code = Code.UNSUPPORTED_CALL_KIND.value
