@@ -282,7 +282,8 @@ class Executor:
             raise BrokerError(f"the executor stopped: {self._failure!r}") from self._failure
 
     async def close(self) -> None:
-        """Finish the calls in their handlers (within `shutdown_grace_s`), then leave."""
+        """Finish the calls in their handlers (within `shutdown_grace_s`; then they are
+        cancelled, and one that ignores it is left behind after another grace), then leave."""
         await self._release(list(self._owned))
         if self._consumer is not None:
             with contextlib.suppress(KafkaError):
@@ -320,11 +321,23 @@ class Executor:
         for owned in released:
             owned.revoked = True
         tasks = [owned.task for owned in released if owned.task is not None]
+        grace = self.settings.shutdown_grace_s
         if tasks:
-            _, late = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_s)
+            _, late = await asyncio.wait(tasks, timeout=grace)
             for task in late:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            if late:
+                _, stuck = await asyncio.wait(late, timeout=grace)
+                for owned in released:
+                    if owned.task in stuck:
+                        # a handler that ignores its cancellation is left behind: it can no
+                        # longer hold the group's rebalance or the executor's stop, and nothing
+                        # it does is recorded (`run_handler`)
+                        log.error(
+                            "executor: a handler on %s-%d ignores its cancellation; left behind",
+                            owned.tp.topic,
+                            owned.tp.partition,
+                        )
         for owned in released:
             if owned.producer is not None:
                 with contextlib.suppress(KafkaError):

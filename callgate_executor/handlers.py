@@ -17,7 +17,8 @@ Whatever the tool's own code raises (its handler, its argument or output model),
 `BaseException` included, is its call's failure (`argument_type` before a run, `failed` after
 one), never the executor's: only the executor cancelling the task of a run (its stop, a
 partition revoked past its grace: `executor_cancelling`) stops the run, and then nothing of it
-is recorded. A `CancelledError` the handler raises itself is its failure like any other.
+is recorded, even when the handler swallows the cancellation and returns an output. A
+`CancelledError` the handler raises itself is its failure like any other.
 """
 
 from __future__ import annotations
@@ -179,6 +180,9 @@ async def run_handler(
     try:
         async with deadline:
             output = await spec.handler(call)
+        if executor_cancelling():
+            # it swallowed the executor's cancellation and returned: the run stops all the same
+            raise asyncio.CancelledError
         return checked_output(output, output_check, max_depth)
     except BaseException as exc:  # the tool's own code: see the module docstring
         if executor_cancelling():

@@ -80,23 +80,35 @@ async def test_whatever_a_handler_raises_is_its_calls_failure(
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
 
 
+#: what a handler returns after swallowing a cancellation: an output, valid or not, or a model
+RETURNED = st.sampled_from([None, {}, {"sku": "s", "stock": 1}, "text", Lookup(sku="s")])
+
+
 @pytest.mark.asyncio
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(instead=st.none() | st.sampled_from(RAISABLE))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    instead=st.none() | st.sampled_from(RAISABLE) | st.tuples(RETURNED),
+    awaits_first=st.booleans(),
+)
 async def test_the_executors_cancellation_stops_the_run_whatever_the_handler_makes_of_it(
-    instead: BaseException | None,
+    instead: BaseException | tuple[Any] | None, awaits_first: bool
 ) -> None:
     """The executor cancelling a run (its stop, a revoke past the grace) stops it with nothing
-    recorded, whether the handler lets the cancellation through or raises something else."""
+    recorded, whether the handler lets the cancellation through, raises something else, or
+    swallows it and returns an output (at once, or after awaiting its own clean-up)."""
     entered = asyncio.Event()
 
-    async def handler(call: Call[Lookup]) -> None:
+    async def handler(call: Call[Lookup]) -> Any:
         entered.set()
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
+            if awaits_first:
+                await asyncio.sleep(0)
             if instead is None:
                 raise
+            if isinstance(instead, tuple):
+                return instead[0]
             raise instead from None
 
     run = asyncio.create_task(run_handler(_spec(handler), _call(), None, 32))

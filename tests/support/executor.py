@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
 from callgate_executor import contract
@@ -110,6 +110,18 @@ class Judge:
             "idempotency_key": key,
         }
         return self.accepted("pay", arguments, call_id=call_id)
+
+
+async def produce(bootstrap: str, topic: str, events: Iterable[tuple[str, bytes]]) -> None:
+    """Each (call id, accepted event) to `topic`, keyed by its call id as the gate keys it,
+    each acknowledged before the next."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for call_id, event in events:
+            await producer.send_and_wait(topic, event, key=call_id.encode())
+    finally:
+        await producer.stop()
 
 
 def blocked_lookup(judge: Judge, other: bytes, call_id: str, partitions: int) -> bytes:
