@@ -428,22 +428,47 @@ def answer(
     return Answer(Step.INTERRUPTED, recorded_result(event, done), _with_note(event, done))
 
 
+#: the members of a result that differ from call to call under one key: the identifiers of the
+#: call it answers (the key, the schema and the executed event are the key's, an event id is
+#: 32 hex digits whoever's it is)
+CALLER_MEMBERS = (
+    "call_id",
+    "stream_id",
+    "tool",
+    "principal",
+    "trace_id",
+    "run_id",
+    "step_id",
+    "traceparent",
+)
+
+
+def widest_result_bytes(tool_result: ToolResult, max_id_bytes: int) -> int:
+    """How large `tool_result`'s outcome makes the result of any call under its key (an equal
+    repeat gets it, `replayed`): each of the call's identifiers at `max_id_bytes`, every byte
+    of them written as six (`\\u0001`)."""
+    widest = "\x01" * max_id_bytes
+    return len(encode_result(tool_result.model_copy(update=dict.fromkeys(CALLER_MEMBERS, widest))))
+
+
 def ran(
     event: Accepted,
     begun: Execution,
     outcome: Outcome,
     *,
     max_bytes: int,
+    max_id_bytes: int,
     emitted: Sequence[Emitted] = (),
     own_topics: Collection[str] = (),
 ) -> Answer:
     """The answer of a call whose handler ran (from `begun`) to `outcome`, with the records it
     `emitted` (written only when it succeeded). `failed` instead, `output_too_large`, when its
-    result or one of its records, or an emitted record's key and value, would pass `max_bytes`;
-    `emit_refused` when an emitted record is not one to write (`emit_refusal`). Whatever a
-    handler made is thus a result and records the executor writes: a write the producer or a
-    topic refuses would stop the executor, and a handler safe to retry would run again and
-    again."""
+    result as any call under its key may get it (`widest_result_bytes`) or one of its records,
+    or an emitted record's key and value, would pass `max_bytes`; `emit_refused` when an
+    emitted record is not one to write (`emit_refusal`). Whatever a handler made is thus a
+    result and records the executor writes, for this call and every equal repeat: a write the
+    producer or a topic refuses would stop the executor, and a handler safe to retry would run
+    again and again."""
     emits = tuple(emitted) if outcome.status is ResultStatus.SUCCEEDED else ()
     refused = emit_refusal(emits, own_topics)
     if refused is not None:
@@ -451,7 +476,7 @@ def ran(
     answer = _ran(event, begun, outcome, emits)
     assert answer.result is not None
     sizes = [
-        len(encode_result(answer.result)),
+        widest_result_bytes(answer.result, max_id_bytes),
         *(len(r.encode()) for r in answer.records),
         *(len(e.key or b"") + len(e.value) for e in emits),
     ]

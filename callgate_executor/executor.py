@@ -457,6 +457,7 @@ class Executor:
             begun,
             outcome,
             max_bytes=self.settings.limits.max_event_bytes,
+            max_id_bytes=self.settings.limits.max_id_bytes,
             emitted=call.emitted,
             own_topics=(self.validated, self.requests, self.executions, self.results),
         )

@@ -338,7 +338,14 @@ def test_an_equal_request_is_one_relation_at_the_key_owner_and_in_the_executor(
     assert ran.step is contract.Step.RUN
     assert ran.begun is not None
     outcome = contract.Outcome(ResultStatus.SUCCEEDED, {"ok": 1})
-    done = contract.ran(a.event, ran.begun, outcome, max_bytes=Settings().limits.max_event_bytes)
+    limits = Settings().limits
+    done = contract.ran(
+        a.event,
+        ran.begun,
+        outcome,
+        max_bytes=limits.max_event_bytes,
+        max_id_bytes=limits.max_id_bytes,
+    )
     state = {record.key: record for record in done.records}
     executor = contract.Step.REPLAY if equal else contract.Step.CONFLICT
     assert contract.answer(b.event, state, refusal=None, retry_safe=False).step is executor

@@ -23,6 +23,7 @@ from worker.schemas.contract import Contract
 JUDGE = Judge()
 REGISTRY = build_registry(contract_settings())
 MAX_BYTES = contract_settings().limits.max_event_bytes
+MAX_ID_BYTES = contract_settings().limits.max_id_bytes
 
 
 def _event(value: bytes) -> Accepted:
@@ -327,7 +328,13 @@ class Member:
             if crash == "handler":
                 self.crash()
                 return False
-            answer = contract.ran(event, answer.begun, _handled(made), max_bytes=MAX_BYTES)
+            answer = contract.ran(
+                event,
+                answer.begun,
+                _handled(made),
+                max_bytes=MAX_BYTES,
+                max_id_bytes=MAX_ID_BYTES,
+            )
         result = answer.to_write(
             exactly_once=self.exactly_once, delivered=event.event_id in self.delivered
         )

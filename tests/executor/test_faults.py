@@ -212,7 +212,9 @@ def test_what_a_handler_emits_is_written_only_when_it_fits_and_may_be(
         outcome = contract.Outcome(ResultStatus.SUCCEEDED, output={"text": "x" * output})
     else:
         outcome = contract.Outcome(ResultStatus.FAILED, error=ResultError(type="t", message="m"))
-    answer = contract.ran(EVENT, begun, outcome, max_bytes=SMALL, emitted=records, own_topics=OWN)
+    answer = contract.ran(
+        EVENT, begun, outcome, max_bytes=SMALL, max_id_bytes=256, emitted=records, own_topics=OWN
+    )
     assert answer.result is not None
     written = [contract.encode_result(answer.result), *(r.encode() for r in answer.records)]
     assert max(len(value) for value in written) <= SMALL

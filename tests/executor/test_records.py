@@ -72,6 +72,8 @@ def test_every_record_is_a_call_the_executor_answers_or_none(
 
 #: the smallest bound the settings allow, so that outputs past it are quick to make
 SMALL = 65_536
+#: the settings' default bound of an identifier
+ID_BYTES = 256
 
 
 @settings(max_examples=60, deadline=None)
@@ -83,7 +85,8 @@ SMALL = 65_536
 def test_a_run_never_writes_a_record_past_the_bound(size: int, error_type: bool, own: bool) -> None:
     """README: a run's result and its records are never larger than
     `CALLGATE_LIMITS__MAX_EVENT_BYTES`: an output (or a `ToolError`'s type) that would make one
-    larger fails the call `output_too_large`, recorded as any failure."""
+    larger, or the result of an equal repeat whatever its identifiers, fails the call
+    `output_too_large`, recorded as any failure."""
     accepted = _accepted(_record(EVENTS[1]))
     assert accepted is not None
     executed = accepted.event_id if own else "another-event"
@@ -93,19 +96,16 @@ def test_a_run_never_writes_a_record_past_the_bound(size: int, error_type: bool,
         outcome = contract.Outcome(ResultStatus.FAILED, error=error)
     else:
         outcome = contract.Outcome(ResultStatus.SUCCEEDED, output={"text": "x" * size})
-    answer = contract.ran(accepted, begun, outcome, max_bytes=SMALL)
+    answer = contract.ran(accepted, begun, outcome, max_bytes=SMALL, max_id_bytes=ID_BYTES)
     assert answer.result is not None
     written = [contract.encode_result(answer.result), *(r.encode() for r in answer.records)]
     assert max(len(value) for value in written) <= SMALL
-    unbounded = contract.ran(accepted, begun, outcome, max_bytes=10 * SMALL)
+    unbounded = contract.ran(accepted, begun, outcome, max_bytes=10 * SMALL, max_id_bytes=ID_BYTES)
     assert unbounded.result is not None
     fits = (
         max(
-            len(value)
-            for value in [
-                contract.encode_result(unbounded.result),
-                *(r.encode() for r in unbounded.records),
-            ]
+            contract.widest_result_bytes(unbounded.result, ID_BYTES),
+            *(len(r.encode()) for r in unbounded.records),
         )
         <= SMALL
     )
@@ -115,3 +115,54 @@ def test_a_run_never_writes_a_record_past_the_bound(size: int, error_type: bool,
         assert answer.result.status is ResultStatus.FAILED
         assert answer.result.error == contract.OUTPUT_TOO_LARGE
         assert answer.records[0].state == contract.DONE
+
+
+@st.composite
+def identifiers(draw: st.DrawFn, limit: int) -> str:
+    """An identifier of at most `limit` UTF-8 bytes (often all of them): a character JSON
+    writes in one byte, in two or more, or escaped in six, repeated."""
+    character = draw(st.sampled_from(["a", "\x01", "\x1f", '"', "\\", "é", "€", "😀"]))
+    length = draw(st.integers(0, limit) | st.just(limit))
+    return character * (length // len(character.encode()))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.integers(SMALL - 12_000, SMALL - 500),
+    caller=st.lists(identifiers(ID_BYTES), min_size=8, max_size=8),
+    restored=st.booleans(),
+)
+def test_an_equal_repeat_gets_the_recorded_result_within_the_bound(
+    size: int, caller: list[str], restored: bool
+) -> None:
+    """README: an equal repeat under a key gets the recorded result, and no result the executor
+    writes passes `CALLGATE_LIMITS__MAX_EVENT_BYTES`, whatever the identifiers of the call that
+    repeats it (each up to `CALLGATE_LIMITS__MAX_ID_BYTES`): a run whose output fits its own
+    result but not a repeat's was recorded, and its repeat's result passed the bound (a record
+    the topic may refuse, stopping the executor at it on every restart)."""
+    first = _accepted(_record(EVENTS[0]))
+    assert first is not None
+    ran = contract.answer(first, {}, refusal=None, retry_safe=True)
+    assert ran.begun is not None
+    outcome = contract.Outcome(ResultStatus.SUCCEEDED, output={"text": "x" * size})
+    done = contract.ran(first, ran.begun, outcome, max_bytes=SMALL, max_id_bytes=ID_BYTES)
+    assert done.result is not None
+    state = {r.key: r for r in done.records}
+    if restored:  # a member that restored the partition from what was written
+        state = {r.key: contract.Execution.decode(r.encode()) for r in done.records}
+    repeat = first.model_copy(
+        update={
+            "event_id": "f" * 32,
+            **dict(zip(contract.CALLER_MEMBERS, caller, strict=True)),
+        }
+    )
+    again = contract.answer(repeat, state, refusal=None, retry_safe=True)
+    assert again.step is contract.Step.REPLAY
+    assert again.result is not None
+    assert len(contract.encode_result(again.result)) <= SMALL
+    assert (again.result.status, again.result.output, again.result.error) == (
+        done.result.status,
+        done.result.output,
+        done.result.error,
+    )
+    assert again.result.executed_event_id == first.event_id
