@@ -9,7 +9,9 @@ one character per chunk (so the judge sees every prefix) or in random chunks: ne
 early. Generated invalid values, when rejected early, are rejected by the final judgement too, in
 the same phase, with the early violation among its violations, unless the strict parser refuses
 the text at a byte the early judge had not read: values spelled with a key twice, and calls of
-every kind against contracts of every kind, are judged so too.
+every kind against contracts of every kind, are judged so too. Whatever a later chunk states of
+its call (version, kind, caller, double encoding), a call rejected early is one its whole
+judgement never accepts.
 """
 
 from __future__ import annotations
@@ -543,3 +545,80 @@ def test_values_generated_from_suite_schemas_are_judged_soundly(
     value = data.draw(instance(schema, schema, wild))
     assume(isinstance(value, dict))
     check_sound(p, "case", "1", value, cuts_for(data.draw))
+
+
+# --- what a later chunk states ------------------------------------------------------------------
+
+
+@cache
+def whole_repository() -> Processor:
+    """The repository's contracts judging every call at its end."""
+    return build_processor(Settings(schemas={"dir": SCHEMAS}, limits=LIMITS), early=False)
+
+
+#: what a chunk may state beside its text: a version, a call kind, a caller, double encoding
+STATEMENTS = st.fixed_dictionaries(
+    {},
+    optional={
+        "tool_version": st.sampled_from(["1", "2"]),
+        "call_kind": st.sampled_from(CALL_KINDS),
+        "caller": st.just('{"type":"program"}'),
+        "double_encoded": st.just(True),
+    },
+)
+
+
+def chunked_call(p: Processor, pieces: list[str], said: list[dict[str, Any]]) -> AssembledCall:
+    """`pieces` fed as one call's chunks (the first naming `get_weather`), each stating what
+    `said` holds for it; the call the reassembler closed."""
+    p.assembler.drop_partition("later", 0)
+    for seq, (piece, statements) in enumerate(zip(pieces, said, strict=True)):
+        chunk = Chunk(
+            "s",
+            "tool_call",
+            "c",
+            seq=seq,
+            tool="get_weather" if seq == 0 else None,
+            delta=piece,
+            final=seq == len(pieces) - 1,
+            **statements,
+        )
+        closed = p.assembler.feed_chunks("later", 0, seq, 1_000 + seq, [chunk])
+        if closed:
+            (call,) = closed
+            return call
+    raise AssertionError("the final chunk closes the call")
+
+
+@SOUND
+@given(data=st.data())
+def test_what_a_later_chunk_states_never_makes_an_early_rejection_unsound(
+    data: st.DataObject,
+) -> None:
+    """A chunk fed by an adapter may state the call's version, kind, caller or double encoding;
+    each selects the rules the call is judged by (or whether its text is JSON at all). Whichever
+    chunk states them, a call rejected early is one its whole judgement never accepts: it ends
+    incomplete (a later chunk broke the stream), or is rejected in the same phase with the early
+    violation among its own (unless the strict parser refuses a byte the judge had not read); a
+    call not rejected early is judged alike either way."""
+    schema = contract_schema("get_weather", "2")
+    value = data.draw(instance(schema, schema, data.draw(st.booleans())))
+    text = json.dumps(value, separators=(",", ":"))
+    if data.draw(st.booleans()):
+        text = json.dumps(text)  # as a double-encoding server sends it
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(text) - 1), max_size=4, unique=True)))
+    pieces = [text[a:b] for a, b in itertools.pairwise([0, *cuts, len(text)])]
+    said = [data.draw(STATEMENTS) for _ in pieces]
+    early_call = chunked_call(repository(), pieces, said)
+    whole_call = chunked_call(whole_repository(), pieces, said)
+    whole = whole_repository().gate.judge(whole_call)
+    early = repository().gate.judge(early_call)
+    if early_call.early is None:
+        assert (early.outcome, early.violations) == (whole.outcome, whole.violations)
+        return
+    assert whole.outcome is not Outcome.ACCEPTED, (pieces, said, early)
+    if whole.outcome is Outcome.INCOMPLETE or (whole.phase in UNREAD and early.phase not in UNREAD):
+        return  # the stream broke, or the strict parser refuses a byte the judge had not read
+    assert early.phase == whole.phase, (pieces, said, early, whole)
+    (violation,) = early.violations
+    assert violation in whole.violations, (pieces, said, early, whole)

@@ -1370,7 +1370,7 @@ impl Shared<'_> {
     ) -> Option<Ending> {
         call.last_offset = offset;
         call.dirty = true;
-        if contradicts(call, piece) {
+        if contradicts(call, piece, envelope) {
             return Some(Ending::Incomplete(Incomplete::StreamCorrupt));
         }
         if let Some(seq) = piece.seq {
@@ -1624,17 +1624,31 @@ fn numbered_from(closed: ClosedCall, next_seq: u32, limits: &Limits) -> ClosedCa
 }
 
 /// A piece that names another channel, tool, version, key, principal or origin than its call
-/// already has.
-fn contradicts(call: &OpenCall, piece: &CallPiece<'_>) -> bool {
+/// already has, or states what its call's rules are after they may have judged it: an origin
+/// after the call's first piece (its kind and double encoding decide the rules and whether its
+/// text is JSON at all), or out of an envelope a version after the piece naming its tool (an
+/// adapter names it there or never). The early judge reads a call under the rules its pieces
+/// named so far, so no later piece may name others.
+fn contradicts(call: &OpenCall, piece: &CallPiece<'_>, envelope: bool) -> bool {
     fn differs(known: Option<&str>, given: &Option<Cow<'_, str>>) -> bool {
         matches!((known, given.as_deref()), (Some(a), Some(b)) if a != b)
     }
+    let origin = match (call.origin(), piece.origin.as_deref()) {
+        (Some(known), Some(given)) => known != given,
+        (None, Some(_)) => call.chunks > 0,
+        (_, None) => false,
+    };
+    let version = !envelope
+        && call.tool_name().is_some()
+        && call.tool_version().is_none()
+        && piece.tool_version.is_some();
     piece.channel != call.channel
         || differs(call.tool_name(), &piece.tool)
         || differs(call.tool_version(), &piece.tool_version)
         || differs(call.idempotency_key(), &piece.idempotency_key)
         || differs(call.principal(), &piece.principal)
-        || matches!((call.origin(), piece.origin.as_deref()), (Some(a), Some(b)) if a != b)
+        || origin
+        || version
 }
 
 #[cfg(test)]
