@@ -5,18 +5,32 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.adapters import streamgen
-from tests.adapters.oracles import ANTHROPIC, CHAT, MCP, Record, decoder, encode, records
+from tests.adapters.oracles import (
+    ANTHROPIC,
+    BEDROCK,
+    CHAT,
+    MCP,
+    Gate,
+    Record,
+    decoder,
+    encode,
+    permissive_contracts,
+    records,
+)
 from worker._native import Chunk
 from worker.adapters import decoder as decoder_module
 from worker.adapters.decoder import Decoder, formats
-from worker.model import ChunkKind
+from worker.model import ChunkKind, Code, Outcome
 
 RESULT = b'{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":false}}'
 
@@ -255,3 +269,54 @@ def test_a_principal_header_that_is_not_utf8_is_refused_not_guessed() -> None:
     (chunk,) = decoder(10).decode(bad, MCP)
     assert chunk.kind == ChunkKind.MALFORMED
     assert "principal header is not UTF-8" in chunk.delta
+
+
+#: a stream of one format holding one call, each under the key `k`
+_ONE_CALL: dict[str, Callable[[streamgen.Call, random.Random], list[dict[str, Any]]]] = {
+    CHAT: lambda call, rng: streamgen.chat_stream("k", [[call]], rng),
+    ANTHROPIC: lambda call, rng: streamgen.anthropic_stream("k", [call], rng),
+    BEDROCK: lambda call, rng: streamgen.bedrock_stream([call], rng),
+}
+
+
+@pytest.fixture(scope="module")
+def any_object(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return permissive_contracts(tmp_path_factory.mktemp("contracts"), ["tool_0"])
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**32 - 1), ended=st.booleans(), data=st.data())
+def test_a_key_names_one_stream_in_one_format(
+    any_object: Path, seed: int, ended: bool, data: st.DataObject
+) -> None:
+    # a call's head streamed in one format and its tail in another under the same key and call
+    # id: the reassembler holds calls by key and call id, so the tail's stream finished the
+    # head's call, which its own stream never finished, and the two were accepted as one call
+    first, second = data.draw(st.permutations(sorted(_ONE_CALL)))[:2]
+    rng = random.Random(seed)
+    text = streamgen.arguments(rng)
+    cut = data.draw(st.integers(1, len(text) - 1))
+    head = _ONE_CALL[first](("c1", "tool_0", text[:cut]), rng)
+    if not ended:
+        head = head[: _end(first, head)]
+    tail = _ONE_CALL[second](("c1", "tool_0", text[cut:]), rng)
+    batch = [
+        *records(first, encode(head), "k"),
+        *records(second, encode(tail), "k", start=len(head)),
+    ]
+    emissions = Gate(any_object).run([batch])
+    assert [e.call.call_id for e in emissions if e.verdict.outcome is Outcome.ACCEPTED] == []
+    refused = [e for e in emissions if e.verdict.code == Code.MALFORMED_RECORD]
+    assert [e.call.first_offset for e in refused] == [len(head)]
+    assert "names a stream of" in (refused[0].call.assembly_detail or "")
+
+
+def _end(fmt: str, events: list[dict[str, Any]]) -> int:
+    """The position of the event that ends the stream (its END chunk)."""
+    dec = decoder()
+    for index, record in enumerate(records(fmt, encode(events))):
+        if any(chunk.kind == ChunkKind.END for chunk in dec.decode(record, fmt)):
+            return index
+    raise AssertionError("the stream never ends")

@@ -29,6 +29,9 @@ The rules every format follows, kept here once:
   once with the record's position. A format whose every record is a whole call (`mcp.result`)
   has nothing else a bad record could belong to: the record alone is rejected, and the stream's
   next records are judged as usual.
+- A key names one stream, in one format: a record that would open a stream under a key whose
+  stream of another format is live or remembered (ended or broken) is one it cannot place (the
+  reassembler holds calls by key and call id: the two streams' calls would merge).
 - A stream is made for one principal: its first record's `principal` header (none: none). A
   later record naming another (or none, or one that is not UTF-8) is one the stream cannot
   place, so a call is never judged for a principal that some of its records did not name.
@@ -280,6 +283,8 @@ class Decoder:
                 return []
             raise InputFormatError(f"{fmt}: an event after the end of its stream")
         principal = _principal(record)
+        if closed is None and slot not in part.streams:
+            self._one_format(part, fmt, stream_id)
         stream = part.streams.pop(slot, None)
         if stream is None:
             headers = _adapter_headers(record)
@@ -312,6 +317,17 @@ class Decoder:
                 break  # cannot happen: the adapter bounds its own stream
             evicted += self._abort(part, oldest)
         return [*evicted, *chunks] if evicted else chunks
+
+    def _one_format(self, part: _Partition, fmt: str, stream_id: str) -> None:
+        """Refuse a new stream under a key that names a stream of another format (live, or
+        remembered as ended or broken): the reassembler holds a stream's calls by its key, so
+        the two streams' calls would be one stream's, a piece of either taken into a call of
+        the other and one's end ending the other's calls."""
+        if fmt in WHOLE_RECORDS:
+            return
+        for other in sorted(ADAPTERS.keys() - WHOLE_RECORDS - {fmt}):
+            if (other, stream_id) in part.streams or (other, stream_id) in part.closed:
+                raise InputFormatError(f"{fmt}: the record's key names a stream of {other}")
 
     def _seen_unread(self, record: Any, factory: AdapterFactory, stream_id: str) -> list[Chunk]:
         """The calls a record of a stream broken at its first record opens, each opened and
