@@ -23,11 +23,11 @@ from tests.adapters import streamgen
 from tests.datafiles import SCHEMAS
 from worker.check import FileRecord
 from worker.compose import build_key_store, build_processor, build_registry, violation_limits
-from worker.core.events import read_idempotency_request
+from worker.core.events import idempotency_rejection, read_idempotency_request
 from worker.core.idempotency import Decision, KeyStore, resolve
 from worker.core.pipeline import Gate, GateLimits
 from worker.core.processor import Emission, EventLimits, Processor, Route
-from worker.model import Outcome
+from worker.model import Code, Outcome
 from worker.plugins import Plugins, load_plugins
 from worker.settings import Settings
 
@@ -453,6 +453,79 @@ def test_an_accepted_call_whose_event_cannot_be_written_is_routed_as_its_rejecti
         assert dict(emission.headers)["outcome"] == b"rejected"
         assert emission.verdict.outcome is Outcome.REJECTED
         assert event["idempotency_key"] == key
+
+
+_IDENT = st.text(st.sampled_from(["a", "\x01", "é", '"', "😀"]), min_size=1, max_size=30)
+
+
+@FIXED
+@given(
+    ident=_IDENT,
+    key=st.text(st.sampled_from("ab-_09"), min_size=1, max_size=128),
+    held=st.booleans(),
+    slack=st.integers(-3, 3) | st.integers(-700, 700),
+)
+def test_an_event_written_later_in_a_calls_place_fits_the_bound_or_the_call_is_too_large(
+    ident: str, key: str, held: bool, slack: int
+) -> None:
+    """Three keyed calls (a refund is held for approval too): the first, its duplicate and a
+    conflicting one, under an event bound around the longest rejection their key's owner
+    could write in place of their events (the owner writes it from the accepted event, without
+    its arguments but with its feedback). Every event written, by the worker and by the key's
+    owner, is within the bound, and a payment is `event_too_large` only when an event written
+    for it, then or later, would not be (the issue: the owner's `duplicate` of a call accepted
+    just under the bound was written past it)."""
+    tool = "refund_payment" if held else "create_payment"
+    first = {"amount_minor": 1250, "currency": "EUR", "idempotency_key": key}
+    first |= (
+        {"payment_id": "p", "reason": None} if held else {"recipient": "a", "description": None}
+    )
+    calls = [first, first, {**first, "amount_minor": 1251}]
+
+    def records() -> list[FileRecord]:
+        rec = Partition()
+        return [
+            rec(envelope(ident, f"{ident}{n}", 0, orjson.dumps(a).decode(), tool=tool, final=True))
+            for n, a in enumerate(calls)
+        ]
+
+    def processor(bound: int) -> Processor:
+        built = new_processor()
+        limits = EventLimits(max_event_bytes=bound, max_feedback_bytes=MAX_FEEDBACK)
+        return Processor(built.assembler, built.decoder, built.gate, limits)
+
+    probe = processor(1 << 30).feed(TOPIC, 0, records())
+    accepted = [read_idempotency_request(e.value).event for e in probe]
+    owners = [n for event in accepted for n in _owners_events(event)]
+    # no lower than the smallest event these calls can have (the settings refuse such bounds)
+    smallest = max(len(e.value) for e in processor(1).feed(TOPIC, 0, records()))
+    bound = max(max(owners) + slack, smallest)
+    store = build_key_store(SETTINGS)
+    for emission, probed in zip(processor(bound).feed(TOPIC, 0, records()), accepted, strict=True):
+        if emission.route is Route.IDEMPOTENCY:
+            written = read_idempotency_request(emission.value).event
+            assert len(written) <= bound
+            assert len(resolve(store, emission.value, 0, MAX_FEEDBACK).event) <= bound
+            assert all(n <= bound for n in _owners_events(written))  # whatever it decides
+        else:
+            assert len(emission.value) <= bound
+            fields = orjson.loads(emission.value)
+            assert (fields["outcome"], fields["error_code"]) == ("rejected", "event_too_large")
+            if not held:  # (a held call's later events are its approval's too)
+                # refused only when needed: the event as probed (its timings aside) did not fit
+                assert max(len(probed), *_owners_events(probed)) > bound - _TIMINGS
+
+
+#: how many bytes two writings of one event may differ by: their phases' microseconds
+_TIMINGS = 64
+
+
+def _owners_events(event: bytes) -> list[int]:
+    """How long each rejection the key's owner may write for an accepted `event` would be."""
+    return [
+        len(idempotency_rejection(event, code, "0" * 32, MAX_FEEDBACK)[0])
+        for code in (Code.DUPLICATE, Code.IDEMPOTENCY_CONFLICT)
+    ]
 
 
 # --- one verdict per call across crashes ------------------------------------------------------

@@ -12,8 +12,10 @@ with `restore`; the runtime decides when, and where it is kept.
 A call the gate accepts whose contract requires approval is never an accepted event: it becomes
 its `pending_approval` event (`worker.core.approval`), routed to the pending-approval topic
 keyed by its event id (a keyed call goes to its key's owner first, which holds it the same way
-once its key is decided). One whose event could not take an approval's record once approved is
-an `event_too_large` rejection here.
+once its key is decided). One whose event could not take an approval's record once approved,
+or for which an event written later in its place (its key's owner's `duplicate` or
+`idempotency_conflict`, its approval's denial or expiry) would exceed the event bound, is an
+`event_too_large` rejection here.
 
 With a `shadow` gate (candidate contracts), every call is judged by it too and its emission
 carries the `Comparison` (`worker.core.flips`) of the two verdicts as each side's event is
@@ -33,10 +35,11 @@ import orjson
 
 from worker._native import AssembledCall, Assembler
 from worker.adapters.decoder import Decoder
-from worker.core.approval import APPROVAL_RESERVE, PENDING_OUTCOME, pending_event
+from worker.core.approval import APPROVAL_RESERVE, PENDING_OUTCOME, ended_event, pending_event
 from worker.core.events import (
     Headers,
     encode_written,
+    idempotency_rejection,
     idempotency_request,
     record_headers,
     record_key,
@@ -85,6 +88,30 @@ class Emission(NamedTuple):
 class EventLimits:
     max_event_bytes: int
     max_feedback_bytes: int
+
+
+#: the length of every event id (`duplicate_of` names one)
+_AN_EVENT_ID = "0" * 32
+
+
+def _longest_later(value: bytes, verdict: Verdict, max_feedback_bytes: int) -> int:
+    """The longest event that may be written for an accepted call in place of `value`, its
+    event as written now: a keyed call's `duplicate` / `idempotency_conflict` (its key's owner
+    writes it from `value`, without the arguments, with its feedback), a held call's approved
+    event (its decider's name at its longest) and its denial or expiry; `value` for any other."""
+    longest = len(value)
+    if verdict.outcome is not Outcome.ACCEPTED:
+        return longest
+    if verdict.idempotency_digest is not None:
+        for code in (Code.DUPLICATE, Code.IDEMPOTENCY_CONFLICT):
+            owners, _ = idempotency_rejection(value, code, _AN_EVENT_ID, max_feedback_bytes)
+            longest = max(longest, len(owners))
+    if verdict.requires_approval:
+        longest = max(longest, len(value) + APPROVAL_RESERVE)
+        pending = orjson.loads(pending_event(value)[0])
+        for code in (Code.APPROVAL_DENIED, Code.APPROVAL_EXPIRED):
+            longest = max(longest, len(ended_event(pending, code, max_feedback_bytes)))
+    return longest
 
 
 class Processor:
@@ -145,16 +172,19 @@ class Processor:
 
     def _written(self, call: AssembledCall, judged: Verdict) -> tuple[bytes, Verdict]:
         """The event of `judged` and the verdict it was written from: where it goes follows
-        the second (an accepted call whose event, or whose event with its approval, cannot be
-        written is an `event_too_large` rejection, never an accepted or keyed emission)."""
+        the second (an accepted call whose event, or an event written later in its place,
+        cannot be written is an `event_too_large` rejection, never an accepted or keyed
+        emission)."""
         limits = self._limits
         try:
             value, verdict = encode_written(
                 call, judged, limits.max_event_bytes, limits.max_feedback_bytes
             )
-            held = verdict.outcome is Outcome.ACCEPTED and verdict.requires_approval
-            if held and len(value) + APPROVAL_RESERVE > limits.max_event_bytes:
-                detail = f"the event with its approval would exceed {limits.max_event_bytes} bytes"
+            if _longest_later(value, verdict, limits.max_feedback_bytes) > limits.max_event_bytes:
+                detail = (
+                    f"an event written for it later (its key's owner's, its approval's) would "
+                    f"exceed {limits.max_event_bytes} bytes"
+                )
                 too_large = substitute_rejection(
                     verdict, Code.EVENT_TOO_LARGE, detail, limits.max_feedback_bytes
                 )
