@@ -604,6 +604,31 @@ _RULE_TEXT = st.text(
 _RULE_PATH = _RULE_TEXT | st.lists(_RULE_TEXT, max_size=12).map(pointer)
 
 
+@settings(FIXED, max_examples=60)
+@given(
+    message=st.text(st.sampled_from(["m", "\x01", "é", "😀", '"']), min_size=150, max_size=700),
+    max_message_bytes=st.integers(64, 1024),
+)
+def test_the_feedback_says_each_message_as_the_event_does(
+    message: str, max_message_bytes: int
+) -> None:
+    """A message is cut once, to `max_message_bytes` and marked so; the feedback shows it as
+    the event's violation has it (the issue: the feedback cut every message to 200
+    characters again, unmarked, a second bound on one thing)."""
+    bounds = violation_limits(Settings(limits={"max_message_bytes": max_message_bytes}).limits)
+    plugins = Plugins()
+    plugins.rule("weather.get_weather")(lambda arguments, context: [Violation("", "k", message)])
+    gate = Gate(REGISTRY, plugins, dataclasses.replace(LIMITS, violations=bounds))
+    verdict = gate.judge(call('{"city": "Oslo", "units": "celsius"}'))
+    (violation,) = verdict.violations
+    assert verdict.retry_feedback is not None
+    (shown,) = verdict.retry_feedback["violations"]
+    assert shown["message"] == violation.message
+    assert violation.message == message or (
+        violation.message.endswith("\u2026") and message.startswith(violation.message[:-1])
+    )
+
+
 _KEY_CHARS = st.sampled_from(["k", "/", "~", '"', "\x01", "é", "😀"])
 _WIDE = Gate(
     REGISTRY,

@@ -32,7 +32,6 @@ from worker.model import Code, Feedback, SchemaRef, Violation
 from worker.schemas.contract import CUT
 from worker.schemas.drafts import escape
 
-_MAX_MESSAGE = 200
 #: What the event and the feedback of a `malformed_record` rejection say, whatever the record held.
 MALFORMED_RECORD_MESSAGE = "the record is not a readable chunk of its format; it was not judged"
 #: What stands in a feedback path for an object key the schema does not declare.
@@ -210,7 +209,7 @@ def build_feedback(
             {
                 "path": feedback_path(v.path, declared, arguments),
                 "keyword": v.keyword,
-                "message": v.message[:_MAX_MESSAGE],
+                "message": v.message,
             }
             for v in violations
         ],
