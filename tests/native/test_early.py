@@ -8,10 +8,10 @@ indented, every non-ASCII character escaped, surrogate pairs included) and fed t
 one character per chunk (so the judge sees every prefix) or in random chunks: never rejected
 early. Generated invalid values, when rejected early, are rejected by the final judgement too, in
 the same phase, with the early violation among its violations, unless the strict parser refuses
-the text at a byte the early judge had not read: values spelled with a key twice, and calls of
-every kind against contracts of every kind, are judged so too. Whatever a later chunk states of
-its call (version, kind, caller, double encoding), a call rejected early is one its whole
-judgement never accepts.
+the text at a byte the early judge had not read: values spelled with a key twice or with a stray
+character of any width, and calls of every kind against contracts of every kind, are judged so
+too. Whatever a later chunk states of its call (version, kind, caller, double encoding), a call
+rejected early is one its whole judgement never accepts.
 """
 
 from __future__ import annotations
@@ -378,6 +378,28 @@ def test_a_key_twice_leaves_the_call_to_the_strict_parser(data: st.DataObject) -
     text, twinned = data.draw(twin_spelling(value))
     assume(twinned)
     check_texts(repository(), tool, version, [text], cuts_for(data.draw))
+
+
+#: characters put where JSON holds none: ASCII, and ones of two, three and four bytes in UTF-8
+STRAYS = st.sampled_from(["x", "'", "\x7f", "é", "€", "\u2028", "😀"]) | st.characters(
+    min_codepoint=0x80, exclude_categories=["Cs"]
+)
+
+
+@SOUND
+@given(data=st.data())
+def test_a_stray_character_of_any_width_is_named_as_the_strict_parser_names_the_whole_text(
+    data: st.DataObject,
+) -> None:
+    """A character put anywhere in a value's text (where JSON holds none, or in a string): when
+    no JSON text continues with it, the early rejection is the strict parser's failure on the
+    whole text (code, place and message), however many bytes the character takes in UTF-8."""
+    tool, version, value = contract_value(data, wild=True)
+    assume(isinstance(value, dict))  # a root of another kind is refused at its first byte
+    text = data.draw(st.sampled_from(spellings(value)))
+    at = data.draw(st.integers(0, len(text)))
+    stray = text[:at] + data.draw(STRAYS) + text[at:]
+    check_texts(repository(), tool, version, [stray], cuts_for(data.draw))
 
 
 TYPE_NAMES = ["null", "boolean", "integer", "number", "string", "array", "object"]

@@ -693,7 +693,10 @@ impl Judge {
                 }
                 Err(Stop::NotJson) => {
                     self.off = true;
-                    return json_failure(&text[..at + 1], self.max_depth);
+                    // the whole character the byte begins: cut inside it, the text read is no
+                    // UTF-8, a failure the whole text does not have
+                    let end = (at + utf8_width(byte)).min(text.len());
+                    return json_failure(&text[..end], self.max_depth);
                 }
             }
         }
@@ -1142,6 +1145,16 @@ enum Stop {
 
 fn is_space(byte: u8) -> bool {
     matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// How many bytes the UTF-8 character that `lead` begins has.
+fn utf8_width(lead: u8) -> usize {
+    match lead {
+        0xf0..=0xff => 4,
+        0xe0..=0xef => 3,
+        0xc0..=0xdf => 2,
+        _ => 1,
+    }
 }
 
 /// The strict parser's failure on the text read, when it is one no more text can mend (a text
