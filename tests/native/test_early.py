@@ -402,6 +402,42 @@ def test_a_stray_character_of_any_width_is_named_as_the_strict_parser_names_the_
     check_texts(repository(), tool, version, [stray], cuts_for(data.draw))
 
 
+#: JSON's own characters, and a few no JSON text holds
+EDITS = st.sampled_from(list('{}[],:"\\0123456789.eE+-tfnu /ax'))
+
+
+@st.composite
+def mutated(draw: st.DrawFn, text: str) -> str:
+    """`text` with a few characters inserted, deleted or replaced anywhere, or inserted beside
+    a digit (where a number may go on, end, or be spelt wrong)."""
+    for _ in range(draw(st.integers(1, 3))):
+        digits = [at for at, char in enumerate(text) if char.isdigit()]
+        if digits and draw(st.booleans()):
+            at = draw(st.sampled_from(digits)) + draw(st.integers(0, 1))
+        else:
+            at = draw(st.integers(0, len(text)))
+        edit = draw(st.sampled_from(["insert", "delete", "replace"]))
+        char = draw(EDITS) if edit != "delete" else ""
+        text = text[:at] + char + text[at + (edit != "insert") :]
+    return text
+
+
+@SOUND
+@given(data=st.data())
+def test_a_text_edited_anywhere_is_rejected_early_only_for_what_its_read_part_shows(
+    data: st.DataObject,
+) -> None:
+    """A value's text with characters inserted, deleted or replaced: an early rejection is the
+    whole judgement's, in its phase with its violation, unless the strict parser refuses the
+    text at a byte the judge had not read (a byte that no JSON value continues with, a number
+    ended by a byte that may not follow it, is the strict parser's to name)."""
+    tool, version, value = contract_value(data, wild=True)
+    assume(isinstance(value, dict))
+    text = data.draw(mutated(data.draw(st.sampled_from(spellings(value)))))
+    assume(text.lstrip(" \n").startswith("{"))  # another root is refused at its first byte
+    check_texts(repository(), tool, version, [text], cuts_for(data.draw))
+
+
 TYPE_NAMES = ["null", "boolean", "integer", "number", "string", "array", "object"]
 
 

@@ -1090,6 +1090,11 @@ impl Judge {
             (NumAt::E, b'+' | b'-') => NumAt::ESign,
             (NumAt::E | NumAt::ESign | NumAt::Exponent, b'0'..=b'9') => NumAt::Exponent,
             (NumAt::Zero | NumAt::Int | NumAt::Fraction | NumAt::Exponent, _) => {
+                // a byte that may not follow a value (`01`, `1.5.`, `2x`) is the strict
+                // parser's failure, shown before the number is complete
+                if !self.may_follow_a_value(byte) {
+                    return Err(Stop::NotJson);
+                }
                 self.number_end()?;
                 self.value_done();
                 return self.byte(byte);
@@ -1099,6 +1104,15 @@ impl Judge {
         self.number.push(byte);
         self.lex = Lex::Num(next);
         Ok(())
+    }
+
+    /// Whether `byte` may come right after a value in the open container.
+    fn may_follow_a_value(&self, byte: u8) -> bool {
+        match (byte, self.stack.last()) {
+            (b',', Some(_)) => true,
+            (b'}', Some(Frame::Object { .. })) | (b']', Some(Frame::Array { .. })) => true,
+            _ => is_space(byte),
+        }
     }
 
     /// A complete number: a fraction where only integers may be, a bound it is past. Its value
