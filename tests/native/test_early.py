@@ -8,10 +8,11 @@ indented, every non-ASCII character escaped, surrogate pairs included) and fed t
 one character per chunk (so the judge sees every prefix) or in random chunks: never rejected
 early. Generated invalid values, when rejected early, are rejected by the final judgement too, in
 the same phase, with the early violation among its violations, unless the strict parser refuses
-the text at a byte the early judge had not read: values spelled with a key twice or with a stray
-character of any width, and calls of every kind against contracts of every kind, are judged so
-too. Whatever a later chunk states of its call (version, kind, caller, double encoding), a call
-rejected early is one its whole judgement never accepts.
+the text at a byte the early judge had not read: values spelled with a key twice, with a stray
+character of any width or edited anywhere, values nested past the depth bound, and calls of
+every kind against contracts of every kind, are judged so too. Whatever a later chunk states of
+its call (version, kind, caller, double encoding), a call rejected early is one its whole
+judgement never accepts.
 """
 
 from __future__ import annotations
@@ -469,6 +470,60 @@ def test_a_type_list_is_named_alike_in_any_order_on_either_engine(
     lists the types in and whichever engine judges."""
     p = typed_processor(engine, tuple(types), tmp_path_factory.getbasetemp() / "typed")
     check_texts(p, "case", "1", [json.dumps({"a": value, "z": 0})], cuts)
+
+
+@cache
+def deep_processor(max_depth: int, workdir: Path) -> Processor:
+    """A contract whose `a` is the contract again and whose `b` is a string, judging arguments
+    at most `max_depth` levels deep."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "#"}, "b": {"type": "string"}}}
+    contracts = workdir / str(max_depth)
+    (contracts / "deep").mkdir(parents=True)
+    (contracts / "deep" / "case.v1.schema.json").write_text(json.dumps(schema))
+    limits = {**LIMITS, "max_depth": max_depth}
+    return build_processor(Settings(schemas={"dir": contracts}, limits=limits))
+
+
+def too_deep_at(text: str, max_depth: int) -> int | None:
+    """Where the first bracket past `max_depth` levels is (outside strings), if there is one."""
+    depth, quoted, escaped = 0, False, False
+    for at, char in enumerate(text):
+        if quoted:
+            quoted, escaped = (escaped or char != '"'), (not escaped and char == "\\")
+        elif char == '"':
+            quoted = True
+        elif char in "[{":
+            depth += 1
+            if depth > max_depth:
+                return at
+        elif char in "]}":
+            depth -= 1
+    return None
+
+
+NESTED = st.recursive(
+    st.fixed_dictionaries({}, optional={"b": ANY_VALUE}),
+    lambda inner: st.fixed_dictionaries({"a": inner}, optional={"b": ANY_VALUE}),
+    max_leaves=6,
+)
+
+
+@settings(SOUND, max_examples=150)
+@given(max_depth=st.integers(1, 5), value=NESTED, cuts=st.lists(st.integers(0, 80), max_size=6))
+def test_a_value_too_deep_is_left_to_the_depth_bound_from_its_first_bracket_past_it(
+    tmp_path_factory: pytest.TempPathFactory, max_depth: int, value: Any, cuts: list[int]
+) -> None:
+    """Arguments nested past `max_depth` are rejected `too_deep` whatever they hold: the early
+    judge decides only on what it read before the first bracket past the bound (never the type
+    of the container that bracket opens), and judges the rest as any other value."""
+    p = deep_processor(max_depth, tmp_path_factory.getbasetemp() / "deep")
+    texts = spellings(value)
+    check_texts(p, "case", "1", texts, cuts)
+    for text in texts:
+        deep = too_deep_at(text, max_depth)
+        call = early_call(p, "case", "1", text, list(range(len(text))))
+        if deep is not None and call is not None:
+            assert call.nbytes <= len(text[:deep].encode()), (text, p.gate.judge(call))
 
 
 #: contract kinds whose text is JSON, and every kind of call

@@ -813,6 +813,10 @@ impl Judge {
         if self.stack.is_empty() && kind != OBJECT {
             return Err(Stop::Rejected(Rejection::RootNotObject));
         }
+        // a container past the depth bound: the call is the bound's, whatever it opens
+        if kind & (OBJECT | ARRAY) != 0 && self.stack.len() >= self.max_depth {
+            return Err(Stop::Off);
+        }
         let node = self.next;
         let rules = self.schema.node(node);
         if rules.kinds & kind == 0 {
@@ -825,9 +829,6 @@ impl Judge {
         }
         match byte {
             b'{' | b'[' => {
-                if self.stack.len() >= self.max_depth {
-                    return Err(Stop::Off);
-                }
                 if byte == b'{' {
                     self.stack.push(Frame::Object {
                         node,
