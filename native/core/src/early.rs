@@ -1283,6 +1283,35 @@ mod tests {
     }
 
     #[test]
+    fn the_strict_parser_names_a_number_spelt_wrong_and_a_wide_character_whole() {
+        // `01`: the `1` may not follow the number 0, which is never judged against `minimum`;
+        // a call's text grows by whole characters (its chunks are text)
+        for text in [
+            r#"{"days":01}"#,
+            r#"{"days":0{"#,
+            r#"{"days":1.5."#,
+            r#"{"city":é}"#,
+        ] {
+            let mut judge = judge(WEATHER);
+            let mut ends = text.char_indices().map(|(at, c)| at + c.len_utf8());
+            match ends.find_map(|end| judge.feed(&text.as_bytes()[..end])) {
+                Some(Rejection::Json(failure)) => {
+                    assert_eq!(failure.code, Code::InvalidJson, "{text}: {failure:?}")
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_decides_from_the_first_bracket_past_the_depth_bound() {
+        let compiled = EarlySchema::compile(WEATHER.as_bytes(), Draft::Draft2020, &[]);
+        let mut judge = Judge::new(Arc::new(compiled.expect("a schema")), 1);
+        assert_eq!(judge.feed(br#"{"city":["#), None);
+        assert!(judge.is_off());
+    }
+
+    #[test]
     fn a_key_twice_leaves_the_call_and_all_after_it_to_the_strict_parser() {
         let twice = r#"{"unit":"celsius","unit":"kelvin"}"#;
         assert_eq!(first(WEATHER, twice), None);
