@@ -12,10 +12,10 @@ import uuid
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 
 from callgate_executor import Call, Executor
 from tests.support.executor import CONTRACTS, Judge, ResultTail, produce
+from tests.support.shop_executor import Lookup
 from worker.runtime.kafka import Kafka
 from worker.runtime.topics import TopicSpec
 from worker.settings import Settings
@@ -25,10 +25,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 PARTITIONS = 3
 GRACE_S = 0.5
 WAIT_S = 60.0
-
-
-class Lookup(BaseModel):
-    sku: str
 
 
 class Stubborn:
