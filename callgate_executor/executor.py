@@ -28,7 +28,9 @@ of its own, `<group>-<topic>-<partition>`: a partition's next owner fences its f
 before it restores, so it reads everything that owner committed and nothing it did not. Under
 at_least_once the writes are acknowledged in that order before the offset is committed; a crash
 may then write a call's result twice (the same result, never another) or run a handler safe to
-retry again.
+retry again; and before a run's records the member asks the group whether the partition is
+still its own (`_still_owned`), so that one the group expelled during the handler does not
+record a run its successor answered already.
 
 A partition being revoked (a rebalance, a stop) finishes the call in its handler and stops
 before the next. Any failure to write or commit stops the executor (`run` raises
@@ -452,6 +454,7 @@ class Executor:
         contract_ = self._contract(event)
         output_check = contract_.output_check if contract_ is not None else None
         outcome = await run_handler(spec, call, output_check, self.settings.limits.max_depth)
+        await self._still_owned(owned, offset - 1)
         answer = contract.ran(
             event,
             begun,
@@ -467,6 +470,25 @@ class Executor:
         )
         self.stats["executed"] += 1
         self._count(event, outcome.status.value)
+
+    async def _still_owned(self, owned: _Partition, position: int) -> None:
+        """Under at_least_once, before a run is recorded: whether the group still counts this
+        member as the partition's owner, asked by committing the request's own offset (no step
+        forward). A member the group expelled while the handler ran (its event loop blocked past
+        the session) is refused, and stops (`BrokerError`) without writing: the partition's next
+        owner answers the call from its `started` record, and nothing can fence a member that
+        writes without transactions. Under exactly_once the next owner's producer fenced it."""
+        if owned.producer is not None:
+            return
+        consumer = self._consumer
+        assert consumer is not None
+        try:
+            await consumer.commit({owned.tp: position})
+        except KafkaError as exc:
+            raise BrokerError(
+                f"{owned.tp.topic}-{owned.tp.partition}: no longer this member's, a run not "
+                f"recorded: {exc!r}"
+            ) from exc
 
     def _count(self, event: Accepted, outcome: str) -> None:
         self.stats[outcome] += 1

@@ -7,7 +7,9 @@ waits `SHOP_LATENCY_MS` (the bank's answer), so a kill -9 lands in handlers as w
 them. Each run of it logs `paid <key> attempt <n> new|existing`. Two calls block for good, so
 that a test kills the process during them: a payment to recipient `block` (its first attempt,
 before it pays) and a `lookup` of sku `block` (not safe to retry); each logs `blocking in ...`.
-Its `wire` handler (the tool requires approval) logs `wired <key>` when it runs.
+Its `wire` handler (the tool requires approval) logs `wired <key>` when it runs. A `lookup` of
+sku `hog` blocks the process's event loop for `SHOP_HOG_S` seconds (a handler that blocks instead
+of awaiting: no heartbeat reaches the group meanwhile), logging `hogging` and `hogged`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,7 @@ class Wire(BaseModel):
     idempotency_key: str
 
 
-def build(payments: Payments, latency_s: float) -> Executor:
+def build(payments: Payments, latency_s: float, hog_s: float = 0.0) -> Executor:
     executor = Executor(load_settings())
 
     @executor.tool("pay", arguments=Pay, retry_safe=True)
@@ -68,6 +71,10 @@ def build(payments: Payments, latency_s: float) -> Executor:
     async def lookup(call: Call[Lookup]) -> dict[str, Any]:
         if call.arguments.sku == "block":
             await _block(call.arguments.sku)
+        if call.arguments.sku == "hog":
+            log.info("hogging")
+            time.sleep(hog_s)  # blocks the loop, as the test means it to
+            log.info("hogged")
         return {"sku": call.arguments.sku}
 
     @executor.tool("wire", arguments=Wire, retry_safe=False)
@@ -89,7 +96,8 @@ def main() -> None:
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     payments = Payments(Path(os.environ["SHOP_DB"]))
     latency_s = int(os.environ.get("SHOP_LATENCY_MS", "0")) / 1000
-    asyncio.run(build(payments, latency_s).serve())
+    hog_s = float(os.environ.get("SHOP_HOG_S", "0"))
+    asyncio.run(build(payments, latency_s, hog_s).serve())
 
 
 if __name__ == "__main__":
