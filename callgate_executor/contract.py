@@ -5,7 +5,9 @@ none) and a request `x` (tool, schema version and canonical arguments, digested 
 digests them: `worker.core.canonical.request_digest`), against the latest record of `k`:
 
 - nothing recorded: RUN, attempt 1 (`k` gets a `started` record first);
-- `k` recorded with another digest: CONFLICT; nothing runs;
+- `k` recorded with another digest by another call: CONFLICT; nothing runs (by the same call,
+  judged again with another request: its own record decides, as below, and it never runs as
+  the other request);
 - `k` finished (`done`) with an equal request: the recorded result. From the call that ran
   (same event id: a redelivery) it is ALREADY_DONE (its result was written with the record);
   from another call it is REPLAY, a result marked `replayed`;
@@ -165,6 +167,8 @@ class Execution:
     #: DONE: what the run came to; ANSWERED: the answer (refused, conflict), or None for a
     #: replay of the key's `done` record
     outcome: Outcome | None = None
+    #: the request's schema id and version (None in a record written before it was kept)
+    schema: tuple[str, str] | None = None
 
     def encode(self) -> bytes:
         outcome = self.outcome
@@ -180,6 +184,7 @@ class Execution:
                 "status": outcome.status.value if outcome else None,
                 "output": outcome.output if outcome else None,
                 "error": outcome.error.model_dump() if outcome and outcome.error else None,
+                "schema": list(self.schema) if self.schema is not None else None,
             }
         )
 
@@ -207,7 +212,20 @@ class Execution:
             tool=str(fields["tool"]),
             attempts=int(fields["attempts"]),
             outcome=outcome,
+            schema=_schema_of(fields.get("schema")),
         )
+
+
+def _schema_of(value: Any) -> tuple[str, str] | None:
+    """A record's `schema` member: [id, version], or absent (None)."""
+    if value is None:
+        return None
+    schema_id, version = value
+    return str(schema_id), str(version)
+
+
+def schema_of(event: Accepted) -> tuple[str, str]:
+    return event.schema_ref.id, event.schema_ref.version
 
 
 class Step(StrEnum):
@@ -239,19 +257,24 @@ def answered(event: Accepted, digest: str, outcome: Outcome | None) -> Execution
     conflict; None: a replay of its key's `done` record, which never changes)."""
     key = answered_key(event.event_id)
     tool = event.tool or ""
-    return Execution(key, ANSWERED, digest, event.event_id, event.call_id, tool, 0, outcome)
+    return Execution(
+        key, ANSWERED, digest, event.event_id, event.call_id, tool, 0, outcome, schema_of(event)
+    )
 
 
 def decide(recorded: Execution | None, digest: str, event_id: str, retry_safe: bool) -> Decision:
-    """The step for a request (`digest`, from call `event_id`) given its key's latest record."""
+    """The step for a request (`digest`, from call `event_id`) given its key's latest record.
+    The record of this very call decides whatever request it carries now (a gate that judged
+    the call again after a crash, under other contracts, may send another): it is answered as
+    it was, and a run of it interrupted is never run again as another request."""
     if recorded is None:
         return Decision(Step.RUN, None, attempt=1)
-    if recorded.digest != digest:
+    own = recorded.event_id == event_id
+    if recorded.digest != digest and not own:
         return Decision(Step.CONFLICT, recorded)
     if recorded.state == DONE:
-        step = Step.ALREADY_DONE if recorded.event_id == event_id else Step.REPLAY
-        return Decision(step, recorded)
-    if retry_safe:
+        return Decision(Step.ALREADY_DONE if own else Step.REPLAY, recorded)
+    if retry_safe and recorded.digest == digest:
         return Decision(Step.RUN, recorded, attempt=recorded.attempts + 1)
     return Decision(Step.INTERRUPTED, recorded)
 
@@ -259,7 +282,9 @@ def decide(recorded: Execution | None, digest: str, event_id: str, retry_safe: b
 def started(event: Accepted, key: str, digest: str, attempt: int, executed: str) -> Execution:
     """The record written before a handler runs (`executed`: the event whose execution it is)."""
     tool = event.tool or ""
-    return Execution(key, STARTED, digest, executed, event.call_id, tool, attempt)
+    return Execution(
+        key, STARTED, digest, executed, event.call_id, tool, attempt, None, schema_of(event)
+    )
 
 
 def finished(begun: Execution, outcome: Outcome) -> Execution:
@@ -272,6 +297,7 @@ def finished(begun: Execution, outcome: Outcome) -> Execution:
         begun.tool,
         begun.attempts,
         outcome,
+        begun.schema,
     )
 
 
@@ -333,7 +359,7 @@ def recorded_result(event: Accepted, recorded: Execution) -> ToolResult:
     assert recorded.outcome is not None, "only a finished execution has a result"
     outcome = recorded.outcome
     return result(
-        event,
+        as_recorded(event, recorded),
         outcome.status,
         output=outcome.output,
         error=outcome.error,
@@ -341,6 +367,17 @@ def recorded_result(event: Accepted, recorded: Execution) -> ToolResult:
         executed_event_id=recorded.event_id,
         attempts=recorded.attempts,
     )
+
+
+def as_recorded(event: Accepted, record: Execution) -> Accepted:
+    """The call as its own record answered it: a result of the call names the schema it was
+    answered under, whatever its event says now (a gate that judged it again after a crash,
+    under other contracts, may name another); another call's record changes nothing."""
+    if record.event_id != event.event_id or record.schema is None:
+        return event
+    schema_id, version = record.schema
+    ref = event.schema_ref.model_copy(update={"id": schema_id, "version": version})
+    return event.model_copy(update={"schema_ref": ref})
 
 
 def conflict_result(event: Accepted) -> ToolResult:
@@ -523,9 +560,9 @@ def answered_result(
     outcome = note.outcome
     if outcome is not None:
         if outcome.status is ResultStatus.CONFLICT:
-            return conflict_result(event)
+            return conflict_result(as_recorded(event, note))
         assert outcome.error is not None, "a refusal says why"
-        return refused_result(event, outcome.error)
+        return refused_result(as_recorded(event, note), outcome.error)
     if recorded is not None and recorded.state == DONE and recorded.digest == note.digest:
-        return recorded_result(event, recorded)
+        return recorded_result(as_recorded(event, note), recorded)
     return None

@@ -4,9 +4,10 @@ to the contract (one run per key, the recorded result for equal repeats, conflic
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -80,8 +81,20 @@ def _record(state: str, digest: str = "d1", event_id: str = "e1", attempts: int 
         (_record(DONE), "d1", "e2", False, Step.REPLAY, 0),
         (_record(STARTED, attempts=2), "d1", "e1", True, Step.RUN, 3),
         (_record(STARTED), "d1", "e1", False, Step.INTERRUPTED, 0),
+        (_record(DONE), "d2", "e1", True, Step.ALREADY_DONE, 0),
+        (_record(STARTED), "d2", "e1", True, Step.INTERRUPTED, 0),
     ],
-    ids=["new", "conflict", "conflict-started", "redelivered", "replay", "retry", "interrupted"],
+    ids=[
+        "new",
+        "conflict",
+        "conflict-started",
+        "redelivered",
+        "replay",
+        "retry",
+        "interrupted",
+        "rejudged-done",
+        "rejudged-started",
+    ],
 )
 def test_each_step(case: tuple[Execution | None, str, str, bool, Step, int]) -> None:
     """(the key's record, the request's digest and event id, retry_safe) -> (step, attempt)"""
@@ -114,8 +127,13 @@ def test_records_read_back_as_written(
         started,
         Execution("call:e", ANSWERED, "d", "e", "c", "t", 0),
         Execution("call:e", ANSWERED, "d", "e", "c", "t", 0, refused),
+        Execution("key:k", DONE, "d", "e", "c", "t", attempts, done.outcome, ("s.t", "2")),
     ):
         assert Execution.decode(record.encode()) == record
+        # a record written before the request's schema was kept
+        older = orjson.loads(record.encode())
+        del older["schema"]
+        assert Execution.decode(orjson.dumps(older)) == replace(record, schema=None)
 
 
 def test_a_record_of_another_kind_is_refused() -> None:
@@ -242,7 +260,7 @@ class Made:
     """A generated call: its event, and what the README says decides its answer."""
 
     event: Accepted
-    identity: tuple[str, int]  # the request: tool and arguments (the amount)
+    identity: tuple[str, int]  # the request: tool (and version) and arguments (the amount)
     approval: str | None  # None (needs none), or how its approval is: missing, tampered
 
 
@@ -272,6 +290,19 @@ def _make_pool() -> list[Made]:
         moved = moved.model_copy(update={"arguments": arguments})
         if amount != 5:
             made.append(Made(moved, ("wire", amount), "approval_fingerprint_mismatch"))
+    # the same calls judged again after a gate's crash under other contracts: their event ids,
+    # another request (another amount or sku, another version)
+    for original in (made[0], made[5], made[8]):
+        event = original.event
+        tool, amount = original.identity
+        version = event.schema_ref.model_copy(update={"version": "2"})
+        if tool == "pay":
+            other = {**event.arguments, "amount_minor": 3 - amount}
+            rejudged = event.model_copy(update={"arguments": other, "schema_ref": version})
+            made.append(Made(rejudged, (f"{tool} v2", 3 - amount), None))
+        else:
+            rejudged = event.model_copy(update={"arguments": {"sku": "t"}, "schema_ref": version})
+            made.append(Made(rejudged, (f"{tool} v2", 1), None))
     return made
 
 
@@ -398,8 +429,9 @@ class Reference:
         exec_key = f"key:{event.idempotency_key}" if event.idempotency_key else f"event:{eid}"
         key = self.keys.get(exec_key)
         if key is not None and key.executed == eid and key.final is None:
-            # its run was interrupted: safe to retry and still handled, it runs again
-            if not (self.retry_safe and handled):
+            # its run was interrupted: safe to retry, still handled and the same request, it
+            # runs again
+            if not (self.retry_safe and handled and key.identity == made.identity):
                 key.final = ("interrupted", "interrupted", None)
                 return self._answer(eid, crash, (*key.final, eid, False, key.attempts))
             return self._run(made, key, crash)
