@@ -225,6 +225,7 @@ def _schema_of(value: Any) -> tuple[str, str] | None:
 
 
 def schema_of(event: Accepted) -> tuple[str, str]:
+    """The schema id and version a call's request is judged under, as its records keep it."""
     return event.schema_ref.id, event.schema_ref.version
 
 
