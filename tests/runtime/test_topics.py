@@ -8,8 +8,8 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
+from worker.core.events import MAX_TOPIC_BYTES
 from worker.runtime.topics import (
-    MAX_TOPIC_NAME,
     approvals_topic,
     changelog_topic,
     input_subscription,
@@ -38,7 +38,7 @@ def test_internal_names_are_kafka_topic_names_and_stay_apart(group: str, topic: 
         keys_topic(group),
         approvals_topic(group),
     ]
-    assert all(0 < len(name) <= MAX_TOPIC_NAME for name in names)
+    assert all(0 < len(name) <= MAX_TOPIC_BYTES for name in names)
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in names)
     assert len(set(names)) == 4
     assert changelog_topic(group, topic) != changelog_topic(group, topic + "x")
@@ -49,7 +49,7 @@ def is_own(group: str, topic: str) -> bool:
     or bounded: 249 characters ending in a dash and 16 hex digits)."""
     changelog = topic.startswith(f"{group}-") and (
         topic.endswith("-changelog")
-        or (len(topic) == MAX_TOPIC_NAME and re.fullmatch(r".*-[0-9a-f]{16}", topic) is not None)
+        or (len(topic) == MAX_TOPIC_BYTES and re.fullmatch(r".*-[0-9a-f]{16}", topic) is not None)
     )
     return topic in (*OUTCOMES, keys_topic(group), approvals_topic(group)) or changelog
 

@@ -20,10 +20,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from worker.core.events import MAX_TOPIC_BYTES
 from worker.errors import StateError
 
-MAX_TOPIC_NAME = 249
-_TOPIC_NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TOPIC_NAME}}}")
+_TOPIC_NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TOPIC_BYTES}}}")
 
 
 def legal_topic_name(name: object) -> bool:
@@ -78,10 +78,10 @@ def state_policy_problem(config: Mapping[str, str]) -> str | None:
 
 
 def _bounded(name: str) -> str:
-    if len(name) <= MAX_TOPIC_NAME:
+    if len(name) <= MAX_TOPIC_BYTES:
         return name
     digest = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
-    return f"{name[: MAX_TOPIC_NAME - 17]}-{digest}"
+    return f"{name[: MAX_TOPIC_BYTES - 17]}-{digest}"
 
 
 def changelog_topic(group_id: str, input_topic: str) -> str:
@@ -105,7 +105,7 @@ def never_input(group_id: str, outcome_topics: Iterable[str]) -> str:
     (read back, each event would be judged again and make another, for ever)."""
     group = re.escape(f"{group_id}-")
     # a changelog's name, or its bounded form (head, dash, 16 hex digits, 249 in all)
-    head = MAX_TOPIC_NAME - len(f"{group_id}-") - 17
+    head = MAX_TOPIC_BYTES - len(f"{group_id}-") - 17
     changelog = f"{group}.*-changelog" + (f"|{group}.{{{head}}}-[0-9a-f]{{16}}" if head > 0 else "")
     exact = [
         *outcome_topics,
