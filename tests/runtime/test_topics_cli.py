@@ -15,16 +15,17 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from tests.datafiles import REPO
+from tests.datafiles import REPO, SCHEMAS
 from tests.support.apache_kafka import ApacheKafka
-from tests.support.workers import env_of
+from tests.support.workers import WorkerProcess, env_of, until
 from worker.runtime.kafka import Kafka
-from worker.runtime.provision import plan
+from worker.runtime.provision import Role, plan
 from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
 from worker.settings import Settings
 
@@ -112,6 +113,70 @@ def test_create_makes_every_topic_as_planned_and_check_passes(apache_kafka: Apac
     twice = topics(config, "create")
     assert twice.returncode == 0, twice.stdout + twice.stderr
     assert "created " not in twice.stdout
+
+
+def test_the_topics_a_worker_makes_itself_are_made_as_create_makes_them(
+    apache_kafka: ApacheKafka, tmp_path: Path
+) -> None:
+    """A group whose operator made only its input and outcome topics: the first worker makes
+    the changelog and the idempotency and approval topics, each with the `max.message.bytes`
+    its largest batch needs (an event bound of 4 MB: past the cluster's 1 MB default), and
+    `check` then finds every topic serving."""
+    config = {
+        **config_for(apache_kafka.bootstrap_servers),
+        "limits": {"max_event_bytes": 4_000_000},
+        "schemas": {"dir": str(SCHEMAS)},
+        "metrics": {"port": 0, "host": "127.0.0.1"},
+    }
+    settings = Settings.model_validate(config)
+    planned = plan(settings, {settings.topics.input: 2})
+    make_topics(
+        apache_kafka.bootstrap_servers,
+        *(
+            NewTopic(
+                p.name,
+                p.partitions or 2,
+                1,
+                topic_configs={"max.message.bytes": str(p.max_message_bytes)}
+                if p.max_message_bytes
+                else {},
+            )
+            for p in planned
+            if p.role in (Role.INPUT, Role.OUTCOME)
+        ),
+    )
+    worker = WorkerProcess("maker", config, tmp_path).start()
+    try:
+        asyncio.run(
+            until(
+                lambda: worker.count("assigned") > 0,
+                "the worker's assignment",
+                timeout_s=90,
+                alive=lambda: worker.alive,
+                context=worker.tail,
+            )
+        )
+        assert worker.count("created topic ") == 5, worker.tail()
+    finally:
+        worker.terminate()
+        worker.cleanup()
+
+    async def read_back() -> dict[str, dict[str, str]]:
+        kafka = Kafka(settings)
+        try:
+            return await kafka.topic_configs([p.name for p in planned if p.created_by_worker])
+        finally:
+            await kafka.close()
+
+    configs = asyncio.run(read_back())
+    for wanted in planned:
+        if wanted.created_by_worker:
+            assert configs[wanted.name]["max.message.bytes"] == str(wanted.max_message_bytes), (
+                wanted.name
+            )
+    checked = topics(config, "check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"all 9 topics serve group {settings.kafka.group_id}" in checked.stdout
 
 
 def test_check_names_each_way_a_topic_cannot_serve(apache_kafka: ApacheKafka) -> None:

@@ -63,11 +63,11 @@ class State:
         group: str,
         requests_topic: str,
         keys_topic: str,
-        idempotency_partitions: int,
         pending_topic: str,
         approvals_topic: str,
-        approval_partitions: int,
+        stores: Sequence[TopicSpec],
         checkpoint_record_bytes: int,
+        changelog_max_bytes: int,
     ) -> None:
         self._kafka = kafka
         self._processor = processor
@@ -75,7 +75,6 @@ class State:
         self._approvals = approvals
         self._pending = pending_topic
         self._approvals_topic = approvals_topic
-        self._approval_partitions = approval_partitions
         #: the topics whose partitions have a store (not a checkpoint), and its changelog
         self._stored = {requests_topic: keys_topic, pending_topic: approvals_topic}
         self._topics = topics
@@ -83,7 +82,10 @@ class State:
         self._group = group
         self._requests = requests_topic
         self._keys = keys_topic
-        self._idempotency_partitions = idempotency_partitions
+        #: the idempotency and approval topics as they are made when missing
+        self._stores = stores
+        #: the `max.message.bytes` a changelog is made with: a checkpoint part's batch
+        self._changelog_max_bytes = changelog_max_bytes
         self._record_bytes = checkpoint_record_bytes
         #: input topic -> how many partitions its changelog was made sure to have
         self._changelog_partitions: dict[str, int] = {}
@@ -100,17 +102,7 @@ class State:
         """The idempotency and approval topics, and the changelogs of the inputs named, made
         sure of, in one `ensure_topics` (on a fresh group: one creation and one wait for the
         cluster to list them, not one after the other)."""
-        partitions = self._idempotency_partitions
-        approval = self._approval_partitions
-        await self._ensure_changelogs(
-            dict.fromkeys(inputs, 0),
-            with_topics=[
-                TopicSpec(self._requests, partitions, compacted=False),
-                TopicSpec(self._keys, partitions, compacted=True),
-                TopicSpec(self._pending, approval, compacted=False),
-                TopicSpec(self._approvals_topic, approval, compacted=True),
-            ],
-        )
+        await self._ensure_changelogs(dict.fromkeys(inputs, 0), with_topics=self._stores)
 
     async def _ensure_changelogs(
         self, inputs: Mapping[str, int], *, with_topics: Sequence[TopicSpec] = ()
@@ -127,7 +119,13 @@ class State:
             if count:  # a named input not made yet gets its changelog when first assigned
                 counts[name] = count
         specs = [
-            TopicSpec(self.changelog(name), count, compacted=True, grows=True)
+            TopicSpec(
+                self.changelog(name),
+                count,
+                compacted=True,
+                grows=True,
+                max_message_bytes=self._changelog_max_bytes,
+            )
             for name, count in counts.items()
         ]
         await self._kafka.ensure_topics([*with_topics, *specs])

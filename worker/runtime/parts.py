@@ -19,6 +19,7 @@ from worker.core.idempotency import KeyStore
 from worker.core.processor import Processor
 from worker.errors import InfrastructureError
 from worker.metrics import Metrics
+from worker.runtime import provision
 from worker.runtime.approvals import ApprovalOwners
 from worker.runtime.at_least_once import AtLeastOnce
 from worker.runtime.broker_log import BrokerState
@@ -177,11 +178,11 @@ def build_parts(
         group=group,
         requests_topic=requests,
         keys_topic=keys,
-        idempotency_partitions=settings.idempotency.partitions,
         pending_topic=pending,
         approvals_topic=approvals_changelog,
-        approval_partitions=settings.approval.partitions,
+        stores=provision.stores(settings),
         checkpoint_record_bytes=settings.delivery.checkpoint_record_bytes,
+        changelog_max_bytes=provision.checkpoint_batch(settings),
     )
     session_s = settings.kafka.session_timeout_ms / 1000
     return Parts(

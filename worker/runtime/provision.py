@@ -27,6 +27,7 @@ from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
 
 from worker.errors import BrokerError
 from worker.runtime.topics import (
+    TopicSpec,
     approvals_topic,
     changelog_topic,
     input_subscription,
@@ -67,6 +68,19 @@ class TopicPlan:
             Role.KEYS,
             Role.PENDING,
             Role.APPROVALS,
+        )
+
+    def spec(self, partitions: int | None = None) -> TopicSpec:
+        """The topic as it is made: `partitions` where the plan leaves the count open."""
+        count = self.partitions or partitions
+        if count is None:
+            raise ValueError(f"the plan leaves the partitions of {self.name} open: give them")
+        return TopicSpec(
+            self.name,
+            count,
+            self.compacted,
+            grows=self.role is Role.CHANGELOG,
+            max_message_bytes=self.max_message_bytes,
         )
 
 
@@ -147,6 +161,13 @@ def plan(settings: Settings, input_partitions: dict[str, int]) -> list[TopicPlan
         TopicPlan(approvals_topic(group), Role.APPROVALS, approval, True, held_batch(settings))
     )
     return plans
+
+
+def stores(settings: Settings) -> list[TopicSpec]:
+    """The idempotency and approval topics, as a starting worker makes them when they are
+    missing: as `callgate topics create` makes them, `max.message.bytes` included."""
+    roles = (Role.REQUESTS, Role.KEYS, Role.PENDING, Role.APPROVALS)
+    return [p.spec() for p in plan(settings, {}) if p.role in roles]
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from worker.errors import CallgateError, ConfigError, SchemaLoadError
 from worker.runtime.cli import settings_argument
 from worker.runtime.kafka import Kafka
 from worker.runtime.provision import Role, TopicPlan, acl_commands, plan
-from worker.runtime.topics import TopicLayout, TopicSpec, state_policy_problem
+from worker.runtime.topics import TopicLayout, state_policy_problem
 from worker.settings import Settings, load_settings
 
 SERVES, CANNOT_SERVE, BAD_SETTINGS = 0, 1, 2
@@ -159,16 +159,7 @@ async def create(
         if p.role is Role.INPUT
     }
     outcomes = output_partitions or max(inputs.values(), default=input_partitions)
-    specs = [
-        TopicSpec(
-            p.name,
-            p.partitions or outcomes,
-            p.compacted,
-            max_message_bytes=p.max_message_bytes,
-        )
-        for p in plan(settings, inputs)
-        if p.name not in layouts
-    ]
+    specs = [p.spec(outcomes) for p in plan(settings, inputs) if p.name not in layouts]
     await kafka.ensure_topics(specs)
     made = [
         f"created  {spec.name}  ({spec.partitions} partitions, "
