@@ -19,7 +19,9 @@ from tests.adapters.oracles import (
     ANTHROPIC,
     BEDROCK,
     CHAT,
+    GEMINI,
     MCP,
+    RESPONSES,
     Gate,
     Record,
     decoder,
@@ -29,7 +31,7 @@ from tests.adapters.oracles import (
 )
 from worker._native import Chunk
 from worker.adapters import decoder as decoder_module
-from worker.adapters.decoder import Decoder, formats
+from worker.adapters.decoder import ENVELOPE, Decoder, formats
 from worker.model import ChunkKind, Code, Outcome
 
 RESULT = b'{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":false}}'
@@ -320,3 +322,138 @@ def _end(fmt: str, events: list[dict[str, Any]]) -> int:
         if any(chunk.kind == ChunkKind.END for chunk in dec.decode(record, fmt)):
             return index
     raise AssertionError("the stream never ends")
+
+
+#: how a vendor stream of each format under key `key` carries `calls` (gemini: whole
+#: arguments only, so a call cut in parts never has a part of it)
+_STREAMS: dict[str, Callable[[str, list[streamgen.Call], random.Random], list[dict[str, Any]]]] = {
+    CHAT: lambda key, calls, rng: streamgen.chat_stream(key, [calls], rng),
+    RESPONSES: streamgen.responses_stream,
+    ANTHROPIC: streamgen.anthropic_stream,
+    GEMINI: lambda key, calls, rng: streamgen.gemini_stream(key, calls, rng, with_ids=True),
+    BEDROCK: lambda key, calls, rng: streamgen.bedrock_stream(calls, rng),
+}
+_SOURCES = sorted([ENVELOPE, *_STREAMS])
+_PART_SOURCES = [source for source in _SOURCES if source != GEMINI]
+
+
+@st.composite
+def _calls(draw: st.DrawFn) -> list[tuple[str, str, list[str]]]:
+    """Up to four calls, each (stream id, call id, the source of each of its parts): a call in
+    parts has each part streamed by a source of its own, the same or another."""
+    calls = []
+    for _ in range(draw(st.integers(1, 4))):
+        stream_id = draw(st.sampled_from(["s", "t"]))
+        call_id = draw(st.sampled_from(["c1", "c2"]))
+        parts = draw(st.integers(1, 3))
+        pool = _SOURCES if parts == 1 else _PART_SOURCES
+        calls.append(
+            (
+                stream_id,
+                call_id,
+                draw(st.lists(st.sampled_from(pool), min_size=parts, max_size=parts)),
+            )
+        )
+    return calls
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(calls=_calls(), seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_a_stream_is_one_source_envelopes_or_a_vendors(
+    any_object: Path, calls: list[tuple[str, str, list[str]]], seed: int, data: st.DataObject
+) -> None:
+    # envelopes and vendor events of every format, keyed and unkeyed, naming the same streams
+    # and calls in any order: the reassembler holds calls by stream and call id, so a chat call
+    # left unfinished and an envelope naming its id with the rest of its text and `final` were
+    # accepted as one call (and an envelope's head finished by a chat stream's tail)
+    rng = random.Random(seed)
+    texts = []
+    vendor: dict[tuple[str, str], list[streamgen.Call]] = {}
+    envelopes: list[list[tuple[bytes | None, dict[str, Any]]]] = []
+    for index, (stream_id, call_id, sources) in enumerate(calls):
+        text = orjson.dumps({"call": index, "at": streamgen.arguments(rng)}).decode()
+        texts.append(text)
+        cuts = sorted(
+            data.draw(
+                st.sets(
+                    st.integers(1, len(text) - 1),
+                    min_size=len(sources) - 1,
+                    max_size=len(sources) - 1,
+                )
+            )
+        )
+        parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        for number, (source, part) in enumerate(zip(sources, parts, strict=True)):
+            if source != ENVELOPE:
+                held = vendor.setdefault((source, stream_id), [])
+                if call_id not in [held_id for held_id, _, _ in held]:  # a stream names it once
+                    held.append((call_id, "tool_0", part))
+                continue
+            key = stream_id.encode() if data.draw(st.booleans()) else None
+            numbered = data.draw(st.booleans())
+            pieces = streamgen.split_text(part, rng)
+            envelopes.append(
+                [
+                    (
+                        key,
+                        {
+                            "stream_id": stream_id,
+                            "call_id": call_id,
+                            **({"seq": seq} if numbered else {}),
+                            "kind": "tool_call",
+                            "tool": "tool_0",
+                            "delta": piece,
+                            "final": number == len(parts) - 1 and seq == len(pieces) - 1,
+                        },
+                    )
+                    for seq, piece in enumerate(pieces)
+                ]
+            )
+    streams: list[list[tuple[str, bytes | None, dict[str, Any]]]] = [
+        [(ENVELOPE, key, envelope) for key, envelope in stream] for stream in envelopes
+    ]
+    for (fmt, stream_id), held in sorted(vendor.items()):
+        events = _STREAMS[fmt](stream_id, held, rng)
+        if not data.draw(st.booleans()):
+            events = events[: _end(fmt, events)]  # left unfinished
+        streams.append([(fmt, stream_id.encode(), event) for event in events])
+    batch = [
+        Record(
+            "in",
+            0,
+            offset,
+            offset * 10,
+            key,
+            orjson.dumps(event),
+            () if fmt == ENVELOPE else (("content-format", fmt.encode()),),
+        )
+        for offset, (_, (fmt, key, event)) in enumerate(streamgen.interleave(streams, rng))
+    ]
+    emissions = Gate(any_object).run([batch])
+    # a call is accepted only whole from one source, and with that source's text
+    whole = {
+        (stream_id, call_id, texts[index])
+        for index, (stream_id, call_id, sources) in enumerate(calls)
+        if len(set(sources)) == 1
+    }
+    for e in emissions:
+        if e.verdict.outcome is Outcome.ACCEPTED:
+            found = (e.call.stream_id, e.call.call_id, e.call.arguments.decode())
+            assert found in whole, (found, calls)
+    # one verdict per call
+    ids = [e.call.event_id for e in emissions]
+    assert len(ids) == len(set(ids)), calls
+    # nothing else lost: a call in one envelope stream whose stream no other call names is
+    # accepted (whatever the vendor streams beside it do, left unfinished or not)
+    for index, (stream_id, call_id, sources) in enumerate(calls):
+        alone = all(other == index or s != stream_id for other, (s, _, _) in enumerate(calls))
+        if alone and sources == [ENVELOPE]:
+            accepted = [
+                e
+                for e in emissions
+                if (e.call.stream_id, e.call.call_id) == (stream_id, call_id)
+                and e.verdict.outcome is Outcome.ACCEPTED
+            ]
+            assert [e.call.arguments.decode() for e in accepted] == [texts[index]], calls

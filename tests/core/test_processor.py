@@ -874,9 +874,9 @@ VENDOR_FORMATS = [
 
 def any_vendor_stream(n: int, rng: random.Random) -> list[Item]:
     """One stream of any vendor format, finished in any way its vendor finishes one, now and
-    then with an event repeated, broken, or sent after its end; keyed by its stream id (a record
-    or, rarely, the whole stream without a key), for a principal or none; Chat Completions with
-    several choices, or in the `ollama` dialect."""
+    then with an event repeated, broken, or sent after its end; keyed by its stream id (now and
+    then an envelope stream's; a record or, rarely, the whole stream without a key), for a
+    principal or none; Chat Completions with several choices, or in the `ollama` dialect."""
     fmt = rng.choice(VENDOR_FORMATS)
     calls = [(f"v{n}c{i}", "get_weather", rng.choice(ARGUMENTS)) for i in range(rng.randint(1, 3))]
     header = fmt
@@ -940,7 +940,9 @@ def any_vendor_stream(n: int, rng: random.Random) -> list[Item]:
         events.insert(at + 1, events[at])
     if rng.random() < 0.2:  # an event after the end
         events.append(rng.choice(events))
-    key = f"vendor-{n}".encode() if rng.random() < 0.95 else None
+    # now and then under the key of envelope stream n: a stream is one source, envelopes or not
+    stream = f"s{n}" if rng.random() < 0.15 else f"vendor-{n}"
+    key = stream.encode() if rng.random() < 0.95 else None
     headers: tuple[tuple[str, bytes], ...] = (("content-format", header.encode()),)
     if fmt == "mcp.result":
         headers += (("tool", b"weather.get_weather_data"),)

@@ -25,6 +25,11 @@
 //!   active stream, when the partition holds `max_open_calls`), the timers above.
 //! - A piece that cannot open a call (an adapter's continuation) for a call that is neither open
 //!   nor remembered belongs to a call already judged and forgotten: dropped, counted.
+//! - A stream is one [`Source`]: envelopes, or one vendor stream's adapter. While it holds open
+//!   calls, or remembers closed ones (an envelope stream's `end` too), a piece of the other
+//!   source naming it is refused (a call's piece or an end: the caller rejects its record as
+//!   one that cannot be placed; an adapter's abort: dropped), and nothing of the stream changes,
+//!   so a call never takes pieces of two sources and one's end never ends the other's calls.
 //! - Past `max_call_bytes` or `max_call_chunks` the text is dropped and the call, when it ends,
 //!   is rejected `too_large` / `too_many_chunks`. Each of its pieces is held from then on as a
 //!   hash of its text and `final` (8 bytes), so a retransmission is told as before; a call that
@@ -568,6 +573,85 @@ pub(crate) struct ClosedCall {
     /// Closed past its bound before its end ([`Limits::max_dropped_pieces`]): the rest of it
     /// is dropped, counted as late.
     pub cut: bool,
+    /// Where its stream's pieces came from (none: an MCP result, a whole call of no stream).
+    pub source: Option<Source>,
+}
+
+/// Where a stream's pieces come from: canonical envelopes, or one vendor stream's adapter. A
+/// stream is one source: while it holds or remembers calls, a piece from the other is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Source {
+    Envelope,
+    Vendor,
+}
+
+impl Source {
+    pub fn of(envelope: bool) -> Source {
+        if envelope {
+            Source::Envelope
+        } else {
+            Source::Vendor
+        }
+    }
+}
+
+/// The recently closed calls, oldest first, with how many of them each stream's sources hold.
+#[derive(Default)]
+pub(crate) struct Remembered {
+    calls: LinkedHashMap<CallKey, ClosedCall>,
+    /// Per stream with remembered calls: how many came in envelopes, how many from a vendor.
+    sources: Map<Arc<str>, [u32; 2]>,
+}
+
+impl Remembered {
+    pub fn get(&self, key: &CallKey) -> Option<&ClosedCall> {
+        self.calls.get(key)
+    }
+
+    pub fn contains_key(&self, key: &CallKey) -> bool {
+        self.calls.contains_key(key)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&CallKey, &ClosedCall)> {
+        self.calls.iter()
+    }
+
+    /// Remember `key` as `closed` (the newest), the oldest forgotten past `bound`.
+    pub fn insert(&mut self, key: CallKey, closed: ClosedCall, bound: usize) {
+        if let Some(old) = self.calls.remove(&key) {
+            self.count(&key, old.source, false);
+        }
+        self.count(&key, closed.source, true);
+        self.calls.insert(key, closed);
+        while self.calls.len() > bound {
+            if let Some((key, old)) = self.calls.pop_front() {
+                self.count(&key, old.source, false);
+            }
+        }
+    }
+
+    fn count(&mut self, key: &CallKey, source: Option<Source>, added: bool) {
+        let Some(source) = source else {
+            return;
+        };
+        let counts = self.sources.entry(key.stream_id.clone()).or_default();
+        let count = &mut counts[source as usize];
+        if added {
+            *count += 1;
+        } else {
+            *count = count.saturating_sub(1);
+            if *counts == [0, 0] {
+                self.sources.remove(&key.stream_id);
+            }
+        }
+    }
+
+    /// Whether a call of `stream_id` from `source` is remembered.
+    pub fn holds(&self, stream_id: &str, source: Source) -> bool {
+        self.sources
+            .get(stream_id)
+            .is_some_and(|counts| counts[source as usize] > 0)
+    }
 }
 
 /// A stream's open calls in the order they opened. Most streams have one, held inline.
@@ -662,7 +746,8 @@ pub(crate) struct Stream {
     /// Since the last write: whether it moved to the back (activity), whether it changed.
     pub moved: bool,
     pub changed: bool,
-    /// Its calls came in envelopes (an unreadable envelope that names no stream ends them).
+    /// Its calls came in envelopes (its [`Source`], from the piece that opened it; an unreadable
+    /// envelope that names no stream ends them).
     pub envelope: bool,
 }
 
@@ -674,7 +759,7 @@ pub(crate) struct Partition {
     pub open: usize,
     pub tools: Tools,
     /// Recently closed calls, oldest first.
-    pub closed: LinkedHashMap<CallKey, ClosedCall>,
+    pub closed: Remembered,
     /// The partition's time: the largest record timestamp seen, in ms.
     pub clock: i64,
     /// The offset after the last record fed.
@@ -828,7 +913,7 @@ impl Assembler {
         offset: i64,
         mut piece: Piece<'_>,
         out: &mut Vec<Closed>,
-    ) {
+    ) -> Result<(), Malformed> {
         self.partition(scope).feed(offset, &mut piece, out)
     }
 
@@ -949,10 +1034,30 @@ impl<'a> PartitionFeed<'a> {
         }
     }
 
-    /// One piece of the record at `offset` (after `begin_record`); what the reassembler keeps
-    /// of it is taken out.
-    pub fn feed(&mut self, offset: i64, piece: &mut Piece<'_>, out: &mut Vec<Closed>) {
+    /// One piece of a vendor record at `offset` (after `begin_record`), as its adapter made
+    /// it; what the reassembler keeps of it is taken out. A piece for a stream of envelopes is
+    /// refused ([`Self::other_source`]): an abort is dropped (the call it names is no call of
+    /// its adapter's), a call's piece or an end is an error naming its stream and call.
+    pub fn feed(
+        &mut self,
+        offset: i64,
+        piece: &mut Piece<'_>,
+        out: &mut Vec<Closed>,
+    ) -> Result<(), Malformed> {
         self.feed_from(offset, piece, false, out)
+    }
+
+    /// Whether `stream_id` holds open calls, or remembers closed ones (its `end` too), of the
+    /// other source than a piece that came in an envelope (`envelope`) or not: a stream is one
+    /// source, so two sources' pieces never make one call, and one's end, timeout or broken
+    /// record never ends the other's calls.
+    pub fn other_source(&self, stream_id: &str, envelope: bool) -> bool {
+        let other = Source::of(!envelope);
+        self.part
+            .streams
+            .get(stream_id)
+            .is_some_and(|stream| stream.envelope != envelope)
+            || self.part.closed.holds(stream_id, other)
     }
 
     /// [`feed`](Self::feed), saying whether the piece came in an envelope (which may name its
@@ -963,7 +1068,31 @@ impl<'a> PartitionFeed<'a> {
         piece: &mut Piece<'_>,
         envelope: bool,
         out: &mut Vec<Closed>,
-    ) {
+    ) -> Result<(), Malformed> {
+        let (stream_id, call_id): (Option<&str>, Option<&str>) = match &*piece {
+            // an MCP result is a whole call of its own, of no stream
+            Piece::Call(call) if call.channel == Channel::McpResult => (None, None),
+            Piece::Call(call) => (Some(&call.stream_id), Some(&call.call_id)),
+            Piece::End { stream_id, .. } => (Some(stream_id), None),
+            Piece::Abort { stream_id, .. } => {
+                if self.other_source(stream_id, envelope) {
+                    return Ok(());
+                }
+                (None, None)
+            }
+        };
+        if let Some(stream_id) = stream_id.filter(|s| self.other_source(s, envelope)) {
+            let message = if envelope {
+                "the stream is a vendor stream: an envelope cannot add to it"
+            } else {
+                "the stream is a stream of envelopes: a vendor record cannot add to it"
+            };
+            return Err(Malformed {
+                message: message.to_owned(),
+                stream_id: Some(stream_id.to_string()),
+                call_id: call_id.map(|call| call.to_string()),
+            });
+        }
         match piece {
             Piece::Call(call) => self.take(offset, call, envelope, out),
             Piece::End { stream_id, finish } => self.end_stream(offset, stream_id, *finish, out),
@@ -982,6 +1111,7 @@ impl<'a> PartitionFeed<'a> {
                 }
             }
         }
+        Ok(())
     }
 
     /// Abort every open call of every stream whose calls came in envelopes: an envelope record
@@ -1016,8 +1146,9 @@ impl<'a> PartitionFeed<'a> {
     /// One canonical envelope's piece, as [`feed`](Self::feed) takes it, but a stream ends once:
     /// its `end` is remembered (with the closed calls, as a call of no id), and after it a piece
     /// of a call the stream did not hold is refused (the caller rejects it as a record that
-    /// cannot be placed, naming its stream and call). A copy of a piece of a call it held is
-    /// judged as any late piece (a retransmission is dropped).
+    /// cannot be placed, naming its stream and call), as is a piece for a vendor stream
+    /// ([`Self::other_source`]). A copy of a piece of a call it held is judged as any late piece
+    /// (a retransmission is dropped).
     pub fn feed_envelope(
         &mut self,
         offset: i64,
@@ -1033,15 +1164,7 @@ impl<'a> PartitionFeed<'a> {
                 });
             }
         }
-        self.feed_from(offset, piece, true, out);
-        if let Piece::Call(call) = piece {
-            if let Some(stream) = self.part.streams.get_mut(&*call.stream_id) {
-                if !stream.envelope {
-                    stream.envelope = true;
-                    stream.changed = true;
-                }
-            }
-        }
+        self.feed_from(offset, piece, true, out)?;
         if let Piece::End { stream_id, .. } = piece {
             let ended = CallKey {
                 stream_id: Arc::from(&**stream_id),
@@ -1053,6 +1176,7 @@ impl<'a> PartitionFeed<'a> {
                 hashes: Vec::new(),
                 early: false,
                 cut: false,
+                source: Some(Source::Envelope),
             };
             self.remember(ended, remembered);
         }
@@ -1071,7 +1195,7 @@ impl<'a> PartitionFeed<'a> {
         self.part.closed.contains_key(&key)
     }
 
-    /// A piece of call `call_id` of `stream_id` could not be read: the call ends `stream_corrupt`
+    /// An envelope's piece of call `call_id` of `stream_id` could not be read: the call ends `stream_corrupt`
     /// if open; if it is neither open nor remembered, it is remembered as a call that ended
     /// incomplete with nothing taken, so its later pieces are never judged as a call without
     /// this one (a numbered piece is dropped as the tail of a judged call, an unnumbered one
@@ -1101,6 +1225,7 @@ impl<'a> PartitionFeed<'a> {
             hashes: Vec::new(),
             early: false,
             cut: false,
+            source: Some(Source::Envelope),
         };
         self.remember(key, broken);
     }
@@ -1108,14 +1233,11 @@ impl<'a> PartitionFeed<'a> {
     /// `key` closed as `closed` says: remembered, the oldest forgotten past the bound.
     fn remember(&mut self, key: CallKey, closed: ClosedCall) {
         let part = &mut *self.part;
-        part.closed.remove(&key);
         if part.tracking {
             part.newly_closed.push(key.clone());
         }
-        part.closed.insert(key, closed);
-        if part.closed.len() > self.shared.limits.recently_closed {
-            part.closed.pop_front();
-        }
+        part.closed
+            .insert(key, closed, self.shared.limits.recently_closed);
     }
 
     fn stream_calls(&self, stream_id: &str) -> Vec<CallKey> {
@@ -1228,7 +1350,7 @@ impl<'a> PartitionFeed<'a> {
                 return;
             }
         };
-        self.open_call(&key, piece, offset, reused, out);
+        self.open_call(&key, piece, offset, reused, envelope, out);
         let Partition { streams, tools, .. } = &mut *self.part;
         let call = streams
             .get_mut(&*key.stream_id)
@@ -1245,6 +1367,7 @@ impl<'a> PartitionFeed<'a> {
         piece: &CallPiece<'_>,
         offset: i64,
         reused: bool,
+        envelope: bool,
         out: &mut Vec<Closed>,
     ) {
         let oldest = if self.part.open >= self.shared.limits.max_open_calls {
@@ -1273,7 +1396,7 @@ impl<'a> PartitionFeed<'a> {
                     last_seen: clock,
                     moved: true,
                     changed: false,
-                    envelope: false,
+                    envelope,
                 };
                 part.streams.insert(key.stream_id.clone(), stream);
             }
@@ -1290,6 +1413,7 @@ impl<'a> PartitionFeed<'a> {
 
     fn close(&mut self, key: &CallKey, ending: Ending, out: &mut Vec<Closed>) {
         let part = &mut *self.part;
+        let envelope = part.streams.get(&*key.stream_id).map(|s| s.envelope);
         let Some(call) = part.remove_call(key) else {
             return;
         };
@@ -1316,6 +1440,10 @@ impl<'a> PartitionFeed<'a> {
             hashes: piece_hashes(&call, last_final),
             early: matches!(ending, Ending::Early(_)),
             cut: cut_at_bound,
+            source: match call.channel {
+                Channel::McpResult => None,
+                _ => envelope.map(Source::of),
+            },
         };
         let remembered = numbered_from(remembered, call.next_seq, self.shared.limits);
         if part.tracking {
@@ -1884,7 +2012,7 @@ mod tests {
                         reason: Incomplete::StreamCorrupt,
                     }
                 };
-                assembler.feed(&scope, offset, piece, &mut out);
+                assembler.feed(&scope, offset, piece, &mut out).unwrap();
                 closed.extend(
                     out.iter()
                         .map(|c| format!("{}/{} {:?}", c.stream_id, c.call_id, c.ending)),
@@ -1976,7 +2104,7 @@ mod tests {
         for (offset, record) in records.into_iter().enumerate() {
             let offset = offset as i64;
             assert!(assembler.begin_record(&scope, offset, Some(0), &mut out));
-            assembler.feed(&scope, offset, record, &mut out);
+            assembler.feed(&scope, offset, record, &mut out).unwrap();
         }
         let seen: Vec<_> = out
             .iter()
@@ -2249,7 +2377,9 @@ mod tests {
                 let text = envelope("v", None, "{", false).replace(r#""s""#, r#""vendor""#);
                 let vendor = crate::envelope::decode(text.as_bytes(), Default::default(), 64);
                 assert!(assembler.begin_record(&scope, 2, Some(0), &mut out));
-                assembler.feed(&scope, 2, vendor.unwrap(), &mut out);
+                assembler
+                    .feed(&scope, 2, vendor.unwrap(), &mut out)
+                    .unwrap();
                 if restored {
                     let base = crate::snapshot::write_base(&mut assembler, &scope);
                     assembler = Assembler::new(limits.clone());
@@ -2267,6 +2397,73 @@ mod tests {
                     .iter()
                     .all(|c| c.ending == Ending::Incomplete(Incomplete::StreamCorrupt)));
                 assert_eq!(assembler.open_calls(), 3 - expected.len());
+            }
+        }
+    }
+
+    /// A stream is one source: while it holds or remembers calls of one (envelopes, or a
+    /// vendor's adapter), a piece of the other naming it is refused, another call id or the
+    /// same, and its own calls go on; restored or not.
+    #[test]
+    fn a_stream_is_one_source() {
+        let limits = Limits {
+            max_call_bytes: 1 << 20,
+            max_call_chunks: 4096,
+            max_open_calls: 100,
+            idle_timeout_ms: 1_000,
+            max_call_lifetime_ms: 10_000,
+            recently_closed: 100,
+        };
+        let scope: Scope = (Arc::from("t"), 0);
+        for restored in [false, true] {
+            for first in [true, false] {
+                let mut assembler = Assembler::new(limits.clone());
+                let mut out = Vec::new();
+                let mut offset = 0;
+                let mut feed = |assembler: &mut Assembler, in_envelope: bool, call, delta, last| {
+                    let text = envelope(call, None, delta, last);
+                    let mut piece =
+                        crate::envelope::decode(text.as_bytes(), Default::default(), 64).unwrap();
+                    offset += 1;
+                    assert!(assembler.begin_record(&scope, offset, Some(0), &mut out));
+                    let mut feed = assembler.partition(&scope);
+                    if in_envelope {
+                        feed.feed_envelope(offset, &mut piece, &mut out)
+                    } else {
+                        feed.feed(offset, &mut piece, &mut out)
+                    }
+                };
+                let restore = |assembler: &mut Assembler| {
+                    if restored {
+                        let base = crate::snapshot::write_base(assembler, &scope);
+                        *assembler = Assembler::new(limits.clone());
+                        crate::snapshot::restore(assembler, &scope, &[base]).unwrap();
+                    }
+                };
+                assert!(feed(&mut assembler, first, "a", r#"{"x":"#, false).is_ok());
+                restore(&mut assembler);
+                for call in ["a", "b"] {
+                    let refused = feed(&mut assembler, !first, call, "1}", true).unwrap_err();
+                    assert_eq!(refused.stream_id.as_deref(), Some("s"));
+                    assert_eq!(refused.call_id.as_deref(), Some(call));
+                }
+                assert!(feed(&mut assembler, first, "a", "1}", true).is_ok());
+                restore(&mut assembler);
+                // closed, remembered: still the first source's stream
+                assert!(feed(&mut assembler, !first, "c", "{}", true).is_err());
+                assert!(feed(&mut assembler, first, "c", "{}", true).is_ok());
+                let calls: Vec<_> = out
+                    .iter()
+                    .map(|c| (&*c.call_id, c.ending.clone(), &c.text[..]))
+                    .collect();
+                assert_eq!(
+                    calls,
+                    [
+                        ("a", Ending::Complete, &br#"{"x":1}"#[..]),
+                        ("c", Ending::Complete, &b"{}"[..])
+                    ],
+                    "first {first}, restored {restored}"
+                );
             }
         }
     }

@@ -222,7 +222,9 @@ fn run(
                 let mut out = Vec::new();
                 let offset = index as i64;
                 if assembler.begin_record(&scope, offset, Some(*clock), &mut out) {
-                    assembler.feed(&scope, offset, (**piece).clone(), &mut out);
+                    assembler
+                        .feed(&scope, offset, (**piece).clone(), &mut out)
+                        .expect("no stream of envelopes here");
                 }
                 for closed in &out {
                     check_complete(closed, steps);

@@ -56,7 +56,8 @@ pub fn record_call(
 /// own; see `PartitionFeed::break_call`), else every call of the stream it names, else of the
 /// stream its record's key names, else (no stream can be read, no key names one: garbage, a
 /// tombstone, `check`'s input, a producer that sets no key) every call of every envelope stream
-/// of the partition. The calls it closes go to `closed`.
+/// of the partition. A stream it names that is a vendor stream it leaves alone: an envelope is
+/// none of its pieces (`PartitionFeed::other_source`). The calls it closes go to `closed`.
 pub fn abort_unreadable(
     feed: &mut PartitionFeed<'_>,
     offset: i64,
@@ -65,6 +66,7 @@ pub fn abort_unreadable(
     closed: &mut Vec<Closed>,
 ) {
     match (bad.stream_id, bad.call_id) {
+        (Some(stream), _) if feed.other_source(&stream, true) => {}
         (Some(stream), Some(call)) => feed.break_call(offset, &stream, &call, closed),
         (Some(stream), None) => feed.abort_stream(offset, &stream, closed),
         (None, _) => match key.and_then(|k| std::str::from_utf8(k).ok()) {

@@ -9,7 +9,8 @@
 //! then its deltas in order rebuilds the state exactly, activity order included, so a restored
 //! partition decides what the original would have decided.
 //!
-//! Format: the 4 bytes `CGA6` (callgate assembler, version 6: a stream says whether its calls
+//! Format: the 4 bytes `CGA7` (callgate assembler, version 7: a closed call remembers its
+//! stream's source, envelopes or a vendor's; version 6: a stream says whether its calls
 //! came in envelopes; version 5: a call past its bound holds the
 //! hash of each piece, written whole with it, and a closed call remembers a hash of every piece
 //! it took and whether a bound closed it before its end; version 4 whether it was rejected
@@ -29,9 +30,9 @@ use crate::assembler::{
 };
 use crate::origin::Origin;
 
-const TAG: &[u8; 4] = b"CGA6";
+const TAG: &[u8; 4] = b"CGA7";
 /// The tags of the versions before this one.
-const OLDER: [&[u8; 4]; 5] = [b"CGA1", b"CGA2", b"CGA3", b"CGA4", b"CGA5"];
+const OLDER: [&[u8; 4]; 6] = [b"CGA1", b"CGA2", b"CGA3", b"CGA4", b"CGA5", b"CGA6"];
 
 #[derive(Serialize, Deserialize)]
 enum Frame {
@@ -427,11 +428,7 @@ fn key(stream: &Arc<str>, call: &Arc<str>) -> CallKey {
 }
 
 fn remember(part: &mut Partition, key: CallKey, entry: ClosedCall, bound: usize) {
-    part.closed.remove(&key);
-    part.closed.insert(key, entry);
-    while part.closed.len() > bound {
-        part.closed.pop_front();
-    }
+    part.closed.insert(key, entry, bound);
 }
 
 #[cfg(test)]
@@ -490,7 +487,9 @@ mod tests {
         for (offset, piece) in records {
             let mut out: Vec<Closed> = Vec::new();
             assert!(assembler.begin_record(scope, *offset, Some(*offset * 100), &mut out));
-            assembler.feed(scope, *offset, piece.clone(), &mut out);
+            assembler
+                .feed(scope, *offset, piece.clone(), &mut out)
+                .expect("a vendor stream's piece");
             lines.extend(out.into_iter().map(|c| {
                 format!(
                     "{}/{} {:?} {} {} {:?}",
@@ -592,20 +591,21 @@ mod tests {
         let older = restore(&mut assembler, &scope, &[b"CGA1\x00".to_vec()]);
         assert_eq!(
             older.unwrap_err(),
-            "a snapshot written by an older callgate (CGA1); this one reads CGA6"
+            "a snapshot written by an older callgate (CGA1); this one reads CGA7"
         );
         // version 4 held no hashes of a call past its bound (nor all of a closed call's), version
-        // 5 no stream's kind: a frame of either is refused, named, never read as this version's
+        // 5 no stream's kind, version 6 no closed call's source: a frame of any is refused, named,
+        // never read as this version's
         let mut live = Assembler::new(limits());
         run(&mut live, &scope, &workload());
         let mut frame = write_base(&mut live, &scope);
         assert!(restore(&mut assembler, &scope, &[frame.clone()]).is_ok());
-        for older in [b"CGA4", b"CGA5"] {
+        for older in [b"CGA4", b"CGA5", b"CGA6"] {
             frame[..4].copy_from_slice(older);
             assert_eq!(
                 restore(&mut assembler, &scope, &[frame.clone()]).unwrap_err(),
                 format!(
-                    "a snapshot written by an older callgate ({}); this one reads CGA6",
+                    "a snapshot written by an older callgate ({}); this one reads CGA7",
                     String::from_utf8_lossy(older)
                 )
             );

@@ -303,11 +303,20 @@ impl Batch<'_, '_> {
         self.out.append(call)
     }
 
-    /// Feed the pieces of one record; a record that is not what it says is its own call.
+    /// Feed the pieces of one record; a record that is not what it says is its own call, as is
+    /// one whose pieces a stream of envelopes refuses (once, however many it refuses).
     fn feed_fed(&mut self, offset: i64, key: Option<&[u8]>, fed: Vec<Fed<'_>>) -> PyResult<()> {
+        let mut refused = false;
         for item in fed {
             match item {
-                Fed::Piece(mut piece) => self.feed.feed(offset, &mut piece, &mut self.closed),
+                Fed::Piece(mut piece) => {
+                    let taken = self.feed.feed(offset, &mut piece, &mut self.closed);
+                    if let (Err(bad), false) = (taken, refused) {
+                        refused = true;
+                        let named = (bad.stream_id.as_deref(), bad.call_id.as_deref());
+                        self.malformed(offset, key, named, MALFORMED_RECORD, &bad.message)?;
+                    }
+                }
                 Fed::Malformed {
                     code,
                     detail,
@@ -521,9 +530,12 @@ impl Assembler {
                 }
                 (None, None) => unreachable!("a record with a value and no format is decoded"),
                 (Some(format), _) => {
-                    // every event of a vendor stream keeps it active, pieces or not
+                    // every event of a vendor stream keeps it active, pieces or not (a stream
+                    // of envelopes it cannot add to)
                     if let Some(stream) = key.and_then(|k| std::str::from_utf8(k).ok()) {
-                        batch.feed.touch(stream);
+                        if !batch.feed.other_source(stream, false) {
+                            batch.feed.touch(stream);
+                        }
                     }
                     let chunks: Vec<Bound<'py, Chunk>> = decode_vendor
                         .call1((&record.object, format))?
