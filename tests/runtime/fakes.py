@@ -338,6 +338,8 @@ class FakeConsumer:
         self.unanswered = False
         #: what every fetch raises (a grant the cluster finds missing)
         self.refusal: Exception | None = None
+        #: what every commit request raises (the group expelled the member)
+        self.commit_refusal: Exception | None = None
         #: the wall clock the fetch answers are stamped with (as aiokafka's `time.time()`)
         self.wall: Callable[[], float] = time.time
         self._answered: dict[TopicPartition, int] = {}
@@ -418,9 +420,16 @@ class FakeConsumer:
         return batch
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """As aiokafka's: the request runs as a task under `asyncio.shield`, so it goes on to
+        its answer (and its failure) when the caller is cut off."""
         self.commits_asked.append(dict(offsets))
+        await asyncio.shield(self._commit_request(dict(offsets)))
+
+    async def _commit_request(self, offsets: dict[TopicPartition, int]) -> None:
         await self._broker.reach("commit")
-        self.commits.append(dict(offsets))
+        if self.commit_refusal is not None:
+            raise self.commit_refusal
+        self.commits.append(offsets)
         for tp, offset in offsets.items():
             self._broker.committed[(self._group, tp.topic, tp.partition)] = offset
 

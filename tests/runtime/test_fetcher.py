@@ -5,19 +5,25 @@ partition's any more; and the membership rule of a worker whose round outlived i
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import CommitFailedError, UnknownMemberIdError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.runtime.fakes import FakeBroker, FakeConsumer
+from tests.runtime.fakes import FakeBroker, FakeConsumer, Hold
 from worker.metrics import Metrics
 from worker.runtime.fetcher import CONTACT_SLACK_S, Fetcher, Membership
 from worker.runtime.worker import PULSE_S
 from worker.settings import KafkaSettings
 
 TOPIC = "in"
+#: how long a wait may take before it is taken for a hang
+HANG_S = 60.0
 PARTITIONS = 3
 
 
@@ -253,3 +259,86 @@ def test_every_stall_the_group_expels_the_member_for_is_taken_for_lost(
             assert not membership.lost, "within the session less a heartbeat interval"
     elif clock.now - assigned_at <= session_s - CONTACT_SLACK_S:
         assert not membership.lost, "within the session from the assignment"
+
+
+def _raised_from(exc: Exception, cause: Exception) -> Exception:
+    exc.__cause__ = cause
+    return exc
+
+
+#: how a commit request no longer waited for is answered, and the line that says it
+ANSWERS: dict[str, tuple[Exception | None, str]] = {
+    "made": (None, "a commit no longer waited for was made"),
+    "refused": (
+        _raised_from(CommitFailedError(), UnknownMemberIdError("g")),
+        "a commit no longer waited for was refused: "
+        "CommitFailedError from UnknownMemberIdError('g')",
+    ),
+    "bug": (ValueError("a bug"), "a commit no longer waited for failed"),
+}
+
+
+class _Said(logging.Handler):
+    """Keeps what the fetcher says of commits no longer waited for."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "no longer waited for" in record.getMessage():
+            self.lines.append(record.getMessage())
+
+
+@pytest.mark.asyncio
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cut_by=st.sampled_from(["timeout", "cancel"]),
+    answer=st.sampled_from(sorted(ANSWERS)),
+    turns=st.integers(0, 3),
+)
+async def test_a_commit_cut_off_in_flight_is_read_to_its_end(
+    cut_by: str, answer: str, turns: int
+) -> None:
+    """A commit whose caller stops waiting while the client's request is in flight (its
+    timeout, or a revoke's or a stop's deadline cancelling it), answered `turns` loop turns
+    later: the answer (made, refused, or a bug) is read and said in one line, and nothing is
+    left as "Task exception was never retrieved" (the consumer's request runs under a
+    shield, as aiokafka's does)."""
+    broker = loaded([1, 1, 1])
+    fetcher = fetcher_on(broker, max_records=10, buffered=10)
+    consumer = fetcher.consumer
+    await consumer.join()
+    consumer.commit_refusal, line = ANSWERS[answer]
+    hold = Hold("commit")
+    broker.hold = hold
+    said = _Said()
+    worker_log = logging.getLogger("callgate.worker")
+    level = worker_log.level
+    worker_log.setLevel(logging.INFO)
+    worker_log.addHandler(said)
+    unread: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: unread.append(context))
+    try:
+        offsets = {(TOPIC, partition): 1 for partition in range(PARTITIONS)}
+        cut = asyncio.ensure_future(fetcher.commit(offsets, 0.01 if cut_by == "timeout" else 3600))
+        await hold.reached.wait()
+        if cut_by == "cancel":
+            cut.cancel()
+        with pytest.raises(TimeoutError if cut_by == "timeout" else asyncio.CancelledError):
+            await cut
+        del cut
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        hold.release.set()
+        await fetcher.close(HANG_S)
+        gc.collect()
+    finally:
+        worker_log.removeHandler(said)
+        worker_log.setLevel(level)
+        loop.set_exception_handler(None)
+    assert unread == []
+    assert said.lines == [line]
+    made = {TopicPartition(TOPIC, partition): 1 for partition in range(PARTITIONS)}
+    assert consumer.commits == ([made] if answer == "made" else [])

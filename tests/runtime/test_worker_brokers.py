@@ -15,6 +15,7 @@ import gc
 import logging
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,7 +24,7 @@ from typing import Any
 import orjson
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.errors import KafkaError
 
@@ -35,8 +36,10 @@ from tests.support.workers import until
 from worker.compose import build_key_store, build_processor, build_registry, tool_labels
 from worker.errors import StateError
 from worker.metrics import Metrics
+from worker.runtime.fetcher import Fetcher
 from worker.runtime.kafka import Kafka
 from worker.runtime.outbox import FENCED, Record
+from worker.runtime.provision import Subscription
 from worker.runtime.topics import changelog_topic
 from worker.runtime.transactions import Transactions
 from worker.runtime.worker import Worker
@@ -975,3 +978,95 @@ async def test_a_fenced_partition_s_round_fails_as_fenced_however_far_it_went(
     gc.collect()
     unretrieved = [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
     assert unretrieved == []
+
+
+class _Unheard(ConsumerRebalanceListener):  # type: ignore[misc]
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        pass
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        pass
+
+
+def _member_meanwhile(run: Run, leave: threading.Event) -> None:
+    """Another member of `run`'s group, on a loop of its own (so it heartbeats while the test's
+    loop stalls), until `leave` is set."""
+
+    async def member() -> None:
+        consumer = AIOKafkaConsumer(
+            run.input,
+            bootstrap_servers=run.bootstrap,
+            group_id=run.group,
+            enable_auto_commit=False,
+            session_timeout_ms=6000,
+        )
+        await consumer.start()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, leave.wait)
+        finally:
+            await consumer.stop()
+
+    asyncio.run(member())
+
+
+#: how a commit is refused once the group went on without the member
+GROUP_REFUSAL = (
+    r"CommitFailedError from (UnknownMemberId|IllegalGeneration|RebalanceInProgress)Error"
+)
+
+
+def _commit_requests() -> set[asyncio.Task[Any]]:
+    """aiokafka's offset commit requests in flight (each a task it runs under a shield)."""
+    return {
+        task
+        for task in asyncio.all_tasks()
+        if getattr(task.get_coro(), "__name__", "") == "_do_commit_offsets"
+    }
+
+
+async def test_a_commit_cut_off_and_refused_once_the_member_was_expelled_is_read_not_left(
+    broker: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A member whose loop stalled past its session is expelled; its next commit is cut off
+    (as a revoke's or a stop's deadline cuts one) while aiokafka's request is in flight, and
+    that request is then refused: the refusal is read and said in one line, never left as
+    "Task exception was never retrieved"."""
+    caplog.set_level(logging.INFO, logger="callgate.worker")
+    run = Run(broker)
+    await run.create()
+    settings = run.settings()
+    consumer = Kafka(settings).consumer()
+    fetcher = Fetcher(consumer, Metrics(frozenset()), fetch_timeout_ms=100, max_records=10)
+    leave = threading.Event()
+    other = threading.Thread(target=_member_meanwhile, args=(run, leave))
+    await consumer.start()
+    try:
+        fetcher.subscribe(Subscription((run.input,), None), _Unheard())
+        await until(lambda: bool(consumer.assignment()), "partitions assigned", timeout_s=HANG_S)
+        # another member joins, and the stall: no heartbeat leaves for longer than the session,
+        # the group goes on without this member
+        other.start()
+        time.sleep(settings.kafka.session_timeout_ms / 1000 + 3)
+        offsets = {(run.input, partition): 0 for partition in range(PARTITIONS)}
+        cut = asyncio.ensure_future(fetcher.commit(offsets, HANG_S))
+        while not _commit_requests():
+            assert not cut.done(), cut
+            await asyncio.sleep(0)
+        (request,) = _commit_requests()
+        cut.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cut
+        await asyncio.wait({request}, timeout=HANG_S)
+        assert request.done(), "the commit request never ended"
+        del request
+    finally:
+        await fetcher.close(5.0)
+        leave.set()
+        if other.is_alive():
+            await asyncio.get_running_loop().run_in_executor(None, other.join, HANG_S)
+    gc.collect()
+    messages = [record.getMessage() for record in caplog.records]
+    assert [m for m in messages if "never retrieved" in m] == []
+    refused = [m for m in messages if "a commit no longer waited for was refused" in m]
+    assert len(refused) == 1, messages
+    assert re.search(GROUP_REFUSAL, refused[0]), refused
