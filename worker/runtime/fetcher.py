@@ -398,12 +398,16 @@ class Fetcher:
         return True
 
     async def close(self, timeout_s: float) -> None:
+        """Stop the consumer, then end the commits still running, all within `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         if self._stopped is not None:
             self._stopped.cancel()
         await close_within(self.consumer.stop(), timeout_s, "the consumer")
         commits = set(self._commits)
         if commits:
-            _, running = await asyncio.wait(commits, timeout=max(0.1, timeout_s))
+            left_s = max(0.1, deadline - loop.time())
+            _, running = await asyncio.wait(commits, timeout=left_s)
             for committing in running:
                 committing.cancel()
             if running:
