@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from benchmarks import workload
-from benchmarks.common import ENGINES, ROOT, SEED_SCHEMAS, median, one_core
+from benchmarks.common import ENGINES, ROOT, SEED_SCHEMAS, median, one_core, paired_ratio
 from benchmarks.harness import agreement, outcomes
 
 CALLS = 50_000
@@ -117,7 +117,7 @@ def row(*, mix: str, calls: int, repeats: int, scratch: Path) -> dict[str, Any]:
     }
     for engine in ENGINES:
         judged = _judged(scratch / f"{engine}.events")
-        ratio = median([s / c for s, c in zip(wall["seed"], wall[engine], strict=True)])
+        ratio = paired_ratio(wall["seed"], wall[engine])
         # the ratio with each side's one-call process subtracted: judging alone (None where a
         # tiny run is all start-up)
         judging = median(wall[engine]) - median(startup[engine])
@@ -131,9 +131,7 @@ def row(*, mix: str, calls: int, repeats: int, scratch: Path) -> dict[str, Any]:
             "cpu_s": round(median(cpu[engine]), 3),
             "startup_s": round(median(startup[engine]), 3),
             "ratio_vs_seed": round(ratio, 2),
-            "cpu_ratio_vs_seed": round(
-                median([s / c for s, c in zip(cpu["seed"], cpu[engine], strict=True)]), 2
-            ),
+            "cpu_ratio_vs_seed": round(paired_ratio(cpu["seed"], cpu[engine]), 2),
             "ratio_beyond_startup": beyond_startup,
             "meets_target": ratio >= TARGET,
             "outcomes": outcomes(judged),

@@ -2140,6 +2140,18 @@ mod tests {
         run_envelopes_within(1 << 20, 4096, records)
     }
 
+    /// Bounds no test call of a few records reaches.
+    fn roomy_limits() -> Limits {
+        Limits {
+            max_call_bytes: 1 << 20,
+            max_call_chunks: 4096,
+            max_open_calls: 100,
+            idle_timeout_ms: 1_000,
+            max_call_lifetime_ms: 10_000,
+            recently_closed: 100,
+        }
+    }
+
     /// [`run_envelopes`] under bounds of `max_call_bytes` and `max_call_chunks`.
     fn run_envelopes_within(
         max_call_bytes: usize,
@@ -2149,10 +2161,7 @@ mod tests {
         let limits = Limits {
             max_call_bytes,
             max_call_chunks,
-            max_open_calls: 100,
-            idle_timeout_ms: 1_000,
-            max_call_lifetime_ms: 10_000,
-            recently_closed: 100,
+            ..roomy_limits()
         };
         let mut assembler = Assembler::new(limits);
         let scope: Scope = (Arc::from("t"), 0);
@@ -2349,14 +2358,7 @@ mod tests {
     /// calls are no envelope's), and a restore remembers which streams are envelope streams.
     #[test]
     fn a_record_that_names_no_stream_ends_every_envelope_call_it_could_belong_to() {
-        let limits = Limits {
-            max_call_bytes: 1 << 20,
-            max_call_chunks: 4096,
-            max_open_calls: 100,
-            idle_timeout_ms: 1_000,
-            max_call_lifetime_ms: 10_000,
-            recently_closed: 100,
-        };
+        let limits = roomy_limits();
         let scope: Scope = (Arc::from("t"), 0);
         for key in [None, Some(&b"s"[..])] {
             for restored in [false, true] {
@@ -2406,14 +2408,7 @@ mod tests {
     /// same, and its own calls go on; restored or not.
     #[test]
     fn a_stream_is_one_source() {
-        let limits = Limits {
-            max_call_bytes: 1 << 20,
-            max_call_chunks: 4096,
-            max_open_calls: 100,
-            idle_timeout_ms: 1_000,
-            max_call_lifetime_ms: 10_000,
-            recently_closed: 100,
-        };
+        let limits = roomy_limits();
         let scope: Scope = (Arc::from("t"), 0);
         for restored in [false, true] {
             for first in [true, false] {
