@@ -42,6 +42,7 @@ from strands.event_loop.streaming import process_stream
 from strands.types.events import ModelStopReason
 
 from tests.datafiles import data_path
+from tests.reference.vendor import named_call, unnamed_call
 from worker._native import AssembledCall, Assembler, Chunk
 from worker.adapters.decoder import ENVELOPE, Decoder
 from worker.compose import build_processor, build_registry
@@ -142,8 +143,11 @@ def _chat_view(snapshot: Any, stream_id: str) -> tuple[dict[str, Call], str | No
         message = choice.message
         for index, call in enumerate(getattr(message, "tool_calls", None) or []):
             vendor_id = getattr(call, "id", None)
-            base = vendor_id if vendor_id is not None else f"{stream_id}:{position}:{index}"
-            call_id = base if position == 0 else f"{base}:{position}"
+            call_id = (
+                named_call(str(vendor_id), position)
+                if vendor_id is not None
+                else unnamed_call(stream_id, position, index)
+            )
             function = getattr(call, "function", None)
             calls[str(call_id)] = Call(
                 getattr(function, "name", None), getattr(function, "arguments", None)
@@ -187,15 +191,15 @@ def _responses_view(items: Iterable[Any]) -> dict[str, Call]:
     for item in items or []:
         kind = getattr(item, "type", None)
         if kind == "function_call":
-            calls[str(item.call_id)] = Call(item.name, item.arguments)
+            calls[named_call(str(item.call_id))] = Call(item.name, item.arguments)
         elif kind == "custom_tool_call":
-            calls[str(item.call_id)] = Call(item.name, item.input, kind)
+            calls[named_call(str(item.call_id))] = Call(item.name, item.input, kind)
         elif kind == "mcp_approval_request":
             tool = f"{item.server_label}.{item.name}"
-            calls[str(item.id)] = Call(tool, item.arguments, kind)
+            calls[named_call(str(item.id))] = Call(tool, item.arguments, kind)
         elif kind in _BUILT_IN and (kind != "shell_call" or _local(item)):
             tool, field = _BUILT_IN[kind]
-            calls[str(item.call_id)] = Call(tool, _as_json(getattr(item, field)), kind)
+            calls[named_call(str(item.call_id))] = Call(tool, _as_json(getattr(item, field)), kind)
     return calls
 
 
@@ -258,7 +262,7 @@ def sdk_anthropic(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") ->
             build_events(event=event, message_snapshot=snapshot)
             calls = {
                 # a block that took no text keeps the input it started with
-                str(block.id): Call(
+                named_call(str(block.id)): Call(
                     block.name,
                     buffers.get(index, b"").decode() or orjson.dumps(block.input).decode(),
                 )
@@ -309,8 +313,11 @@ def sdk_gemini(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") -> Sd
                     else:
                         n = counts.get(k, 0)
                         counts[k] = n + 1
-                        base = call.id if call.id is not None else f"{stream_id}:{k}:{n}"
-                        call_id = base if k == 0 or call.id is None else f"{base}:{k}"
+                        call_id = (
+                            named_call(call.id, k)
+                            if call.id is not None
+                            else unnamed_call(stream_id, k, n)
+                        )
                         name, args = call.name, dict(call.args or {})
                     for piece in call.partial_args or []:
                         _set_partial(args, piece)
@@ -447,7 +454,7 @@ def sdk_bedrock(events: Iterable[Mapping[str, Any]], stream_id: str = "s1") -> S
     for block in message.get("content", []):
         if "toolUse" in block and block["toolUse"].get("toolUseId") not in server:
             use = block["toolUse"]
-            result.calls[str(use["toolUseId"])] = Call(
+            result.calls[named_call(str(use["toolUseId"]))] = Call(
                 use["name"], orjson.dumps(use["input"]).decode()
             )
     return result

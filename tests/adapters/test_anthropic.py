@@ -96,7 +96,7 @@ def test_a_refusal_becomes_a_refusal_chunk_then_end() -> None:
     refusal, end = chunks[-2:]
     assert (refusal.kind, refusal.call_id, refusal.delta, refusal.final) == (
         ChunkKind.REFUSAL,
-        "z:refusal",
+        "z#refusal",
         "Not allowed.",
         True,
     )

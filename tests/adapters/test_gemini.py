@@ -53,9 +53,9 @@ def test_whole_calls_of_one_chunk_are_parallel_calls_with_ids_from_their_positio
     assert sum("functionCall" in p for p in events[1]["candidates"][0]["content"]["parts"]) == 2
     done = assemble(GEMINI, encode(events), "st", flush=False)
     assert [(c.call_id, c.tool, c.arguments.decode(), c.incomplete) for c in done] == [
-        ("st:0:0", "get_weather", streamgen.WEATHER[2], None),
-        ("st:0:1", "get_stock_price", streamgen.STOCK[2], None),
-        ("st:0:2", "run_shell", streamgen.SHELL[2], None),
+        ("st#0#0", "get_weather", streamgen.WEATHER[2], None),
+        ("st#0#1", "get_stock_price", streamgen.STOCK[2], None),
+        ("st#0#2", "run_shell", streamgen.SHELL[2], None),
     ]
     # the same stream under the same key names the same calls: a replay decides as the first
     assert [c.call_id for c in assemble(GEMINI, encode(events), "st")] == [c.call_id for c in done]
@@ -72,7 +72,7 @@ def test_calls_are_held_until_the_candidate_finishes() -> None:
     assert chunks
     assert not any(c.final for c in chunks)
     last = chunks_of(GEMINI, encode(events))
-    assert [c.call_id for c in last if c.final] == ["s1:0:0", "s1:0:1", "s1:0:2"]
+    assert [c.call_id for c in last if c.final] == ["s1#0#0", "s1#0#1", "s1#0#2"]
     assert (last[-1].kind, last[-1].finish_reason) == (ChunkKind.END, FinishReason.TOOL_CALLS)
 
 
@@ -100,7 +100,7 @@ def test_partial_arguments_are_written_as_json_in_document_order() -> None:
         "notes": None,
     }
     assert (done.tool, orjson.loads(done.arguments), done.incomplete) == ("cook", expected, None)
-    assert orjson.loads(sdk_calls(GEMINI, events).calls["s1:0:0"].arguments) == expected
+    assert orjson.loads(sdk_calls(GEMINI, events).calls["s1#0#0"].arguments) == expected
 
 
 @pytest.mark.parametrize(
@@ -176,7 +176,7 @@ def test_a_partial_value_that_cannot_be_placed_breaks_the_call(what: str) -> Non
     calls = {c.call_id: c for c in assemble(GEMINI, encode(_partial(*pieces)))}
     (record,) = [c for c in calls.values() if c.assembly_error == Code.MALFORMED_RECORD]
     assert message in (record.assembly_detail or "")
-    assert calls["s1:0:0"].incomplete == IncompleteReason.STREAM_CORRUPT
+    assert calls["s1#0#0"].incomplete == IncompleteReason.STREAM_CORRUPT
 
 
 _NOT_STRINGS = st.one_of(
@@ -212,7 +212,7 @@ def test_a_value_that_is_not_the_next_piece_of_an_open_string_breaks_the_stream(
     assert "is not finished" in (record.assembly_detail or "")
     opened = sum("name" in p.get("functionCall", {}) for e in events[:at] for p in _parts(e))
     assert {c.call_id: c.incomplete for c in done if c is not record} == {
-        f"s1:0:{n}": IncompleteReason.STREAM_CORRUPT for n in range(opened)
+        f"s1#0#{n}": IncompleteReason.STREAM_CORRUPT for n in range(opened)
     }
 
 
@@ -227,7 +227,7 @@ def test_a_call_that_ends_inside_an_open_string_breaks_the_stream() -> None:
         chunk(call(partialArgs=[{"jsonPath": "$.a", "stringValue": "x", "willContinue": True}])),
         chunk(finish="STOP"),
     ]
-    assert outcomes(events)["s1:0:0"] == IncompleteReason.STREAM_CORRUPT
+    assert outcomes(events)["s1#0#0"] == IncompleteReason.STREAM_CORRUPT
 
 
 @pytest.mark.parametrize(
@@ -243,8 +243,8 @@ def test_a_call_that_ends_inside_an_open_string_breaks_the_stream() -> None:
 )
 def test_finish_reasons_that_release_nothing(finish: str, expected: str) -> None:
     assert outcomes(stream(CALLS[:2], finish=finish)) == {
-        "s1:0:0": expected,
-        "s1:0:1": expected,
+        "s1#0#0": expected,
+        "s1#0#1": expected,
     }
 
 
@@ -274,7 +274,7 @@ def test_the_vendors_verdict_on_a_call_is_a_rejection_of_its_own_code(
     assert (record.call_id, record.assembly_error) == ("record:in:0:1", code)
     assert "secret" not in (record.assembly_detail or "")
     # a call seen before it is not released
-    assert outcomes([chunk(call(name="t", args={})), *events[1:]])["s1:0:0"] == (
+    assert outcomes([chunk(call(name="t", args={})), *events[1:]])["s1#0#0"] == (
         IncompleteReason.STREAM_ENDED
     )
 
@@ -282,9 +282,9 @@ def test_the_vendors_verdict_on_a_call_is_a_rejection_of_its_own_code(
 def test_max_tokens_keeps_the_calls_a_part_came_after_and_cuts_the_last() -> None:
     events = stream(CALLS, finish="MAX_TOKENS")
     assert outcomes(events) == {
-        "s1:0:0": "complete",
-        "s1:0:1": "complete",
-        "s1:0:2": IncompleteReason.MAX_TOKENS,
+        "s1#0#0": "complete",
+        "s1#0#1": "complete",
+        "s1#0#2": IncompleteReason.MAX_TOKENS,
     }
     text_after = [*events[:-1], chunk({"text": "That is all."}), events[-1]]
     assert set(outcomes(text_after).values()) == {"complete"}
@@ -292,15 +292,15 @@ def test_max_tokens_keeps_the_calls_a_part_came_after_and_cuts_the_last() -> Non
 
 def test_max_tokens_inside_streamed_arguments_cuts_that_call() -> None:
     events = stream(CALLS[:2], partial=True, finish="MAX_TOKENS", cut_after=9)
-    assert outcomes(events) == {"s1:0:0": "complete", "s1:0:1": IncompleteReason.MAX_TOKENS}
+    assert outcomes(events) == {"s1#0#0": "complete", "s1#0#1": IncompleteReason.MAX_TOKENS}
     # the joined pieces are a plausible object...
-    assert sdk_calls(GEMINI, events).calls["s1:0:1"].arguments.startswith('{"ticker"')
+    assert sdk_calls(GEMINI, events).calls["s1#0#1"].arguments.startswith('{"ticker"')
 
 
 def test_stop_with_a_call_still_streaming_ends_it_incomplete() -> None:
     events = stream([streamgen.WEATHER], partial=True)
     cut = [e for e in events if e["candidates"][0]["content"]["parts"] != [{"functionCall": {}}]]
-    assert outcomes(cut) == {"s1:0:0": IncompleteReason.STREAM_ENDED}
+    assert outcomes(cut) == {"s1#0#0": IncompleteReason.STREAM_ENDED}
 
 
 def test_two_candidates_name_their_calls_apart_and_end_the_stream_together() -> None:
@@ -310,8 +310,8 @@ def test_two_candidates_name_their_calls_apart_and_end_the_stream_together() -> 
     chunks = chunks_of(GEMINI, encode(events))
     assert not any(c.kind == ChunkKind.END for c in chunks_of(GEMINI, encode(events[:3])))
     assert (chunks[-1].kind, chunks[-1].finish_reason) == (ChunkKind.END, None)
-    assert outcomes(events) == {"c1": "complete", "c1:1": IncompleteReason.MAX_TOKENS}
-    assert set(sdk_calls(GEMINI, events).calls) == {"c1", "c1:1"}
+    assert outcomes(events) == {"c1": "complete", "c1#1": IncompleteReason.MAX_TOKENS}
+    assert set(sdk_calls(GEMINI, events).calls) == {"c1", "c1#1"}
 
 
 #: a candidate as generated: its calls (how many), whether text follows them, its finish reason
@@ -337,18 +337,18 @@ def test_each_call_ends_as_its_own_candidate_finished(
     its candidate alone, whatever the other candidates' finish reasons."""
     contents = [_candidate_events(k, *c)[0] for k, c in enumerate(candidates)]
     finishes = [_candidate_events(k, *c)[1] for k, c in enumerate(candidates)]
-    together = {k: v for k, v in outcomes(contents + finishes).items() if k.startswith("s1:")}
+    together = {k: v for k, v in outcomes(contents + finishes).items() if k.startswith("s1#")}
     for k, candidate in enumerate(candidates):
         alone = outcomes(_candidate_events(0, *candidate))
-        assert {f"s1:{k}:{n}": alone[f"s1:0:{n}"] for n in range(candidate[0])} == {
-            f"s1:{k}:{n}": together[f"s1:{k}:{n}"] for n in range(candidate[0])
+        assert {f"s1#{k}#{n}": alone[f"s1#0#{n}"] for n in range(candidate[0])} == {
+            f"s1#{k}#{n}": together[f"s1#{k}#{n}"] for n in range(candidate[0])
         }
 
 
 def test_continuation_does_not_end_the_candidate() -> None:
     events = [chunk(call(name="a", args={})), chunk(finish="CONTINUATION"), chunk(finish="STOP")]
     assert not any(c.kind == ChunkKind.END for c in chunks_of(GEMINI, encode(events[:2])))
-    assert outcomes(events) == {"s1:0:0": "complete"}
+    assert outcomes(events) == {"s1#0#0": "complete"}
 
 
 def test_a_blocked_prompt_ends_the_stream_filtered() -> None:
@@ -365,7 +365,7 @@ def test_an_error_chunk_is_a_vendor_error_with_a_short_code() -> None:
     chunks = chunks_of(GEMINI, encode(events))
     error = next(c for c in chunks if c.kind == ChunkKind.ERROR)
     assert error.delta == "UNAVAILABLE"
-    assert outcomes(events)["s1:0:0"] == IncompleteReason.STREAM_ENDED
+    assert outcomes(events)["s1#0#0"] == IncompleteReason.STREAM_ENDED
 
 
 #: whole-call streams that cannot be placed
@@ -399,7 +399,7 @@ def test_an_event_that_cannot_be_placed_breaks_the_stream(what: str) -> None:
     }
     record = next(c for c in calls.values() if c.assembly_error == Code.MALFORMED_RECORD)
     assert message in (record.assembly_detail or "")
-    assert calls["s1:0:0"].incomplete == IncompleteReason.STREAM_CORRUPT
+    assert calls["s1#0#0"].incomplete == IncompleteReason.STREAM_CORRUPT
 
 
 def test_a_content_after_the_finish_is_refused() -> None:

@@ -112,11 +112,11 @@ def test_choices_get_their_own_ids_and_are_released_together_at_the_end() -> Non
         chunk(0, finish="tool_calls"),
     ]
     head = chunks_of(CHAT, encode(events))
-    assert {c.call_id for c in head} == {"call_same", "call_same:1"}
+    assert {c.call_id for c in head} == {"call_same", "call_same#1"}
     assert not any(c.final or c.kind == ChunkKind.END for c in head)  # choice 1 is still going
     done = {c.call_id: c for c in assemble(CHAT, encode([*events, chunk(1, finish="length")]))}
     assert (done["call_same"].incomplete, done["call_same"].arguments) == (None, b'{"a":1}')
-    assert done["call_same:1"].incomplete == IncompleteReason.MAX_TOKENS
+    assert done["call_same#1"].incomplete == IncompleteReason.MAX_TOKENS
 
 
 #: a choice as generated: its calls (how many) and its finish reason (None: it never finishes)
@@ -145,7 +145,7 @@ def test_each_call_ends_as_its_own_choice_finished(
     together = outcomes([*events, _USAGE])
     for k, (calls, finish) in enumerate(choices):
         alone = outcomes([*_choice_events(0, calls, finish), _USAGE])
-        suffix = f":{k}" if k else ""
+        suffix = f"#{k}" if k else ""
         assert {n: together[f"c{n}{suffix}"] for n in range(calls)} == {
             n: alone[f"c{n}"] for n in range(calls)
         }
@@ -160,7 +160,7 @@ def test_a_refusal_is_the_refusal_channel_closed_at_stop() -> None:
     ]
     chunks = chunks_of(CHAT, encode(events), stream_id="r9")
     refusal = [c for c in chunks if c.kind == ChunkKind.REFUSAL]
-    assert {c.call_id for c in refusal} == {"r9:refusal"}
+    assert {c.call_id for c in refusal} == {"r9#refusal"}
     assert "".join(c.delta for c in refusal) == "I can't help."
     assert refusal[-1].final
     assert chunks[-1].finish_reason == FinishReason.REFUSAL
@@ -191,7 +191,7 @@ def test_a_stream_error_ends_it_without_the_vendor_message_and_releases_nothing(
     chunks = chunks_of(CHAT, encode(events))
     error_chunk = next(c for c in chunks if c.kind == ChunkKind.ERROR)
     assert (error_chunk.call_id, error_chunk.delta, error_chunk.final) == (
-        "s1:error",
+        "s1#error",
         "server_error",
         True,
     )
@@ -203,7 +203,7 @@ def test_a_stream_error_ends_it_without_the_vendor_message_and_releases_nothing(
 def test_missing_vendor_ids_get_a_deterministic_one() -> None:
     events = [chunk(tool_calls=tool(0, "{}", None, "t")), chunk(finish="tool_calls")]
     (call,) = assemble(CHAT, encode(events), stream_id="st")
-    assert call.call_id == "st:0:0"
+    assert call.call_id == "st#0#0"
 
 
 def test_an_empty_object_annotation_chunk_carrying_nothing_is_skipped() -> None:
@@ -310,7 +310,7 @@ def test_a_delta_after_its_choice_finished_breaks_the_calls_held_for_the_end() -
     assert outcomes(events) == {
         "record:in:0:3": "malformed_record",
         "c0": "stream_corrupt",
-        "c1:1": "stream_corrupt",
+        "c1#1": "stream_corrupt",
     }
 
 
@@ -322,7 +322,7 @@ def test_an_empty_delta_after_the_finish_changes_nothing_and_is_taken() -> None:
         chunk(0, content="", tool_calls=[]),
         chunk(1, finish="tool_calls"),
     ]
-    assert outcomes(events) == {"c0": "complete", "c1:1": "complete"}
+    assert outcomes(events) == {"c0": "complete", "c1#1": "complete"}
 
 
 def test_a_stream_past_its_bound_of_calls_is_broken() -> None:
@@ -339,7 +339,7 @@ def test_open_calls_names_every_call_and_refusal_until_the_end() -> None:
     adapter.feed(chunk(0, tool_calls=tool(0, "{}", "c0", "t")))
     adapter.feed(chunk(1, refusal="no"))
     adapter.feed(chunk(0, finish="tool_calls"))
-    assert (adapter.open_calls(), adapter.held) == (["c0", "s1:refusal:1"], 2)
+    assert (adapter.open_calls(), adapter.held) == (["c0", "s1#refusal#1"], 2)
     adapter.feed(chunk(1, finish="stop"))
     assert (adapter.finished, adapter.open_calls(), adapter.held) == (True, [], 0)
 
@@ -349,7 +349,7 @@ def test_n_choices_from_the_generator_keep_every_call() -> None:
     calls = [("c1", "a", '{"x":1}'), ("c2", "b", '{"y":[1,2]}')]
     events = streamgen.chat_stream("cc", [calls, calls, calls[:1]], rng)
     done = assemble(CHAT, encode(events))
-    assert sorted(c.call_id for c in done) == ["c1", "c1:1", "c1:2", "c2", "c2:1"]
+    assert sorted(c.call_id for c in done) == ["c1", "c1#1", "c1#2", "c2", "c2#1"]
     assert all(c.incomplete is None for c in done)
     assert orjson.loads(done[0].arguments) in ({"x": 1}, {"y": [1, 2]})
 

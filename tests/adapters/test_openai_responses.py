@@ -197,7 +197,7 @@ def test_refusal_events_become_the_refusal_channel() -> None:
     chunks = chunks_of(RESPONSES, encode(events), stream_id="q")
     assert chunks[-1].finish_reason == FinishReason.REFUSAL
     (call,) = assemble(RESPONSES, encode(events), stream_id="q", flush=False)
-    assert (call.call_id, call.channel, call.arguments) == ("q:refusal", "refusal", b"No, sorry.")
+    assert (call.call_id, call.channel, call.arguments) == ("q#refusal", "refusal", b"No, sorry.")
 
 
 @pytest.mark.parametrize(
@@ -224,7 +224,7 @@ def test_vendor_errors_are_error_chunks_with_a_short_code(event: dict[str, Any],
     events = [*events[: at(events, ARGS_DONE) + 1], event]  # the call finished, not released
     chunks = chunks_of(RESPONSES, encode(events))
     error = next(c for c in chunks if c.kind == ChunkKind.ERROR)
-    assert (error.call_id, error.delta, error.final) == ("s1:error", code, True)
+    assert (error.call_id, error.delta, error.final) == ("s1#error", code, True)
     assert chunks[-1].finish_reason == FinishReason.ERROR
     assert outcomes(events, flush=False)["call_weather_1"] == IncompleteReason.STREAM_ENDED
 

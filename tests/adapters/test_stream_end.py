@@ -168,7 +168,7 @@ def has_call(event: Event) -> bool:
 
 def stream_identifiers(fmt: str, events: Sequence[Event]) -> dict[str, int]:
     """The strings of the stream that become a chunk's call id or tool (as they are sent, or
-    with the `:k` suffix of choice k), each with the first event whose chunks carry it. A
+    with the `#k` tag of output k), each with the first event whose chunks carry it. A
     built-in tool's name is the adapter's, not the stream's."""
     dec = decoder()
     sent = {leaf for event in events for leaf in _strings(event) if leaf} - BUILT_IN_TOOLS
@@ -176,7 +176,7 @@ def stream_identifiers(fmt: str, events: Sequence[Event]) -> dict[str, int]:
     for index, record in enumerate(records(fmt, encode(events))):
         for chunk in dec.decode(record, fmt):
             for made in (chunk.call_id, chunk.tool):
-                for candidate in {made, (made or "").rsplit(":", 1)[0]} & sent:
+                for candidate in {made, (made or "").rsplit("#", 1)[0]} & sent:
                     first.setdefault(candidate, index)
     return first
 
@@ -252,7 +252,7 @@ def test_a_stream_broken_at_its_first_record_ends_each_call_it_can_still_see(
         return
     sdk = sdk_calls(fmt, events)
     later = {leaf for event in events[1:] for leaf in _strings(event)}  # what it can still see
-    visible = {call_id for call_id in sdk.calls if call_id.rsplit(":", 1)[0] in later}
+    visible = {call_id for call_id in sdk.calls if call_id.rsplit("#", 1)[0] in later}
 
     @GENERATED
     @given(broken=st.sampled_from(_BROKEN))
@@ -266,7 +266,7 @@ def test_a_stream_broken_at_its_first_record_ends_each_call_it_can_still_see(
         assert bad.call.first_offset == 0
         ended = [e.call.call_id for e in emissions if e is not bad]
         assert visible <= set(ended)  # every call the SDK holds that it can still see
-        assert all(call_id.rsplit(":", 1)[0] in later for call_id in ended)  # none made up
+        assert all(call_id.rsplit("#", 1)[0] in later for call_id in ended)  # none made up
         assert all(e.verdict.reason == "stream_corrupt" for e in emissions if e is not bad)
 
     check()

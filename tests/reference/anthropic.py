@@ -38,6 +38,7 @@ from tests.reference.envelope import (
     Unmodeled,
     verdict,
 )
+from tests.reference.vendor import named_call, refusal_call
 
 RELEASES = (
     "tool_use",
@@ -111,7 +112,8 @@ def judge(
                 return False
             call = None
             if block["type"] == "tool_use":
-                call = Call(stream_id, block["id"], "tool_call", block["name"], None)
+                call_id = named_call(block["id"])
+                call = Call(stream_id, call_id, "tool_call", block["name"], None)
             blocks.append(_Block(block["type"], call))
             return True
         if current is None or index != len(blocks) - 1:
@@ -133,7 +135,7 @@ def judge(
             events.append(
                 Expected(
                     stream_id,
-                    f"{stream_id}:refusal",
+                    refusal_call(stream_id),
                     "rejected",
                     "response_classification",
                     "refusal",

@@ -52,7 +52,7 @@ from tests.reference.envelope import (
     Unmodeled,
     verdict,
 )
-from tests.reference.vendor import rejected_record, vendor_error
+from tests.reference.vendor import named_call, rejected_record, vendor_error
 
 RELEASES = ("tool_use", "end_turn", "stop_sequence")
 #: the stop reasons of the token limit
@@ -89,7 +89,7 @@ def _tool_start(body: Any, limits: Limits) -> tuple[str, str] | None:
         return None
     ids = tool.get("toolUseId"), tool.get("name")
     if all(isinstance(i, str) and i and len(i.encode()) <= limits.max_id_bytes for i in ids):
-        return ids[0], ids[1]
+        return named_call(ids[0]), ids[1]
     return None
 
 

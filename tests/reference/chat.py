@@ -42,6 +42,7 @@ from tests.reference.envelope import (
     Unmodeled,
     verdict,
 )
+from tests.reference.vendor import named_call
 
 FINISHES = {"length": "max_tokens", "content_filter": "content_filter"}
 RELEASES = ("tool_calls", "stop")
@@ -158,7 +159,7 @@ def _place(delta: dict[str, Any], choice: int, calls: list[Call], stream_id: str
         if index == len(calls):  # the next call opens
             if not piece.get("id") or not function.get("name"):
                 return False
-            call_id = piece["id"] + (f":{choice}" if choice > 0 else "")
+            call_id = named_call(piece["id"], choice)
             call = Call(stream_id, call_id, "tool_call", function["name"], None)
             calls.append(call)
         elif index == len(calls) - 1 and index >= 0:

@@ -59,7 +59,7 @@ from tests.reference.envelope import (
     Unmodeled,
     verdict,
 )
-from tests.reference.vendor import rejected_record, vendor_error
+from tests.reference.vendor import named_call, rejected_record, unnamed_call, vendor_error
 
 FILTERS = (
     "SAFETY",
@@ -209,12 +209,12 @@ def judge(
             if "id" in call:
                 if not _ident(call["id"], limits):
                     raise _Unplaceable
-                call_id = call["id"] + (f":{index}" if index > 0 else "")
+                call_id = named_call(call["id"], index)
                 if call_id in vendor_ids:
                     raise Unmodeled("a vendor id another call has")
                 vendor_ids.add(call_id)
             else:
-                call_id = f"{stream_id}:{index}:{len(held.calls)}"
+                call_id = unnamed_call(stream_id, index, len(held.calls))
             made = Call(stream_id, call_id, "tool_call", call["name"], None)
             held.calls.append(_call_of(args, made, limits))
             held.last_is_call = True
@@ -322,7 +322,7 @@ def _unreadable_first(
                 if not isinstance(call, dict):
                     continue
                 if _ident(call.get("id"), limits) and _ident(call.get("name"), limits):
-                    call_id = call["id"] + (f":{index}" if index > 0 else "")
+                    call_id = named_call(call["id"], index)
                     if call_id not in seen:
                         seen.add(call_id)
                         events.append(

@@ -68,6 +68,7 @@ from tests.reference.envelope import (
     _overflow,
     verdict,
 )
+from tests.reference.vendor import named_call, vendor_error
 
 #: the calls a contract kind judges: item type -> (the field of its text, its text events)
 CALLS = {
@@ -185,7 +186,7 @@ def judge(
                 raise Unmodeled("a call id used twice")
             call_ids.add(call_id)
             item.name = name
-            item.call = Call(stream_id, call_id, "tool_call", name, None)
+            item.call = Call(stream_id, named_call(call_id), "tool_call", name, None)
             opening = body.get(CALLS[kind][0])
             if not isinstance(opening, str):
                 return False
@@ -194,7 +195,7 @@ def judge(
             events.append(
                 Expected(
                     stream_id,
-                    body["call_id"],
+                    named_call(body["call_id"]),
                     "rejected",
                     "response_classification",
                     "unsupported_call_kind",
@@ -210,7 +211,7 @@ def judge(
             return False
         if item.call is None:
             return True
-        if body.get("call_id") != item.call.call_id or body.get("name") != item.name:
+        if _named(body.get("call_id")) != item.call.call_id or body.get("name") != item.name:
             return False
         status = body.get("status")
         if status == "incomplete":
@@ -245,15 +246,7 @@ def judge(
         ended = True
         kind = event["type"]
         if kind in ("error", "response.failed"):
-            events.append(
-                Expected(
-                    stream_id,
-                    f"{stream_id}:error",
-                    "rejected",
-                    "response_classification",
-                    "model_error",
-                )
-            )
+            events.append(vendor_error(stream_id))
             for item in held():
                 incomplete(item, "stream_ended")
             return
@@ -261,7 +254,7 @@ def judge(
         if response.get("id") != response_id:
             raise Unmodeled("another response's id")
         finals = {
-            body.get("call_id"): body
+            _named(body.get("call_id")): body
             for body in response.get("output") or []
             if body.get("type") in CALLS
         }
@@ -520,3 +513,8 @@ def _ending(ending: str, finals: list[dict[str, Any]]) -> dict[str, Any] | None:
     return _lifecycle(
         "response.incomplete", status="incomplete", incomplete_details=details, output=finals
     )
+
+
+def _named(vendor_id: Any) -> str | None:
+    """The call id of a vendor's id as an item carries it (None: it carries none)."""
+    return named_call(vendor_id) if isinstance(vendor_id, str) else None

@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from worker._native import Chunk
+from worker.adapters import naming
 from worker.errors import InputFormatError
 from worker.model import CallKind, ChunkKind, FinishReason
 
@@ -134,7 +135,7 @@ class VendorAdapter:
     def _error(self, code: str) -> list[Chunk]:
         """A vendor error ends the stream: its ERROR chunk (only `code`), then END (ERROR).
         Nothing held is released: every call still held ends incomplete."""
-        error = self._chunk(ChunkKind.ERROR, f"{self._stream}:error", delta=code, final=True)
+        error = self._chunk(ChunkKind.ERROR, naming.error(self._stream), delta=code, final=True)
         return [error, self._end(FinishReason.ERROR)]
 
     def _base_state(self) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from typing import Any
 
 from worker._native import Chunk
 from worker.adapters import fields as f
+from worker.adapters import naming
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
 from worker.model import ChunkKind, FinishReason
@@ -148,7 +149,7 @@ class AnthropicAdapter(VendorAdapter):
             return []
         call_id, name = block.get("id"), block.get("name")
         if block.get("type") == "tool_use" and isinstance(call_id, str) and isinstance(name, str):
-            return [(call_id, name)] if call_id and name else []
+            return [(naming.vendor_call(call_id), name)] if call_id and name else []
         return []
 
     def feed(self, event: Mapping[str, Any]) -> list[Chunk]:
@@ -201,7 +202,7 @@ class AnthropicAdapter(VendorAdapter):
         block_type = f.string(block, "type", where)
         out: list[Chunk] = []
         if block_type == _TOOL:
-            call_id = f.string(block, "id", where)
+            call_id = naming.vendor_call(f.string(block, "id", where))
             name = f.string(block, "name", where)
             if block.get("input", {}) != {}:
                 raise InputFormatError(f"{where}: a streamed tool_use starts with an empty input")
@@ -284,7 +285,7 @@ class AnthropicAdapter(VendorAdapter):
                     text = "" if index in self._texts else _NO_INPUT
                     out.append(self._chunk(ChunkKind.TOOL_CALL, call_id, delta=text, final=True))
         if self._refusal is not None:
-            refusal_id = f"{self._stream}:refusal"
+            refusal_id = naming.refusal(self._stream)
             out.append(self._chunk(ChunkKind.REFUSAL, refusal_id, delta=self._refusal, final=True))
         out.append(self._end(self._stop))
         return out

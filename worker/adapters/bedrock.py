@@ -43,6 +43,7 @@ from typing import Any
 
 from worker._native import Chunk
 from worker.adapters import fields as f
+from worker.adapters import naming
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
 from worker.model import ChunkKind, Code, FinishReason
@@ -131,7 +132,7 @@ class BedrockAdapter(VendorAdapter):
             return []
         call_id, name = tool.get("toolUseId"), tool.get("name")
         if isinstance(call_id, str) and call_id and isinstance(name, str) and name:
-            return [(call_id, name)]
+            return [(naming.vendor_call(call_id), name)]
         return []
 
     @classmethod
@@ -186,7 +187,7 @@ class BedrockAdapter(VendorAdapter):
             self._kind = _SERVER if "toolResult" in start else _CONTENT
             return []
         where = f"{kind}.start.toolUse"
-        call_id = f.string(tool, "toolUseId", where)
+        call_id = naming.vendor_call(f.string(tool, "toolUseId", where))
         name = f.string(tool, "name", where)
         tool_type = f.opt_str(tool, "type", where)
         if tool_type not in (None, "tool_use", "server_tool_use"):

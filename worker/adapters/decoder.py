@@ -137,7 +137,7 @@ WHOLE_RECORDS = frozenset({mcp.FORMAT})
 
 #: The layout of the adapters' checkpoint state: raise it whenever any adapter's `state()`
 #: changes shape, so that a worker never restores a state it would misread.
-STATE_VERSION = 3
+STATE_VERSION = 4
 
 #: Formats whose record may be a bare event payload with its type in a header (the AWS event
 #: stream's `:event-type`): such a record is read as `{type: payload}`.

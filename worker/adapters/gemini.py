@@ -18,10 +18,10 @@ server-side `toolCall` / `toolResponse`) is not a client call and yields nothing
   array, from 0); a string piece continues only the path it is open at, and while a string is
   open the next value must be its next piece (a number, boolean or null there breaks the call).
 
-Call ids: the vendor's `id` when the part has one; else `<stream>:<candidate>:<n>`, where `n`
-counts the candidate's calls from 0 (the same stream and the same order give the same ids, so a
-replay names the calls as the first run did). A call of candidate k > 0 with a vendor id gets
-the suffix `:k`, as Chat Completions choices do.
+Call ids (`worker.adapters.naming`): the vendor's `id` when the part has one (tagged `#k` in
+candidate k > 0); else `<stream>#<candidate>#<n>`, where `n` counts the candidate's calls from 0
+(the same stream and the same order give the same ids, so a replay names the calls as the first
+run did).
 
 A candidate ends with its `finishReason`; the stream ends (one END) once every candidate seen
 has ended. Every call is held until then (see `_base`), and released only when its own candidate
@@ -57,6 +57,7 @@ import orjson
 
 from worker._native import Chunk
 from worker.adapters import fields as f
+from worker.adapters import naming
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
 from worker.model import ChunkKind, Code, FinishReason
@@ -329,8 +330,7 @@ class GeminiAdapter(VendorAdapter):
                 call_id = call.get("id") if isinstance(call, dict) else None
                 name = call.get("name") if isinstance(call, dict) else None
                 if isinstance(call_id, str) and call_id and isinstance(name, str) and name:
-                    suffix = f":{index}" if index > 0 else ""
-                    found.append((call_id + suffix, name))
+                    found.append((naming.vendor_call(call_id, index), name))
         return found
 
     @classmethod
@@ -491,10 +491,11 @@ class GeminiAdapter(VendorAdapter):
     ) -> str:
         if vendor_id == "":
             raise InputFormatError(f"{where}: field 'id' must not be empty")
-        base = (
-            vendor_id if vendor_id is not None else f"{self._stream}:{index}:{len(candidate.calls)}"
+        call_id = (
+            naming.vendor_call(vendor_id, index)
+            if vendor_id is not None
+            else naming.unnamed_call(self._stream, index, len(candidate.calls))
         )
-        call_id = base if index == 0 or vendor_id is None else f"{base}:{index}"
         if call_id in self._ids:
             raise InputFormatError(f"{where}: the call id repeats another call's id")
         self._admit(self._held + 1, where)

@@ -27,8 +27,9 @@ skipped. So an event is refused when the SDK would read it differently from us, 
   names an id or a name (the SDK would append it to the call's own);
 - anything but an empty delta for a choice after its finish reason, a second finish reason.
 
-With n > 1 choices, the calls and the refusal of choice k > 0 get a `:k` suffix on their ids so
-that equal vendor ids in two choices cannot merge. Text content is not a call and yields nothing.
+With n > 1 choices, the calls and the refusal of choice k > 0 are tagged `#k`
+(`worker.adapters.naming`) so that equal vendor ids in two choices cannot merge. Text content is
+not a call and yields nothing.
 
 A stream read in a dialect (`worker.adapters.dialects`) relaxes only what its server does: with
 `reused_index` (Ollama, Dynamo) a delta at the current index that opens with a new id and a name
@@ -45,7 +46,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from worker._native import Chunk
-from worker.adapters import dialects
+from worker.adapters import dialects, naming
 from worker.adapters import fields as f
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
@@ -188,8 +189,7 @@ class OpenAIChatAdapter(VendorAdapter):
                 name = function.get("name") if isinstance(function, dict) else None
                 call_id = call.get("id") if isinstance(call, dict) else None
                 if isinstance(call_id, str) and call_id and isinstance(name, str) and name:
-                    suffix = f":{number}" if number > 0 else ""
-                    found.append((call_id + suffix, name))
+                    found.append((naming.vendor_call(call_id, number), name))
         return found
 
     @classmethod
@@ -336,8 +336,9 @@ class OpenAIChatAdapter(VendorAdapter):
             out.append(self._chunk(ChunkKind.TOOL_CALL, choice.calls[-1], delta=arguments))
 
     def _call_id(self, choice_index: int, index: int, vendor_id: str | None) -> str:
-        base = vendor_id or f"{self._stream}:{choice_index}:{index}"
-        return base if choice_index == 0 else f"{base}:{choice_index}"
+        if vendor_id:
+            return naming.vendor_call(vendor_id, choice_index)
+        return naming.unnamed_call(self._stream, choice_index, index)
 
     def _close_stream(self, out: list[Chunk]) -> list[Chunk]:
         """The END: the calls (and refusal) of every choice its finish reason closed are
@@ -369,8 +370,7 @@ class OpenAIChatAdapter(VendorAdapter):
         return self._error(code)
 
     def _refusal_id(self, choice_index: int) -> str:
-        base = f"{self._stream}:refusal"
-        return base if choice_index == 0 else f"{base}:{choice_index}"
+        return naming.refusal(self._stream, choice_index)
 
 
 def _carries(choice: Any) -> bool:

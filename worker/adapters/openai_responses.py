@@ -79,7 +79,7 @@ from typing import Any
 import orjson
 
 from worker._native import Chunk
-from worker.adapters import dialects
+from worker.adapters import dialects, naming
 from worker.adapters import fields as f
 from worker.adapters._base import VendorAdapter
 from worker.errors import InputFormatError
@@ -198,8 +198,9 @@ def _call_names(item: Mapping[str, Any], spec: _Kind, where: str) -> tuple[str, 
     """A judged item's call id and the tool it names."""
     if spec.call_kind is CallKind.MCP_APPROVAL_REQUEST:
         server = f.string(item, "server_label", where)
-        return f.string(item, "id", where), f"{server}.{f.string(item, 'name', where)}"
-    call_id = f.string(item, "call_id", where)
+        call_id = naming.vendor_call(f.string(item, "id", where))
+        return call_id, f"{server}.{f.string(item, 'name', where)}"
+    call_id = naming.vendor_call(f.string(item, "call_id", where))
     return call_id, spec.tool if spec.tool is not None else f.string(item, "name", where)
 
 
@@ -365,7 +366,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
             return []
         open_ids = [call.call_id for call in self._calls.values()]
         if self._refusal:
-            open_ids.append(f"{self._stream}:refusal")
+            open_ids.append(naming.refusal(self._stream))
         return open_ids
 
     @classmethod
@@ -522,7 +523,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
         code = Code.UNSUPPORTED_CALL_KIND.value
         # named by the item's call id when it has one, so the agent waiting for it hears of it
         named = item.get("call_id", item.get("id"))
-        named = named if isinstance(named, str) and named else None
+        named = naming.vendor_call(named) if isinstance(named, str) and named else None
         return [Chunk(self._stream, ChunkKind.MALFORMED, call_id=named, delta=detail, error=code)]
 
     def _target(self, event: Mapping[str, Any], kind: str) -> _Call:
@@ -699,7 +700,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
         if self._refusal is None:
             self._admit(self.held + 1, kind)
         self._refusal = True
-        return [self._chunk(ChunkKind.REFUSAL, f"{self._stream}:refusal", delta=delta)]
+        return [self._chunk(ChunkKind.REFUSAL, naming.refusal(self._stream), delta=delta)]
 
     def _refusal_done(self, event: Mapping[str, Any], kind: str) -> list[Chunk]:
         text = f.opt_str(event, "refusal", kind) or ""
@@ -711,7 +712,7 @@ class OpenAIResponsesAdapter(VendorAdapter):
         return [
             self._chunk(
                 ChunkKind.REFUSAL,
-                f"{self._stream}:refusal",
+                naming.refusal(self._stream),
                 delta=delta,
                 final=True,
                 expected=expected,
