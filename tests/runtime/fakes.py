@@ -209,6 +209,8 @@ class FakeProducer:
         #: partitions the producer's metadata does not show until it is read again
         self.unseen: set[tuple[str, int]] = set()
         self.client = _FakeClient(self)
+        #: the transaction requests in flight (`_answered`)
+        self._requests: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         if self.transactional_id is not None:
@@ -222,6 +224,8 @@ class FakeProducer:
 
     async def stop(self) -> None:
         self.stopped = True
+        for request in self._requests:  # as aiokafka's sender, stopped
+            request.cancel()
 
     async def _reach(self, point: str) -> None:
         await self._broker.reach(point, self.transactional_id)
@@ -277,13 +281,39 @@ class FakeProducer:
         self.in_transaction = True
         self._transaction = []
 
+    def _answered(self, point: str, request: Callable[[], None]) -> asyncio.Future[None]:
+        """As aiokafka's transaction manager: a future the producer's sender answers (here once
+        the request passes `point`) and the caller waits for under `asyncio.shield`, so a caller
+        cut off leaves its failure to whoever reads it; a stopped producer never answers."""
+        answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def send() -> None:
+            await self._broker.reach(point, self.transactional_id)
+            if self.stopped:
+                return
+            try:
+                request()
+            except Exception as exc:  # the request's answer, as the broker gives it
+                answer.set_exception(exc)
+            else:
+                answer.set_result(None)
+
+        sending = asyncio.ensure_future(send())
+        self._requests.add(sending)
+        sending.add_done_callback(self._requests.discard)
+        return answer
+
     async def send_offsets_to_transaction(self, offsets: dict[Any, int], group_id: str) -> None:
-        await self._reach("send_offsets_to_transaction")
-        self._check_not_fenced()
-        self._offsets = (group_id, dict(offsets))
+        def add() -> None:
+            self._check_not_fenced()
+            self._offsets = (group_id, dict(offsets))
+
+        await asyncio.shield(self._answered("send_offsets_to_transaction", add))
 
     async def commit_transaction(self) -> None:
-        await self._reach("commit_transaction")
+        await asyncio.shield(self._answered("commit_transaction", self._commit))
+
+    def _commit(self) -> None:
         assert self.in_transaction, "no transaction to commit"
         self._check_not_fenced()
         for topic, partition, records in self._transaction:

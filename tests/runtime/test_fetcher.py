@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
-from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -16,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.runtime.fakes import FakeBroker, FakeConsumer, Hold
+from tests.support.unwaited import unwaited
 from worker.metrics import Metrics
 from worker.runtime.fetcher import CONTACT_SLACK_S, Fetcher, Membership
 from worker.runtime.worker import PULSE_S
@@ -278,18 +277,6 @@ ANSWERS: dict[str, tuple[Exception | None, str]] = {
 }
 
 
-class _Said(logging.Handler):
-    """Keeps what the fetcher says of commits no longer waited for."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "no longer waited for" in record.getMessage():
-            self.lines.append(record.getMessage())
-
-
 @pytest.mark.asyncio
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -312,15 +299,7 @@ async def test_a_commit_cut_off_in_flight_is_read_to_its_end(
     consumer.commit_refusal, line = ANSWERS[answer]
     hold = Hold("commit")
     broker.hold = hold
-    said = _Said()
-    worker_log = logging.getLogger("callgate.worker")
-    level = worker_log.level
-    worker_log.setLevel(logging.INFO)
-    worker_log.addHandler(said)
-    unread: list[dict[str, Any]] = []
-    loop = asyncio.get_running_loop()
-    loop.set_exception_handler(lambda _, context: unread.append(context))
-    try:
+    with unwaited("callgate.worker") as watched:
         offsets = {(TOPIC, partition): 1 for partition in range(PARTITIONS)}
         cut = asyncio.ensure_future(fetcher.commit(offsets, 0.01 if cut_by == "timeout" else 3600))
         await hold.reached.wait()
@@ -334,11 +313,7 @@ async def test_a_commit_cut_off_in_flight_is_read_to_its_end(
         hold.release.set()
         await fetcher.close(HANG_S)
         gc.collect()
-    finally:
-        worker_log.removeHandler(said)
-        worker_log.setLevel(level)
-        loop.set_exception_handler(None)
-    assert unread == []
-    assert said.lines == [line]
+    assert watched.unread == []
+    assert watched.lines == [line]
     made = {TopicPartition(TOPIC, partition): 1 for partition in range(PARTITIONS)}
     assert consumer.commits == ([made] if answer == "made" else [])

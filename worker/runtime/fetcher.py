@@ -14,14 +14,12 @@ reset, so nothing is skipped in silence. Offsets are committed through `commit`,
 log's end.
 
 A commit is never cancelled: every one runs to its end as a task of its own, and its outcome is
-read, whoever stopped waiting for it. aiokafka sends the request in a task under
-`asyncio.shield`, and a cancelled caller leaves that task's failure unread (Python 3.11's shield
-drops its own reader once the caller is gone): a commit cut off by its timeout, a revoke's or a
-stop's deadline, then refused because the group expelled the member meanwhile, left "Task
-exception was never retrieved" and its traceback. A commit no longer waited for says how it
-ended in one line (refused after a lost membership is expected: the partitions' next owner
-judges those records again); one still running when the consumer has stopped is cancelled then,
-its request failed by the closed connection.
+read, whoever stopped waiting for it (`kafka.Requests`): a commit cut off by its timeout, a
+revoke's or a stop's deadline, then refused because the group expelled the member meanwhile,
+left "Task exception was never retrieved" and its traceback. A commit no longer waited for says
+how it ended in one line (refused after a lost membership is expected: the partitions' next
+owner judges those records again); one still running when the consumer has stopped is
+cancelled then, its request failed by the closed connection.
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ from worker.errors import BrokerError
 from worker.metrics import Metrics
 from worker.runtime.broker_log import REPEATS
 from worker.runtime.delivery import Partition
-from worker.runtime.kafka import Listener, close_within
+from worker.runtime.kafka import Listener, Requests
 from worker.runtime.provision import Subscription
 
 log = logging.getLogger("callgate.worker")
@@ -90,8 +88,8 @@ class Fetcher:
         self._timeout_ms = fetch_timeout_ms
         self._max_records = max_records
         self._stopped: asyncio.Future[Any] | None = None
-        #: the offset commits running (`commit`): each is read to its end, none cancelled
-        self._commits: set[asyncio.Future[None]] = set()
+        #: the offset commits (`commit`): each is read to its end, none cancelled
+        self._commits = Requests("a commit", log)
         #: records read ahead of the rounds, per partition: lists of records, in order, and
         #: how many of the first list were taken already
         self._ahead: dict[TopicPartition, deque[list[Any]]] = {}
@@ -386,48 +384,14 @@ class Fetcher:
             request[tp] = offset
         if not request:
             return False
-        committing = asyncio.ensure_future(consumer.commit(request))
-        self._commits.add(committing)
-        committing.add_done_callback(self._commits.discard)
-        try:
-            await asyncio.wait_for(asyncio.shield(committing), timeout_s)
-        except (TimeoutError, asyncio.CancelledError):
-            if not committing.done():
-                committing.add_done_callback(_ended_unwaited)
-            raise
+        await self._commits.wait(consumer.commit(request), timeout_s)
         return True
 
     async def close(self, timeout_s: float) -> None:
         """Stop the consumer, then end the commits still running, all within `timeout_s`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
         if self._stopped is not None:
             self._stopped.cancel()
-        await close_within(self.consumer.stop(), timeout_s, "the consumer")
-        commits = set(self._commits)
-        if commits:
-            left_s = max(0.1, deadline - loop.time())
-            _, running = await asyncio.wait(commits, timeout=left_s)
-            for committing in running:
-                committing.cancel()
-            if running:
-                await asyncio.wait(running)
-
-
-def _ended_unwaited(committing: asyncio.Future[None]) -> None:
-    """How a commit that nobody waits for any more ended (read, so never left unretrieved)."""
-    if committing.cancelled():
-        return
-    exc = committing.exception()
-    if exc is None:
-        log.info("a commit no longer waited for was made")
-    elif isinstance(exc, KafkaError):
-        # aiokafka's CommitFailedError is a paragraph of advice; what refused it is its cause
-        cause = exc.__cause__
-        refusal = f"{type(exc).__name__} from {cause!r}" if cause is not None else repr(exc)
-        log.info("a commit no longer waited for was refused: %s", refusal)
-    else:
-        log.error("a commit no longer waited for failed", exc_info=exc)
+        await self._commits.close(self.consumer.stop(), timeout_s, "the consumer")
 
 
 #: how much earlier than the member sees it the coordinator may have heard from it: a sync's or

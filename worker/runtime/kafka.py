@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import (
     AIOKafkaClient,
@@ -54,6 +54,8 @@ log = logging.getLogger("callgate.kafka")
 
 READ_COMMITTED = "read_committed"
 
+T = TypeVar("T")
+
 
 async def close_within(closing: Awaitable[object], timeout_s: float, what: str) -> None:
     """Await a client's stop for at most `timeout_s` (at least 0.1 s). A failure or a timeout is
@@ -62,6 +64,77 @@ async def close_within(closing: Awaitable[object], timeout_s: float, what: str) 
         await asyncio.wait_for(closing, timeout=max(0.1, timeout_s))
     except (TimeoutError, KafkaError) as exc:
         log.warning("closing %s: %r", what, exc)
+
+
+class Requests:
+    """A client's requests, each run to its end as a task of its own that no waiter cancels.
+
+    aiokafka waits for a request's answer under `asyncio.shield` (an offset commit, a
+    transaction's offsets, its commit), and Python 3.11's shield drops its own reader of what it
+    shields once its caller is cancelled: a request cut off in flight (by a timeout, or by a
+    deadline cancelling its caller) and failed afterwards left "Task exception was never
+    retrieved" or "Future exception was never retrieved" with its traceback. So the caller waits
+    for the task under a shield of its own (`wait`), and a request no longer waited for is read
+    when it ends and said in one line: made, refused (a `KafkaError`, with what refused it:
+    aiokafka's CommitFailedError is a paragraph of advice, its cause the refusal) or failed (a
+    bug, with its traceback). A request pending on a stopped aiokafka client never ends: `close`
+    stops the client, then gives the requests what is left of its time and cancels the rest."""
+
+    def __init__(self, what: str, logger: logging.Logger) -> None:
+        #: what a request is, in the line that says how one no longer waited for ended
+        self._what = what
+        self._log = logger
+        self._running: set[asyncio.Future[Any]] = set()
+
+    async def wait(self, request: Awaitable[T], timeout_s: float) -> T:
+        """The request's outcome, within `timeout_s` (else `TimeoutError`); the request goes on
+        when the caller stops waiting (its timeout, or its cancellation)."""
+        task = asyncio.ensure_future(request)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            # not the request's own outcome (which the caller got): said once it ends
+            if not (task.done() and not task.cancelled() and task.exception() is exc):
+                task.add_done_callback(self._ended_unwaited)
+            raise
+
+    async def close(
+        self,
+        stopping: Awaitable[object],
+        timeout_s: float,
+        client: str,
+        *,
+        after_s: float | None = None,
+    ) -> None:
+        """Stop the client (`close_within`), then end the requests still running, all within
+        `timeout_s`: those not done in what is left of it (at least 0.1 s), or in `after_s`
+        when given, are cancelled."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        await close_within(stopping, timeout_s, client)
+        running = set(self._running)
+        if running:
+            left_s = max(0.1, deadline - loop.time()) if after_s is None else after_s
+            _, late = await asyncio.wait(running, timeout=left_s)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+
+    def _ended_unwaited(self, task: asyncio.Future[Any]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            self._log.info("%s no longer waited for was made", self._what)
+        elif isinstance(exc, KafkaError):
+            cause = exc.__cause__
+            refusal = f"{type(exc).__name__} from {cause!r}" if cause is not None else repr(exc)
+            self._log.info("%s no longer waited for was refused: %s", self._what, refusal)
+        else:
+            self._log.error("%s no longer waited for failed", self._what, exc_info=exc)
 
 
 def transactional_id(settings: Settings, topic: str, partition: int) -> str:

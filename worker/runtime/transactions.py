@@ -19,7 +19,11 @@ its offset reflects.
 Every step with the broker is bounded by the transaction timeout: the client's own waits for a
 commit, its offsets or a producer id have none, and a commit that waited for good would stop
 the worker's every partition. A commit not done in time is a failed one (the caller reopens
-the partition, which aborts whatever the transaction holds).
+the partition, which aborts whatever the transaction holds). A step is never cancelled, though:
+it runs as a task of its own that is read when it ends (`kafka.Requests`: aiokafka waits for a
+transaction's offsets and its commit under `asyncio.shield`, and a step cut off there, then
+fenced, left "Future exception was never retrieved"), and makes no further request once it is
+given up; what is left of it when its producer stops is cancelled then.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from worker.runtime.kafka import close_within
+from worker.runtime.kafka import Requests
 from worker.runtime.ledger import Partition
 from worker.runtime.outbox import (
     Outbox,
@@ -45,6 +49,13 @@ from worker.runtime.outbox import (
 
 log = logging.getLogger("callgate.transactions")
 
+#: How long a step still running when its producer has stopped may take to end (an answer the
+#: stop gave it is read within a few loop turns; one pending then never comes): then cancelled.
+STEPS_AFTER_STOP_S = 0.1
+
+#: a step with the broker, told when it is given up (`Transactions._bounded`)
+_Step = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
+
 
 @dataclass(slots=True)
 class _Open:
@@ -52,6 +63,8 @@ class _Open:
 
     producer: Any
     outbox: Outbox
+    #: the producer's steps (`Transactions._bounded`), read to their end
+    steps: Requests
     #: the transaction is being committed: what is made meanwhile goes into the next one
     committing: bool = False
     next: list[Record] = field(default_factory=list)
@@ -106,13 +119,14 @@ class Transactions:
         """Start the partition's producer and begin its transaction; returns once the broker has
         fenced the partition's former owner."""
         producer = self._new_producer(*where)
+        steps = Requests("a step of a partition's transaction", log)
         try:
-            await self._bounded(self._start(producer), "open the partition's producer")
+            await self._bounded(steps, self._start(producer), "open the partition's producer")
         except BaseException:
-            await self._stop(producer, 5.0)
+            await self._stop(producer, steps, 5.0)
             raise
         outbox = Outbox(producer, self._sink, self._clock, transactional=True)
-        self._open[where] = _Open(producer, outbox)
+        self._open[where] = _Open(producer, outbox, steps)
 
     def add(self, where: Partition, record: Record) -> None:
         """A record of the partition's open transaction (of the next, while one commits)."""
@@ -133,7 +147,7 @@ class Transactions:
         held = self._open.pop(where, None)
         if held is not None:
             await held.outbox.close()
-            await self._stop(held.producer, timeout_s)
+            await self._stop(held.producer, held.steps, timeout_s)
 
     async def close_all(self, timeout_s: float) -> None:
         await asyncio.gather(*(self.close(where, timeout_s) for where in list(self._open)))
@@ -152,7 +166,9 @@ class Transactions:
 
     async def _commit(self, where: Partition, held: _Open, offset: int) -> None:
         try:
-            await self._bounded(self._steps(held, where, offset), "commit a transaction")
+            await self._bounded(
+                held.steps, self._steps(held, where, offset), "commit a transaction"
+            )
         except KafkaError:
             held.outbox.clear()
             held.next.clear()
@@ -166,32 +182,52 @@ class Transactions:
         held.next.clear()
         held.outbox.dispatch()
 
-    async def _steps(self, held: _Open, where: Partition, offset: int) -> None:
-        producer = held.producer
-        # each request is made only while the transaction is still open (see `transaction_error`)
-        await self._send_all(held.outbox)
-        self._raise_if_over(producer)
-        await producer.send_offsets_to_transaction({TopicPartition(*where): offset}, self._group)
-        self._raise_if_over(producer)
-        await producer.commit_transaction()
-        await producer.begin_transaction()
+    def _steps(self, held: _Open, where: Partition, offset: int) -> _Step:
+        async def steps(given_up: asyncio.Event) -> None:
+            producer = held.producer
+            # each request is made only while the transaction is still open (see
+            # `transaction_error`) and the commit is waited for
+            await self._send_all(held.outbox)
+            self._raise_if_over(producer, given_up)
+            await producer.send_offsets_to_transaction(
+                {TopicPartition(*where): offset}, self._group
+            )
+            self._raise_if_over(producer, given_up)
+            await producer.commit_transaction()
+            if given_up.is_set():
+                return  # made, though no longer waited for: said so; the partition reopens
+            await producer.begin_transaction()
+
+        return steps
 
     @staticmethod
-    def _raise_if_over(producer: Any) -> None:
+    def _raise_if_over(producer: Any, given_up: asyncio.Event) -> None:
+        if given_up.is_set():  # no further request: the step ends as if cancelled, unsaid
+            raise asyncio.CancelledError
         error = transaction_error(producer)
         if error is not None:
             raise error
 
     @staticmethod
-    async def _start(producer: Any) -> None:
-        await producer.start()
-        await producer.begin_transaction()
+    def _start(producer: Any) -> _Step:
+        async def start(given_up: asyncio.Event) -> None:
+            await producer.start()
+            if given_up.is_set():  # the producer is being stopped
+                raise asyncio.CancelledError
+            await producer.begin_transaction()
 
-    async def _bounded(self, step: Coroutine[Any, Any, None], what: str) -> None:
+        return start
+
+    async def _bounded(self, steps: Requests, step: _Step, what: str) -> None:
+        """Run the step within the transaction timeout (else KafkaError). It runs on when it is
+        given up (the timeout, or the caller cancelled), and makes no further request then."""
+        given_up = asyncio.Event()
         try:
-            await asyncio.wait_for(step, self._timeout_s)
+            await steps.wait(step(given_up), self._timeout_s)
         except TimeoutError:
             raise KafkaError(f"could not {what} within {self._timeout_s:.1f} s") from None
+        finally:
+            given_up.set()
 
     async def _send_all(self, outbox: Outbox) -> None:
         """Every queued record written (retriable errors retried, refused records replaced)
@@ -211,6 +247,9 @@ class Transactions:
             await outbox.wait_progress(outbox.backoff.base_s)
 
     @staticmethod
-    async def _stop(producer: Any, timeout_s: float) -> None:
-        await close_within(producer.stop(), timeout_s, "a transactional producer")
+    async def _stop(producer: Any, steps: Requests, timeout_s: float) -> None:
+        # a stopped producer answers nothing: what its stop answered is read within a few turns
+        await steps.close(
+            producer.stop(), timeout_s, "a transactional producer", after_s=STEPS_AFTER_STOP_S
+        )
         observe_failed_transaction(producer)
