@@ -1524,3 +1524,40 @@ async def test_a_grant_the_cluster_finds_missing_stops_the_worker_naming_it() ->
     )
     assert "`callgate topics acls`" in str(raised.value)
     await worker.close()
+
+
+@pytest.mark.parametrize("stopped_by", ["request_stop", "cancel"])
+async def test_run_leaves_no_task_of_its_own_pending(stopped_by: str) -> None:
+    """`run`, stopped or cancelled, has ended its pulse when it returns: no task of the worker
+    is left pending (to be destroyed pending when the loop closes). Looked at the moment `run`
+    returns, before the loop turns again."""
+    broker = new_broker()
+    worker = new_worker(broker)
+    await worker.start()
+    await consumer(worker).join()
+    pending_at_return: list[asyncio.Task[object]] = []
+
+    def pulses() -> list[asyncio.Task[object]]:
+        return [t for t in asyncio.all_tasks() if t.get_name() == "callgate-pulse"]
+
+    async def run() -> None:
+        pulse = pulses()
+        try:
+            await worker.run()
+        finally:
+            pending_at_return.extend(t for t in pulse + pulses() if not t.done())
+
+    running = asyncio.create_task(run())
+    try:
+        await asyncio.wait_for(_until(lambda: bool(pulses())), ROUND_S)
+        if stopped_by == "cancel":
+            running.cancel()
+        else:
+            worker.request_stop()
+        await asyncio.wait((running,), timeout=ROUND_S)
+        assert running.done()
+        assert pending_at_return == [], "the pulse outlived run"
+    finally:
+        worker.request_stop()
+        await asyncio.wait((running,), timeout=ROUND_S)
+        await worker.close()

@@ -193,7 +193,7 @@ class Worker:
             while not self._stop.is_set():
                 await self.step()
         finally:
-            pulse.cancel()
+            await _ended(pulse)
         if self._fatal is not None:
             raise self._fatal
 
@@ -325,3 +325,12 @@ class Worker:
         if self._progress is None or self._delivery is None:
             return False, "starting"
         return self._progress.readiness()
+
+
+async def _ended(pulse: asyncio.Task[None]) -> None:
+    """The pulse cancelled and ended (it ends at its next turn: it only sleeps), so that no task
+    of the worker is left pending once `run` returns; a failure of its own is a bug, said."""
+    pulse.cancel()
+    await asyncio.wait((pulse,), timeout=PULSE_S)
+    if pulse.done() and not pulse.cancelled() and pulse.exception() is not None:
+        log.error("the loop's pulse failed", exc_info=pulse.exception())
