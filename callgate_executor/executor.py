@@ -227,6 +227,7 @@ class Executor:
                 f"{self.requests} and {self.executions} must have as many partitions "
                 f"(they have {counts.get(self.requests)} and {counts.get(self.executions)})"
             )
+        await self._kafka.start()  # the connection `_topics_exist` asks on
         if not self._exactly_once:
             self._producer = AIOKafkaProducer(**producer_options(self.settings))
             await self._producer.start()
@@ -295,6 +296,8 @@ class Executor:
             with contextlib.suppress(KafkaError):
                 await self._producer.stop()
             self._producer = None
+        with contextlib.suppress(KafkaError):
+            await self._kafka.close()
 
     # -- the group -------------------------------------------------------------------------
 
@@ -540,6 +543,7 @@ class Executor:
         acknowledged before the next, then the offset committed."""
         tp = owned.tp
         try:
+            await self._topics_exist(owned.producer or self._producer, stages)
             if owned.producer is not None:
                 async with owned.producer.transaction():
                     for stage in stages:
@@ -565,6 +569,30 @@ class Executor:
                 await consumer.commit({tp: offset})
         except KafkaError as exc:
             raise BrokerError(f"{tp.topic}-{tp.partition}: write failed: {exc!r}") from exc
+
+    async def _topics_exist(self, producer: Any, stages: Sequence[Sequence[_Send]]) -> None:
+        """Raise `BrokerError` naming the topics of `stages` the cluster does not have, before
+        anything is written. Asked (by name, a request that never creates a topic) only of
+        those the producer knows no partitions of: its own wait for a topic's metadata may
+        make the topic (a broker that creates topics on demand) or never end (tansu)."""
+        cluster = producer.client.cluster
+        unknown = {
+            topic
+            for stage in stages
+            for topic, *_ in stage
+            if not cluster.partitions_for_topic(topic)
+        }
+        missing = await self._kafka.missing_topics(unknown) if unknown else []
+        if missing:
+            named = (
+                f"topic {missing[0]} does not exist"
+                if len(missing) == 1
+                else (f"topics {', '.join(missing)} do not exist")
+            )
+            raise BrokerError(
+                f"{named}: nothing of the call was written; create it, then start the executor "
+                f"again (it makes its own topics, {self.results} among them, when it starts)"
+            )
 
 
 _Send = tuple[str, int | None, bytes | None, bytes, list[tuple[str, bytes]]]

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from callgate_executor import Call, Executor
-from tests.support.executor import CONTRACTS, Judge, ResultTail, blocked_lookup, produce
+from tests.support.executor import Judge, ResultTail, blocked_lookup, broker_settings, produce
 from tests.support.outcomes import read_records
 from tests.support.shop_executor import Lookup, Pay
 from worker.published.model import Accepted, parse_event
@@ -103,20 +103,7 @@ async def test_a_rebalance_during_handlers_keeps_the_execute_contract(
 ) -> None:
     bootstrap, exactly_once = target
     run = uuid.uuid4().hex[:8]
-    settings = Settings.model_validate(
-        {
-            "kafka": {"bootstrap_servers": bootstrap, "session_timeout_ms": 6000},
-            "topics": {"accepted": f"validated-{run}"},
-            "schemas": {"dir": str(CONTRACTS)},
-            "delivery": {"guarantee": "exactly_once" if exactly_once else "at_least_once"},
-            "executor": {
-                "group_id": f"executor-{run}",
-                "results": f"results-{run}",
-                "partitions": PARTITIONS,
-            },
-            "shutdown_grace_s": 0.5,
-        }
-    )
+    settings = broker_settings(bootstrap, run, exactly_once=exactly_once, partitions=PARTITIONS)
     validated = settings.topics.accepted
     await Kafka(settings).ensure_topics([TopicSpec(validated, PARTITIONS, compacted=False)])
     judge = Judge()

@@ -42,6 +42,25 @@ def contract_settings(**sections: Any) -> Settings:
     return Settings.model_validate({"schemas": {"dir": str(CONTRACTS)}, **sections})
 
 
+def broker_settings(
+    bootstrap: str, run: str, *, exactly_once: bool, partitions: int, **kafka: Any
+) -> Settings:
+    """The settings of an executor test on a broker: its run's own validated, results and
+    group names, the guarantee, a 6 s session and a 0.5 s grace (and any other kafka settings
+    given)."""
+    return contract_settings(
+        kafka={"bootstrap_servers": bootstrap, "session_timeout_ms": 6000, **kafka},
+        topics={"accepted": f"validated-{run}"},
+        delivery={"guarantee": "exactly_once" if exactly_once else "at_least_once"},
+        executor={
+            "group_id": f"executor-{run}",
+            "results": f"results-{run}",
+            "partitions": partitions,
+        },
+        shutdown_grace_s=0.5,
+    )
+
+
 class Judge:
     """The gate in this process, turning calls into their accepted events."""
 
