@@ -21,13 +21,25 @@ from hypothesis import strategies as st
 
 from tests.adapters import streamgen
 from tests.datafiles import SCHEMAS
+from worker._native import AssembledCall, encode_event
 from worker.check import FileRecord
 from worker.compose import build_key_store, build_processor, build_registry, violation_limits
 from worker.core.events import idempotency_rejection, read_idempotency_request
 from worker.core.idempotency import Decision, KeyStore, resolve
 from worker.core.pipeline import Gate, GateLimits
-from worker.core.processor import Emission, EventLimits, Processor, Route
-from worker.model import Code, Outcome
+from worker.core.processor import (
+    Emission,
+    EventLimits,
+    Processor,
+    Route,
+    _derived_bound,
+    _derived_lengths,
+    _later_bound,
+    _later_exceeds,
+    _longest_later,
+)
+from worker.model import CallKind, Code, Outcome, RepairKind, SchemaRef, Verdict
+from worker.model import Phase as Phase_
 from worker.plugins import Plugins, load_plugins
 from worker.settings import Settings
 
@@ -526,6 +538,112 @@ def _owners_events(event: bytes) -> list[int]:
         len(idempotency_rejection(event, code, "0" * 32, MAX_FEEDBACK)[0])
         for code in (Code.DUPLICATE, Code.IDEMPOTENCY_CONFLICT)
     ]
+
+
+_TEXT = st.text(st.sampled_from(["a", "\x01", "\x1f", "\n", "é", '"', "\\", "😀"]), max_size=40)
+_SCALARS = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | _TEXT
+_JSON = st.recursive(
+    _SCALARS | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+#: a caller as an adapter writes one (orjson's text of what the vendor sent, its numbers exact)
+_CALLERS = st.dictionaries(
+    _TEXT,
+    st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3), max_leaves=6),
+    max_size=3,
+).map(lambda caller: orjson.dumps(caller).decode())
+
+
+@st.composite
+def _accepted(draw: st.DrawFn) -> tuple[bytes, Verdict]:
+    """An accepted call's event as the processor writes it: any identifiers, kind, caller (an
+    adapter's, written by orjson), key or none, held or not, any schema, arguments spelt with
+    or without whitespace."""
+    opt = st.none() | _TEXT
+    call = AssembledCall(
+        draw(_TEXT),
+        draw(_TEXT),
+        draw(opt),
+        b"",
+        trace_id=draw(opt),
+        run_id=draw(opt),
+        step_id=draw(opt),
+        traceparent=draw(opt),
+        principal=draw(opt),
+        attempt=draw(st.none() | st.integers(1, 2**32 - 1)),
+        topic=draw(_TEXT),
+        partition=draw(st.integers(0, 2**31 - 1)),
+        first_offset=draw(st.integers(0, 2**63 - 1)),
+        chunks=draw(st.integers(1, 2**32 - 1)),
+        call_kind=draw(st.sampled_from(CallKind)),
+        caller=draw(st.none() | _CALLERS),
+    )
+    arguments = draw(st.dictionaries(_TEXT, _JSON, max_size=4))
+    spelt = orjson.dumps(arguments, option=orjson.OPT_INDENT_2 if draw(st.booleans()) else 0)
+    keyed = draw(st.booleans())
+    verdict = Verdict(
+        Outcome.ACCEPTED,
+        schema=SchemaRef(draw(_TEXT), draw(_TEXT)),
+        arguments_json=spelt,
+        repairs=tuple(draw(st.lists(st.sampled_from(RepairKind), max_size=2))),
+        requires_approval=draw(st.booleans()),
+        idempotency_key=draw(_TEXT) if keyed else draw(opt),
+        idempotency_digest=b"\x00" * 16 if keyed else None,
+        phases_us=draw(st.dictionaries(st.sampled_from(list(Phase_)), st.integers(0, 2**62))),
+    )
+    value = encode_event(call, verdict, 1 << 40)
+    assert value is not None
+    return value, verdict
+
+
+@FIXED
+@given(
+    accepted=_accepted(),
+    max_feedback_bytes=st.integers(256, 8192),
+    slack=st.integers(-3, 3) | st.integers(-2_000, 2_000),
+)
+def test_the_later_events_bound_is_never_below_them_and_decides_as_building_them_does(
+    accepted: tuple[bytes, Verdict], max_feedback_bytes: int, slack: int
+) -> None:
+    """The cheap bound of the events written later in an accepted call's place (its key's
+    owner's, its approval's) is never below the longest of them built, whatever the call's
+    identifiers, caller, key, schema and arguments and the feedback bound; and under an event
+    bound drawn around that longest, `_later_exceeds` says what building them says (the
+    processor built them for every keyed or held call before)."""
+    value, verdict = accepted
+    derived = _derived_lengths(
+        value,
+        keyed=verdict.idempotency_digest is not None,
+        held=verdict.requires_approval,
+        max_feedback_bytes=max_feedback_bytes,
+    )
+    assert all(n <= _derived_bound(value, verdict.schema) for n in derived)
+    longest = _longest_later(value, verdict, max_feedback_bytes)
+    assert _later_bound(value, verdict) >= longest
+    for bound in (longest + slack, _later_bound(value, verdict) + slack):
+        limits = EventLimits(max_event_bytes=bound, max_feedback_bytes=max_feedback_bytes)
+        assert _later_exceeds(value, verdict, limits) is (longest > bound)
+
+
+@pytest.mark.parametrize("schema", [SchemaRef("", ""), SchemaRef("\x01" * 7, "\x1f" * 3)])
+def test_the_later_events_bound_is_met_by_the_call_it_is_measured_on(schema: SchemaRef) -> None:
+    """No smaller bound is sound: a keyed and held call with the shortest arguments, whose
+    schema's every character is escaped in six bytes, has a derived event of exactly the
+    bound's length."""
+    call = AssembledCall("s", "c", "t", b"", idempotency_key="k")
+    verdict = Verdict(
+        Outcome.ACCEPTED,
+        schema=schema,
+        arguments_json=b"{}",
+        requires_approval=True,
+        idempotency_key="k",
+        idempotency_digest=b"\x00" * 16,
+    )
+    value = encode_event(call, verdict, 1 << 40)
+    assert value is not None
+    derived = _derived_lengths(value, keyed=True, held=True, max_feedback_bytes=1 << 20)
+    assert max(derived) == _derived_bound(value, schema)
 
 
 # --- one verdict per call across crashes ------------------------------------------------------

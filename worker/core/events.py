@@ -40,6 +40,9 @@ MAX_TOPIC_BYTES = 249
 _UNBOUNDED = sys.maxsize
 #: A character JSON writes as six bytes (`\u0001`): the widest an identifier's byte can grow.
 _WIDEST_CHAR = "\x01"
+#: The most bytes a JSON string (the event writer's, orjson's) spends on one character of it,
+#: or on one byte of its UTF-8: the escape of `_WIDEST_CHAR`.
+WIDEST_ESCAPE = len(orjson.dumps(_WIDEST_CHAR)) - len(b'""')
 
 _REQUEST_TAG = b"CGI1"
 

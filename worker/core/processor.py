@@ -26,17 +26,20 @@ becomes); the verdict, the event and where it goes are the main gate's alone.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cache
 from typing import Any, NamedTuple
 
 import orjson
 
-from worker._native import AssembledCall, Assembler
+from worker._native import AssembledCall, Assembler, encode_event
 from worker.adapters.decoder import Decoder
 from worker.core.approval import APPROVAL_RESERVE, PENDING_OUTCOME, ended_event, pending_event
 from worker.core.events import (
+    WIDEST_ESCAPE,
     Headers,
     encode_written,
     idempotency_rejection,
@@ -48,7 +51,7 @@ from worker.core.events import (
 from worker.core.flips import Comparison, judge_both
 from worker.core.pipeline import Gate
 from worker.logs import call_fields
-from worker.model import Code, Outcome, Verdict
+from worker.model import Code, Outcome, SchemaRef, Verdict
 
 log = logging.getLogger("callgate.processor")
 
@@ -94,24 +97,95 @@ class EventLimits:
 _AN_EVENT_ID = "0" * 32
 
 
+def _derived_lengths(
+    value: bytes, *, keyed: bool, held: bool, max_feedback_bytes: int
+) -> list[int]:
+    """How long each event derived later from the accepted `value` is, each built as it will
+    be: a keyed call's `duplicate` / `idempotency_conflict` (its key's owner writes it from
+    `value`, without the arguments, with its feedback), a held call's denial and expiry."""
+    lengths = []
+    if keyed:
+        for code in (Code.DUPLICATE, Code.IDEMPOTENCY_CONFLICT):
+            owners, _ = idempotency_rejection(value, code, _AN_EVENT_ID, max_feedback_bytes)
+            lengths.append(len(owners))
+    if held:
+        pending = orjson.loads(pending_event(value)[0])
+        for code in (Code.APPROVAL_DENIED, Code.APPROVAL_EXPIRED):
+            lengths.append(len(ended_event(pending, code, max_feedback_bytes)))
+    return lengths
+
+
 def _longest_later(value: bytes, verdict: Verdict, max_feedback_bytes: int) -> int:
     """The longest event that may be written for an accepted call in place of `value`, its
-    event as written now: a keyed call's `duplicate` / `idempotency_conflict` (its key's owner
-    writes it from `value`, without the arguments, with its feedback), a held call's approved
-    event (its decider's name at its longest) and its denial or expiry; `value` for any other."""
+    event as written now: the events derived from it (`_derived_lengths`) and a held call's
+    approved event (its decider's name at its longest); `value` for any other. Exact, and
+    costly (each derived event is built): `_later_exceeds` asks it only when the bound of
+    `_later_bound` says one may not fit."""
     longest = len(value)
     if verdict.outcome is not Outcome.ACCEPTED:
         return longest
-    if verdict.idempotency_digest is not None:
-        for code in (Code.DUPLICATE, Code.IDEMPOTENCY_CONFLICT):
-            owners, _ = idempotency_rejection(value, code, _AN_EVENT_ID, max_feedback_bytes)
-            longest = max(longest, len(owners))
     if verdict.requires_approval:
         longest = max(longest, len(value) + APPROVAL_RESERVE)
-        pending = orjson.loads(pending_event(value)[0])
-        for code in (Code.APPROVAL_DENIED, Code.APPROVAL_EXPIRED):
-            longest = max(longest, len(ended_event(pending, code, max_feedback_bytes)))
+    derived = _derived_lengths(
+        value,
+        keyed=verdict.idempotency_digest is not None,
+        held=verdict.requires_approval,
+        max_feedback_bytes=max_feedback_bytes,
+    )
+    return max([longest, *derived])
+
+
+@cache
+def _derived_growth() -> int:
+    """The most an event derived from an accepted event (`_derived_lengths`) is longer than it,
+    beyond the escaped schema id and version its feedback repeats: measured once on a template,
+    a keyed and held call of empty identifiers judged by a schema of empty id and version, with
+    the shortest arguments (`{}`: they are always an object) and `requires_approval` true (the
+    shorter value of the member a derived event drops). Every other member of an accepted event
+    is carried over as it is (re-written by orjson, which escapes strings as the event writer
+    does and writes a caller, which is orjson's own text, as it was); the feedback with its
+    bound is never longer than without one."""
+    call = AssembledCall("", "", "", b"", idempotency_key="")
+    template = Verdict(
+        Outcome.ACCEPTED,
+        schema=SchemaRef("", ""),
+        arguments_json=b"{}",
+        requires_approval=True,
+        idempotency_key="",
+    )
+    value = encode_event(call, template, sys.maxsize)
+    assert value is not None
+    derived = _derived_lengths(value, keyed=True, held=True, max_feedback_bytes=sys.maxsize)
+    return max(derived) - len(value)
+
+
+def _derived_bound(value: bytes, schema: SchemaRef | None) -> int:
+    """A bound, never below it, of every event derived from the accepted `value` judged by
+    `schema` (`_derived_lengths`), from lengths alone: its feedback repeats the schema's id and
+    version, each character escaped in at most `WIDEST_ESCAPE` bytes."""
+    shown = 0 if schema is None else len(schema.id) + len(schema.version)
+    return len(value) + _derived_growth() + WIDEST_ESCAPE * shown
+
+
+def _later_bound(value: bytes, verdict: Verdict) -> int:
+    """A bound, never below it, of `_longest_later`, from lengths alone: nothing is built."""
+    longest = len(value)
+    if verdict.outcome is not Outcome.ACCEPTED:
+        return longest
+    held = verdict.requires_approval
+    if held:
+        longest += APPROVAL_RESERVE
+    if held or verdict.idempotency_digest is not None:
+        longest = max(longest, _derived_bound(value, verdict.schema))
     return longest
+
+
+def _later_exceeds(value: bytes, verdict: Verdict, limits: EventLimits) -> bool:
+    """Whether an event written later in place of `value` (`_longest_later`) would exceed the
+    event bound: the events are built to decide only when their bound says they may."""
+    if _later_bound(value, verdict) <= limits.max_event_bytes:
+        return False
+    return _longest_later(value, verdict, limits.max_feedback_bytes) > limits.max_event_bytes
 
 
 class Processor:
@@ -180,7 +254,7 @@ class Processor:
             value, verdict = encode_written(
                 call, judged, limits.max_event_bytes, limits.max_feedback_bytes
             )
-            if _longest_later(value, verdict, limits.max_feedback_bytes) > limits.max_event_bytes:
+            if _later_exceeds(value, verdict, limits):
                 detail = (
                     f"an event written for it later (its key's owner's, its approval's) would "
                     f"exceed {limits.max_event_bytes} bytes"
