@@ -37,13 +37,14 @@ from worker.compose import (
     build_gate,
     build_key_store,
     build_registry,
+    event_limits,
     with_contracts,
 )
 from worker.core.approval import APPROVAL_RESERVE
 from worker.core.flips import compare
 from worker.core.idempotency import resolve
 from worker.core.pipeline import Gate
-from worker.core.processor import EventLimits, Processor, Route
+from worker.core.processor import Processor, Route
 from worker.model import Outcome, Phase, Verdict
 from worker.replay import Replay, parse_time
 from worker.settings import Settings
@@ -355,7 +356,7 @@ def processor(gate: Gate, shadow: Gate | None = None) -> Processor:
         build_assembler(BOUND),
         build_decoder(BOUND),
         gate,
-        EventLimits(limits.max_event_bytes, limits.max_feedback_bytes),
+        event_limits(limits),
         shadow=shadow,
     )
 

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 from worker._native import Assembler, EarlyRules
 from worker.adapters.decoder import Decoder
 from worker.core.approval import ApprovalStore
+from worker.core.events import EventLimits
 from worker.core.feedback import largest_feedback_bytes
 from worker.core.idempotency import KeyStore
 from worker.core.pipeline import Gate, GateLimits
-from worker.core.processor import EventLimits, Processor
+from worker.core.processor import Processor
 from worker.errors import ConfigError
 from worker.metrics import Metrics
 from worker.plugins import load_plugins
@@ -33,11 +34,12 @@ if TYPE_CHECKING:  # the otel extra: imported only when tracing is on
 
 def violation_limits(limits: LimitSettings) -> ViolationLimits:
     """How much a compiled check reports: `max_violations`, each path and message bounded."""
-    return ViolationLimits(
-        limits.max_violations,
-        max_path_bytes=limits.max_message_bytes,
-        max_message_bytes=limits.max_message_bytes,
-    )
+    return limits.violation_limits()
+
+
+def event_limits(limits: LimitSettings) -> EventLimits:
+    """The bounds an event is written within (its violations bounded as the gate's)."""
+    return limits.event_limits()
 
 
 def build_registry(settings: Settings) -> SchemaRegistry:
@@ -164,10 +166,7 @@ def build_processor(
         build_assembler(settings, rules),
         build_decoder(settings),
         build_gate(settings, registry),
-        EventLimits(
-            max_event_bytes=limits.max_event_bytes,
-            max_feedback_bytes=limits.max_feedback_bytes,
-        ),
+        event_limits(limits),
         shadow=shadow,
     )
 

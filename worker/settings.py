@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
 from pydantic import (
@@ -33,6 +33,10 @@ from worker.adapters.dialects import DIALECTS
 from worker.errors import ConfigError
 from worker.model import MAX_DEPTH
 from worker.runtime.topics import never_input
+
+if TYPE_CHECKING:  # the core's values, made from these settings (imported where made: a cycle)
+    from worker.core.events import EventLimits
+    from worker.schemas.contract import ViolationLimits
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -328,7 +332,7 @@ class LimitSettings(BaseModel):
                 f"max_feedback_bytes must hold the longest feedback that shows no violation "
                 f"with max_violations={self.max_violations}: at least {least}"
             )
-        around = worst_case_event_bytes(self.max_id_bytes, self.max_feedback_bytes)
+        around = worst_case_event_bytes(self.max_id_bytes, self.event_limits())
         if self.max_event_bytes < self.max_bytes + around:
             raise ValueError(
                 f"max_event_bytes must hold max_bytes ({self.max_bytes}) and the "
@@ -337,6 +341,26 @@ class LimitSettings(BaseModel):
                 f"{self.max_feedback_bytes}: at least {self.max_bytes + around}"
             )
         return self
+
+    def violation_limits(self) -> ViolationLimits:
+        """How much a violation may say: `max_violations`, each path and message bounded."""
+        from worker.schemas.contract import ViolationLimits  # noqa: PLC0415 (import cycle)
+
+        return ViolationLimits(
+            self.max_violations,
+            max_path_bytes=self.max_message_bytes,
+            max_message_bytes=self.max_message_bytes,
+        )
+
+    def event_limits(self) -> EventLimits:
+        """The bounds an event is written within (its violations bounded as the gate's)."""
+        from worker.core.events import EventLimits  # noqa: PLC0415 (import cycle)
+
+        return EventLimits(
+            max_event_bytes=self.max_event_bytes,
+            max_feedback_bytes=self.max_feedback_bytes,
+            violations=self.violation_limits(),
+        )
 
 
 class AssemblySettings(BaseModel):

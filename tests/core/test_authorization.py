@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from tests.datafiles import REPO
 from worker._native import AssembledCall
 from worker.compose import violation_limits
-from worker.core.events import encode
+from worker.core.events import EventLimits, encode
 from worker.core.pipeline import Gate, GateLimits
 from worker.model import Code, Outcome, Phase, SchemaRef, Verdict
 from worker.plugins import AuthorizationContext, Plugins, load_plugins
@@ -32,6 +32,7 @@ from worker.settings import Settings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True, max_examples=200)
 SETTINGS = Settings()
+MESSAGES = violation_limits(SETTINGS.limits)
 LIMITS = GateLimits(
     max_depth=SETTINGS.limits.max_depth,
     max_feedback_bytes=SETTINGS.limits.max_feedback_bytes,
@@ -153,7 +154,9 @@ def test_authorization_runs_after_the_schema_and_before_the_key(gate: Gate) -> N
 def test_the_refusal_is_a_published_rejected_event_naming_its_principal(gate: Gate) -> None:
     call = AssembledCall("s", "c", "restart_service", b'{"target": "db"}', principal="mallory")
     verdict = gate.judge(call)
-    event = parse_event(encode(call, verdict, 65536, SETTINGS.limits.max_feedback_bytes))
+    event = parse_event(
+        encode(call, verdict, EventLimits(65536, SETTINGS.limits.max_feedback_bytes, MESSAGES))
+    )
     assert isinstance(event, Rejected)
     assert (event.phase, event.error_code, event.principal) == (
         "authorization",

@@ -22,7 +22,7 @@ from tests.adapters.oracles import RECORDED, RESPONSES, Gate, records
 from tests.test_metrics import new_metrics, value
 from worker._native import AssembledCall
 from worker.adapters.input import read_records
-from worker.compose import build_gate, build_registry
+from worker.compose import build_gate, build_registry, event_limits
 from worker.core.events import encode
 from worker.errors import SchemaLoadError
 from worker.model import CallKind, Code, Outcome, Phase, RepairKind
@@ -89,8 +89,7 @@ def call(text: str | bytes, tool: str, kind: CallKind = CallKind.FUNCTION_CALL) 
 
 
 def event(settings_: Settings, judged: AssembledCall, gate: Any) -> dict[str, Any]:
-    limits = settings_.limits
-    written = encode(judged, gate.judge(judged), limits.max_event_bytes, limits.max_feedback_bytes)
+    written = encode(judged, gate.judge(judged), event_limits(settings_.limits))
     return dict(orjson.loads(written))
 
 

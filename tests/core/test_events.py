@@ -11,7 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker._native import AssembledCall, encode_event
+from worker.compose import event_limits
 from worker.core.events import (
+    MAX_TOPIC_BYTES,
+    EventLimits,
     encode,
     encode_written,
     idempotency_rejection,
@@ -35,10 +38,12 @@ from worker.model import (
 )
 from worker.model import Violation as V
 from worker.published.model import parse_event
+from worker.schemas.contract import ViolationLimits
 from worker.settings import LimitSettings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
 MAX_FEEDBACK = 4096
+MESSAGES = ViolationLimits(32, max_path_bytes=512, max_message_bytes=512)
 UNBOUNDED = 1 << 40
 REF = SchemaRef("payments.create_payment", "1")
 
@@ -143,9 +148,9 @@ def verdicts(draw: st.DrawFn) -> Verdict:
 def test_an_event_never_exceeds_its_bound_and_is_cut_only_when_it_must(
     call: AssembledCall, verdict: Verdict, max_bytes: int
 ) -> None:
-    event, written = encode_written(call, verdict, max_bytes, MAX_FEEDBACK)
+    event, written = encode_written(call, verdict, EventLimits(max_bytes, MAX_FEEDBACK, MESSAGES))
     assert len(event) <= max_bytes
-    assert encode(call, verdict, max_bytes, MAX_FEEDBACK) == event
+    assert encode(call, verdict, EventLimits(max_bytes, MAX_FEEDBACK, MESSAGES)) == event
     whole = encode_event(call, verdict, UNBOUNDED)
     assert whole is not None
     fields = orjson.loads(event)
@@ -213,7 +218,7 @@ def test_a_rejection_with_too_many_violations_drops_them_and_says_so() -> None:
             max_bytes=MAX_FEEDBACK,
         ),
     )
-    event = orjson.loads(encode(call, verdict, 65_536, MAX_FEEDBACK))
+    event = orjson.loads(encode(call, verdict, EventLimits(65_536, MAX_FEEDBACK, MESSAGES)))
     assert (event["outcome"], event["error_code"], event["violations"]) == (
         "rejected",
         "schema_violation",
@@ -233,7 +238,7 @@ def test_an_accepted_event_that_cannot_fit_becomes_event_too_large() -> None:
         idempotency_key="k-1",
         idempotency_digest=b"\x01" * 16,
     )
-    event, written = encode_written(call, verdict, 65_536, MAX_FEEDBACK)
+    event, written = encode_written(call, verdict, EventLimits(65_536, MAX_FEEDBACK, MESSAGES))
     fields = orjson.loads(event)
     assert (fields["outcome"], fields["phase"], fields["error_code"]) == (
         "rejected",
@@ -252,7 +257,12 @@ def test_an_accepted_event_that_cannot_fit_becomes_event_too_large() -> None:
 
 def test_a_substitute_says_why_in_the_delivery_phase() -> None:
     verdict = Verdict(Outcome.ACCEPTED, schema=REF, arguments_json=b"{}", idempotency_key="k")
-    substitute = substitute_rejection(verdict, Code.OUTPUT_REFUSED, "topic refused", MAX_FEEDBACK)
+    substitute = substitute_rejection(
+        verdict,
+        Code.OUTPUT_REFUSED,
+        "topic refused",
+        EventLimits(UNBOUNDED, MAX_FEEDBACK, MESSAGES),
+    )
     assert (substitute.outcome, substitute.phase, substitute.code) == (
         Outcome.REJECTED,
         Phase.DELIVERY,
@@ -264,6 +274,49 @@ def test_a_substitute_says_why_in_the_delivery_phase() -> None:
         "k",
         False,
     )
+
+
+def _messages_within(event: bytes, max_message_bytes: int) -> None:
+    for violation in orjson.loads(event)["violations"]:
+        for text in (violation["path"], violation["keyword"], violation["message"]):
+            assert len(text.encode()) <= max_message_bytes, violation
+
+
+@FIXED
+@given(
+    call=calls(),
+    verdict=verdicts(),
+    max_message_bytes=st.integers(64, 600),
+    max_bytes=st.integers(8_000, 120_000) | st.integers(10**17, 2**63),
+    topic=st.text(st.sampled_from(["a", "é", "天", "😀", "."]), min_size=249, max_size=249).map(
+        lambda name: name.encode()[:MAX_TOPIC_BYTES].decode("utf-8", "ignore")
+    ),
+    code=st.sampled_from([Code.OUTPUT_REFUSED, Code.EVENT_TOO_LARGE, Code.INTERNAL_ERROR]),
+)
+def test_every_substitutes_message_is_within_the_message_bound(
+    *,
+    call: AssembledCall,
+    verdict: Verdict,
+    max_message_bytes: int,
+    max_bytes: int,
+    topic: str,
+    code: Code,
+) -> None:
+    """A violation callgate writes in a substitute's place is bounded as every other (the
+    issue: `output_refused` named a topic of up to 249 bytes, under a bound of 64), however
+    long what it says: a refused topic's name, an event bound of many digits."""
+    messages = ViolationLimits(
+        32, max_path_bytes=max_message_bytes, max_message_bytes=max_message_bytes
+    )
+    limits = EventLimits(max_bytes, MAX_FEEDBACK, messages)
+    event, _ = encode_written(call, verdict, limits)
+    _messages_within(event, max_message_bytes)
+    detail = f"{topic} refused the event (KafkaError)"
+    substitute = substitute_rejection(verdict, code, detail, limits)
+    event, _ = encode_written(call, substitute, limits)
+    _messages_within(event, max_message_bytes)
+    (violation,) = substitute.violations
+    assert violation.message == detail or violation.message.endswith("\u2026")
 
 
 # --- key and headers --------------------------------------------------------------------------
@@ -406,7 +459,7 @@ def test_the_owners_rejection_is_what_the_gate_would_write_for_it(
         idempotency_digest=b"\x00" * 16,
         phases_us=phases_us,
     )
-    event = encode(call, accepted, UNBOUNDED, MAX_FEEDBACK)
+    event = encode(call, accepted, EventLimits(UNBOUNDED, MAX_FEEDBACK, MESSAGES))
     derived, fields = idempotency_rejection(event, code, first, MAX_FEEDBACK)
     (violation,) = fields["violations"]
     assert (violation["path"], violation["keyword"]) == ("", "idempotency_key")
@@ -437,7 +490,7 @@ def test_the_owners_rejection_is_what_the_gate_would_write_for_it(
 def test_duplicate_and_conflict_say_different_things() -> None:
     call = AssembledCall("s", "c", "create_payment", b"")
     accepted = Verdict(Outcome.ACCEPTED, schema=REF, arguments_json=b"{}", idempotency_key="k")
-    event = encode(call, accepted, UNBOUNDED, MAX_FEEDBACK)
+    event = encode(call, accepted, EventLimits(UNBOUNDED, MAX_FEEDBACK, MESSAGES))
     _, duplicate = idempotency_rejection(event, Code.DUPLICATE, "e" * 32, MAX_FEEDBACK)
     _, conflict = idempotency_rejection(event, Code.IDEMPOTENCY_CONFLICT, "e" * 32, MAX_FEEDBACK)
     assert duplicate["violations"] != conflict["violations"]
@@ -498,14 +551,15 @@ def test_under_any_settings_accepted_every_event_fits_its_bound_and_none_raises(
         "max_event_bytes": max_event_bytes,
     }
     try:
-        LimitSettings(**limits)
+        bounds = event_limits(LimitSettings(**limits))
     except ValueError:
-        around = worst_case_event_bytes(max_id_bytes, max_feedback_bytes)
+        refused = {**limits, "max_event_bytes": 1 << 40, "max_bytes": 1}
+        around = worst_case_event_bytes(max_id_bytes, event_limits(LimitSettings(**refused)))
         assert max_event_bytes < max_bytes + around
         return
     call = data.draw(_bounded_call(max_id_bytes), label="call")
     verdict = data.draw(verdicts(), label="verdict")
-    event, written = encode_written(call, verdict, max_event_bytes, max_feedback_bytes)
+    event, written = encode_written(call, verdict, bounds)
     assert len(event) <= max_event_bytes
     assert orjson.loads(event)["event_id"] == call.event_id
     assert encode_event(call, written, UNBOUNDED) == event
@@ -519,7 +573,9 @@ def test_the_issues_settings_are_refused_and_an_unbounded_call_still_gets_an_eve
     ids = "\x01" * 4096
     call = AssembledCall(ids, ids, ids, b"{}", trace_id=ids, run_id=ids, step_id=ids)
     accepted = Verdict(Outcome.ACCEPTED, arguments_json=b"{}")
-    event, written = encode_written(call, accepted, 66560, MAX_FEEDBACK)  # never raises
+    event, written = encode_written(
+        call, accepted, EventLimits(66560, MAX_FEEDBACK, MESSAGES)
+    )  # never raises
     assert (written.outcome, written.code) == (Outcome.REJECTED, Code.EVENT_TOO_LARGE)
     assert orjson.loads(event)["call_id"] == ids
     assert "over the bound of 66560" in caplog.text
@@ -529,10 +585,14 @@ def test_a_calls_kind_and_caller_are_read_back_by_the_published_model() -> None:
     caller = '{"type":"program","caller_id":"call_p"}'
     custom = AssembledCall("s", "c", "write_sql", call_kind="custom_tool_call", caller=caller)
     verdict = Verdict(Outcome.ACCEPTED, schema=REF, arguments_json=b'{"input":"SELECT 1"}')
-    event = parse_event(encode(custom, verdict, UNBOUNDED, MAX_FEEDBACK))
+    event = parse_event(encode(custom, verdict, EventLimits(UNBOUNDED, MAX_FEEDBACK, MESSAGES)))
     assert (event.call_kind, event.caller) == (
         "custom_tool_call",
         {"type": "program", "caller_id": "call_p"},
     )
-    plain = parse_event(encode(AssembledCall("s", "c", "t"), verdict, UNBOUNDED, MAX_FEEDBACK))
+    plain = parse_event(
+        encode(
+            AssembledCall("s", "c", "t"), verdict, EventLimits(UNBOUNDED, MAX_FEEDBACK, MESSAGES)
+        )
+    )
     assert (plain.call_kind, plain.caller) == ("function_call", None)

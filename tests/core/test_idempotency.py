@@ -17,13 +17,15 @@ from hypothesis import strategies as st
 
 from worker._native import AssembledCall
 from worker.core.canonical import request_digest
-from worker.core.events import encode, idempotency_request
+from worker.core.events import EventLimits, encode, idempotency_request
 from worker.core.idempotency import Change, Decision, KeyRecord, KeyStore, resolve
 from worker.model import Code, Outcome, SchemaRef, Verdict
+from worker.schemas.contract import ViolationLimits
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
 RETENTION = 1_000
 MAX_FEEDBACK = 4096
+MESSAGES = ViolationLimits(32, max_path_bytes=512, max_message_bytes=512)
 REF = SchemaRef("payments.create_payment", "1")
 A, B = b"\xaa" * 16, b"\xbb" * 16
 
@@ -300,7 +302,9 @@ def request(
         idempotency_key=key,
         idempotency_digest=digest,
     )
-    return idempotency_request(call, verdict, encode(call, verdict, 1 << 20, MAX_FEEDBACK))
+    return idempotency_request(
+        call, verdict, encode(call, verdict, EventLimits(1 << 20, MAX_FEEDBACK, MESSAGES))
+    )
 
 
 def event_of(value: bytes) -> dict[str, Any]:

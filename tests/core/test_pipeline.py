@@ -27,7 +27,7 @@ from tests.support.numbers import number_texts, spellings
 from worker._native import AssembledCall, EarlyRejection, ParseError, parse_json
 from worker.compose import build_gate, build_registry, violation_limits
 from worker.core.canonical import canonical, request_digest
-from worker.core.events import encode
+from worker.core.events import EventLimits, encode
 from worker.core.feedback import MALFORMED_RECORD_MESSAGE, UNDECLARED, build_feedback
 from worker.core.pipeline import RETRYABLE, Gate, GateLimits, passed_on
 from worker.core.tool_output import RESULT_MEMBERS
@@ -50,6 +50,7 @@ from worker.settings import Settings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
 SETTINGS = Settings(schemas={"dir": SCHEMAS})
+MESSAGES = violation_limits(SETTINGS.limits)
 REGISTRY = build_registry(SETTINGS)
 GATE = build_gate(SETTINGS, REGISTRY)
 PLUGINS = load_plugins(SCHEMAS)
@@ -570,7 +571,9 @@ def test_a_rule_that_returns_something_other_than_violations_is_rule_error(found
     verdict = rejected(
         gate.judge(the_call), Phase.BUSINESS_VALIDATION, Code.RULE_ERROR, retryable=False
     )
-    assert encode(the_call, verdict, 1_000_000, 4096)  # and it can be written
+    assert encode(
+        the_call, verdict, EventLimits(1_000_000, 4096, MESSAGES)
+    )  # and it can be written
 
 
 def test_rules_see_the_schema_and_the_effective_key() -> None:
@@ -1361,7 +1364,7 @@ def test_an_exception_anywhere_is_that_calls_internal_error_in_its_phase(
     (violation,) = verdict.violations
     assert violation.keyword == "internal_error"
     assert error.__name__ in violation.message
-    event = encode(the_call, verdict, 1_000_000, 4096)
+    event = encode(the_call, verdict, EventLimits(1_000_000, 4096, MESSAGES))
     assert BOOM_TEXT.encode() not in event  # the exception's text stays in the log
     assert orjson.loads(event)["error_code"] == "internal_error"
     # logged once, at error level, with the exception and the call's ids

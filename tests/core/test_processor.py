@@ -24,12 +24,12 @@ from tests.datafiles import SCHEMAS
 from worker._native import AssembledCall, encode_event
 from worker.check import FileRecord
 from worker.compose import build_key_store, build_processor, build_registry, violation_limits
-from worker.core.events import idempotency_rejection, read_idempotency_request
+from worker.core.approval import ended_event, pending_event
+from worker.core.events import EventLimits, idempotency_rejection, read_idempotency_request
 from worker.core.idempotency import Decision, KeyStore, resolve
 from worker.core.pipeline import Gate, GateLimits
 from worker.core.processor import (
     Emission,
-    EventLimits,
     Processor,
     Route,
     _derived_bound,
@@ -41,7 +41,7 @@ from worker.core.processor import (
 from worker.model import CallKind, Code, Outcome, RepairKind, SchemaRef, Verdict
 from worker.model import Phase as Phase_
 from worker.plugins import Plugins, load_plugins
-from worker.settings import Settings
+from worker.settings import LimitSettings, Settings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
 IDLE_MS = 1_000
@@ -53,6 +53,7 @@ SETTINGS = Settings(
 REGISTRY = build_registry(SETTINGS)
 TOPIC = "model-output"
 MAX_FEEDBACK = SETTINGS.limits.max_feedback_bytes
+MESSAGES = violation_limits(SETTINGS.limits)
 
 
 def new_processor(settings: Settings = SETTINGS) -> Processor:
@@ -443,7 +444,7 @@ def test_an_accepted_call_whose_event_cannot_be_written_is_routed_as_its_rejecti
                     limits.max_depth, MAX_FEEDBACK, SETTINGS.retry.budget, violation_limits(limits)
                 ),
             ),
-            EventLimits(max_event_bytes=1_500, max_feedback_bytes=MAX_FEEDBACK),
+            EventLimits(1_500, MAX_FEEDBACK, MESSAGES),
         )
         text = envelope(
             "r1",
@@ -503,7 +504,7 @@ def test_an_event_written_later_in_a_calls_place_fits_the_bound_or_the_call_is_t
 
     def processor(bound: int) -> Processor:
         built = new_processor()
-        limits = EventLimits(max_event_bytes=bound, max_feedback_bytes=MAX_FEEDBACK)
+        limits = EventLimits(bound, MAX_FEEDBACK, MESSAGES)
         return Processor(built.assembler, built.decoder, built.gate, limits)
 
     probe = processor(1 << 30).feed(TOPIC, 0, records())
@@ -526,6 +527,58 @@ def test_an_event_written_later_in_a_calls_place_fits_the_bound_or_the_call_is_t
             if not held:  # (a held call's later events are its approval's too)
                 # refused only when needed: the event as probed (its timings aside) did not fit
                 assert max(len(probed), *_owners_events(probed)) > bound - _TIMINGS
+
+
+@FIXED
+@given(
+    max_message_bytes=st.integers(64, 300),
+    topic=st.text(st.sampled_from(["a", "é", "天", "😀", "-"]), min_size=249, max_size=249),
+    stream=st.text(st.sampled_from(["s", "\x01", "😀"]), min_size=1, max_size=64),
+)
+def test_every_violation_written_in_a_calls_place_is_within_the_message_bound(
+    max_message_bytes: int, topic: str, stream: str
+) -> None:
+    """The `event_too_large` a keyed call becomes when its key's owner's event could not fit,
+    and the `output_refused` written when a topic of the longest name refuses its event, say
+    no more than CALLGATE_LIMITS__MAX_MESSAGE_BYTES, as every violation (the issue: both were
+    written whole: 90 bytes and up to 280, under a bound of 64)."""
+    settings = Settings(schemas={"dir": SCHEMAS}, limits={"max_message_bytes": max_message_bytes})
+    limits = settings.limits.event_limits()
+    records = [payment(Partition(), "c1", payment_args(), stream)]
+    probe = build_processor(settings, REGISTRY).feed(TOPIC, 0, records)
+    accepted = read_idempotency_request(probe[0].value).event
+    built = build_processor(settings, REGISTRY)
+    tight = EventLimits(len(accepted) + 1, limits.max_feedback_bytes, limits.violations)
+    p = Processor(built.assembler, built.decoder, built.gate, tight)
+    (emission,) = p.feed(TOPIC, 0, records)
+    assert emission.verdict.code is Code.EVENT_TOO_LARGE
+    refused = f"{topic.encode()[:249].decode('utf-8', 'ignore')} refused the event (KafkaError)"
+    substituted, written = built.substitute(
+        emission.call, probe[0].verdict, Code.OUTPUT_REFUSED, refused
+    )
+    assert written.code is Code.OUTPUT_REFUSED
+    for event in (emission.value, substituted):
+        for violation in orjson.loads(event)["violations"]:
+            assert len(violation["message"].encode()) <= max_message_bytes, violation
+
+
+def test_the_fixed_messages_of_later_events_fit_the_least_message_bound() -> None:
+    """What a key's owner and an approval write into a violation is fixed text, within the
+    least CALLGATE_LIMITS__MAX_MESSAGE_BYTES the settings allow: it is never cut."""
+    (least,) = [m.ge for m in LimitSettings.model_fields["max_message_bytes"].metadata]
+    accepted = Verdict(Outcome.ACCEPTED, schema=SchemaRef("s", "1"), arguments_json=b"{}")
+    value = encode_event(AssembledCall("s", "c", "t"), accepted, 1 << 20)
+    assert value is not None
+    pending = orjson.loads(pending_event(value)[0])
+    events = [idempotency_rejection(value, code, "0" * 32, MAX_FEEDBACK)[0] for code in KEYED]
+    events += [ended_event(pending, code, MAX_FEEDBACK) for code in ENDED]
+    for event in events:
+        (violation,) = orjson.loads(event)["violations"]
+        assert len(violation["message"].encode()) <= least
+
+
+KEYED = (Code.DUPLICATE, Code.IDEMPOTENCY_CONFLICT)
+ENDED = (Code.APPROVAL_DENIED, Code.APPROVAL_EXPIRED)
 
 
 #: how many bytes two writings of one event may differ by: their phases' microseconds
@@ -622,7 +675,7 @@ def test_the_later_events_bound_is_never_below_them_and_decides_as_building_them
     longest = _longest_later(value, verdict, max_feedback_bytes)
     assert _later_bound(value, verdict) >= longest
     for bound in (longest + slack, _later_bound(value, verdict) + slack):
-        limits = EventLimits(max_event_bytes=bound, max_feedback_bytes=max_feedback_bytes)
+        limits = EventLimits(bound, max_feedback_bytes, MESSAGES)
         assert _later_exceeds(value, verdict, limits) is (longest > bound)
 
 

@@ -14,13 +14,14 @@ from hypothesis import strategies as st
 
 from tests.datafiles import SCHEMAS
 from worker._native import AssembledCall, ParseError, parse_json
-from worker.compose import build_gate, build_registry
-from worker.core.events import encode
+from worker.compose import build_gate, build_registry, violation_limits
+from worker.core.events import EventLimits, encode
 from worker.model import Code, Outcome, Phase, Verdict
 from worker.settings import Settings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True, max_examples=300)
 SETTINGS = Settings(schemas={"dir": SCHEMAS})
+MESSAGES = violation_limits(SETTINGS.limits)
 GATE = build_gate(SETTINGS, build_registry(SETTINGS))
 MAX_EVENT = SETTINGS.limits.max_event_bytes
 MAX_FEEDBACK = SETTINGS.limits.max_feedback_bytes
@@ -91,7 +92,7 @@ def consistent(verdict: Verdict, the_call: AssembledCall) -> None:
         assert verdict.arguments_json is None
     assert verdict.code is not Code.INTERNAL_ERROR, "no input makes the gate fail"
     assert next(iter(verdict.phases_us)) == Phase.ASSEMBLY
-    event = orjson.loads(encode(the_call, verdict, MAX_EVENT, MAX_FEEDBACK))
+    event = orjson.loads(encode(the_call, verdict, EventLimits(MAX_EVENT, MAX_FEEDBACK, MESSAGES)))
     assert (event["outcome"], event["call_id"]) == (verdict.outcome.value, the_call.call_id)
 
 

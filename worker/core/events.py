@@ -3,10 +3,11 @@
 The event's JSON is written by the native core (`worker._native.encode_event`, whose docstring
 shows every field). This module adds what surrounds it:
 
-- `encode`: the event of a verdict, never longer than the bound. A rejection that would be too
-  long loses its violations (the event says how many, `violations_omitted`) and then its
-  feedback's; an event that still does not fit, or an accepted one that does not fit at all
-  (a version adapter grew the arguments), is replaced by a rejection `event_too_large`.
+- `encode`: the event of a verdict, never longer than the bound (`EventLimits`). A rejection
+  that would be too long loses its violations (the event says how many, `violations_omitted`)
+  and then its feedback's; an event that still does not fit, or an accepted one that does not
+  fit at all (a version adapter grew the arguments), is replaced by a rejection
+  `event_too_large`, whose violation is bounded as every violation is.
 - `record_key` / `record_headers`: key `call_id`, headers `outcome`, `tool`, `schema-version`,
   so executors filter without parsing (each list of headers built once, and shared).
 - the idempotency request (the accepted event waiting for its key's owner) and the rejections
@@ -27,6 +28,8 @@ from worker._native import AssembledCall, encode_event
 from worker.core.feedback import build_feedback
 from worker.logs import call_fields
 from worker.model import CallKind, Code, Outcome, Phase, SchemaRef, Verdict, Violation
+from worker.schemas.contract import ViolationLimits
+from worker.schemas.report import bounded_violation
 
 log = logging.getLogger("callgate.events")
 
@@ -47,13 +50,25 @@ WIDEST_ESCAPE = len(orjson.dumps(_WIDEST_CHAR)) - len(b'""')
 _REQUEST_TAG = b"CGI1"
 
 
-def encode(call: AssembledCall, verdict: Verdict, max_bytes: int, max_feedback_bytes: int) -> bytes:
-    """The event of `call` as judged, at most `max_bytes` long (see the module docstring)."""
-    return encode_written(call, verdict, max_bytes, max_feedback_bytes)[0]
+@dataclass(frozen=True, slots=True)
+class EventLimits:
+    """The bounds an event is written within; all of them come from the settings."""
+
+    max_event_bytes: int
+    max_feedback_bytes: int
+    #: how much a violation may say: one that callgate writes in a substitute's place is
+    #: bounded as the gate bounds every other (`bounded_violation`)
+    violations: ViolationLimits
+
+
+def encode(call: AssembledCall, verdict: Verdict, limits: EventLimits) -> bytes:
+    """The event of `call` as judged, at most `max_event_bytes` long (see the module
+    docstring)."""
+    return encode_written(call, verdict, limits)[0]
 
 
 def encode_written(
-    call: AssembledCall, verdict: Verdict, max_bytes: int, max_feedback_bytes: int
+    call: AssembledCall, verdict: Verdict, limits: EventLimits
 ) -> tuple[bytes, Verdict]:
     """`encode`, and the verdict the event was written from: `verdict` itself, or what replaced
     it. Where the event goes (its topic, its headers) follows the second, never the first: an
@@ -62,7 +77,8 @@ def encode_written(
     Each try is smaller than the one before: the event as judged, a rejection without its
     violations, the rejection `event_too_large`, and last the smallest event, which holds only
     the call's own identifiers and fixed text (no schema, no key): the settings refuse bounds
-    under which that one could exceed `max_bytes` (`worst_case_event_bytes`)."""
+    under which that one could exceed `max_event_bytes` (`worst_case_event_bytes`)."""
+    max_bytes, max_feedback_bytes = limits.max_event_bytes, limits.max_feedback_bytes
     event = encode_event(call, verdict, max_bytes)
     if event is not None:
         return event, verdict
@@ -71,12 +87,12 @@ def encode_written(
         event = encode_event(call, shorter, max_bytes)
         if event is not None:
             return event, shorter
-    detail = f"the event would exceed {max_bytes} bytes"
-    substitute = substitute_rejection(verdict, Code.EVENT_TOO_LARGE, detail, max_feedback_bytes)
+    detail = _too_large_detail(max_bytes)
+    substitute = substitute_rejection(verdict, Code.EVENT_TOO_LARGE, detail, limits)
     event = encode_event(call, substitute, max_bytes)
     if event is not None:
         return event, substitute
-    smallest = _smallest(verdict, detail, max_feedback_bytes)
+    smallest = _smallest(verdict, detail, limits)
     event = encode_event(call, smallest, max_bytes)
     if event is None:  # identifiers past the bounds the settings allow: never from a record
         event = encode_event(call, smallest, _UNBOUNDED)
@@ -92,9 +108,13 @@ def encode_written(
     return event, smallest
 
 
-def _smallest(verdict: Verdict, detail: str, max_feedback_bytes: int) -> Verdict:
+def _too_large_detail(max_bytes: int) -> str:
+    return f"the event would exceed {max_bytes} bytes"
+
+
+def _smallest(verdict: Verdict, detail: str, limits: EventLimits) -> Verdict:
     """The `event_too_large` rejection with nothing but fixed text: no schema, no key."""
-    violations = (Violation("", Code.EVENT_TOO_LARGE.value, detail),)
+    violations = _substitute_violations(Code.EVENT_TOO_LARGE, detail, limits)
     return Verdict(
         Outcome.REJECTED,
         phase=Phase.DELIVERY,
@@ -107,13 +127,13 @@ def _smallest(verdict: Verdict, detail: str, max_feedback_bytes: int) -> Verdict
             violations,
             retryable=False,
             budget_exhausted=False,
-            max_bytes=max_feedback_bytes,
+            max_bytes=limits.max_feedback_bytes,
         ),
         phases_us=verdict.phases_us,
     )
 
 
-def worst_case_event_bytes(max_id_bytes: int, max_feedback_bytes: int) -> int:
+def worst_case_event_bytes(max_id_bytes: int, limits: EventLimits) -> int:
     """How long the smallest event (see `encode_written`) can be: that of a call whose every
     identifier is `max_id_bytes` of a character JSON escapes to six bytes, with the longest call
     kind and a caller of `max_id_bytes` (embedded as it is), a principal as wide as any
@@ -143,8 +163,8 @@ def worst_case_event_bytes(max_id_bytes: int, max_feedback_bytes: int) -> int:
     )
     phases = {phase.value: widest for phase in Phase}
     judged = Verdict(Outcome.REJECTED, phases_us=phases)
-    detail = f"the event would exceed {_UNBOUNDED} bytes"
-    event = encode_event(call, _smallest(judged, detail, max_feedback_bytes), _UNBOUNDED)
+    detail = _too_large_detail(limits.max_event_bytes)
+    event = encode_event(call, _smallest(judged, detail, limits), _UNBOUNDED)
     assert event is not None
     return len(event)
 
@@ -176,12 +196,15 @@ def _without_violations(verdict: Verdict, max_feedback_bytes: int) -> Verdict:
     )
 
 
-def substitute_rejection(
-    verdict: Verdict, code: Code, detail: str, max_feedback_bytes: int
-) -> Verdict:
-    """What is sent instead of an event that cannot be written as judged (phase `delivery`)."""
-    violations = (Violation("", code.value, detail),)
-    return _rejection(verdict, Phase.DELIVERY, code, violations, max_feedback_bytes)
+def substitute_rejection(verdict: Verdict, code: Code, detail: str, limits: EventLimits) -> Verdict:
+    """What is sent instead of an event that cannot be written as judged (phase `delivery`):
+    its violation says `detail`, cut to the bound of every violation's message."""
+    violations = _substitute_violations(code, detail, limits)
+    return _rejection(verdict, Phase.DELIVERY, code, violations, limits.max_feedback_bytes)
+
+
+def _substitute_violations(code: Code, detail: str, limits: EventLimits) -> tuple[Violation, ...]:
+    return (bounded_violation(Violation("", code.value, detail), limits.violations),)
 
 
 def _rejection(

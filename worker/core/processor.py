@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 from typing import Any, NamedTuple
@@ -40,6 +39,7 @@ from worker.adapters.decoder import Decoder
 from worker.core.approval import APPROVAL_RESERVE, PENDING_OUTCOME, ended_event, pending_event
 from worker.core.events import (
     WIDEST_ESCAPE,
+    EventLimits,
     Headers,
     encode_written,
     idempotency_rejection,
@@ -85,12 +85,6 @@ class Emission(NamedTuple):
     call: AssembledCall
     verdict: Verdict
     shadow: Comparison | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EventLimits:
-    max_event_bytes: int
-    max_feedback_bytes: int
 
 
 #: the length of every event id (`duplicate_of` names one)
@@ -202,7 +196,7 @@ class Processor:
         self.decoder = decoder
         self.gate = gate
         self.shadow = shadow
-        self._limits = limits
+        self.limits = limits
 
     def feed(self, topic: str, partition: int, records: Iterable[Any]) -> list[Emission]:
         """One partition's records (`offset`, `timestamp`, `key`, `value`, `headers`, and
@@ -249,22 +243,15 @@ class Processor:
         the second (an accepted call whose event, or an event written later in its place,
         cannot be written is an `event_too_large` rejection, never an accepted or keyed
         emission)."""
-        limits = self._limits
+        limits = self.limits
         try:
-            value, verdict = encode_written(
-                call, judged, limits.max_event_bytes, limits.max_feedback_bytes
-            )
+            value, verdict = encode_written(call, judged, limits)
             if _later_exceeds(value, verdict, limits):
                 detail = (
                     f"an event written for it later (its key's owner's, its approval's) would "
                     f"exceed {limits.max_event_bytes} bytes"
                 )
-                too_large = substitute_rejection(
-                    verdict, Code.EVENT_TOO_LARGE, detail, limits.max_feedback_bytes
-                )
-                return encode_written(
-                    call, too_large, limits.max_event_bytes, limits.max_feedback_bytes
-                )
+                return self.substitute(call, verdict, Code.EVENT_TOO_LARGE, detail)
             return value, verdict
         except Exception:
             log.exception(
@@ -274,13 +261,17 @@ class Processor:
                 call.event_id,
                 extra=call_fields(call),
             )
-            failed = substitute_rejection(
-                judged,
-                Code.INTERNAL_ERROR,
-                "callgate failed to write this call's event",
-                limits.max_feedback_bytes,
-            )
-            return encode_written(call, failed, limits.max_event_bytes, limits.max_feedback_bytes)
+            detail = "callgate failed to write this call's event"
+            return self.substitute(call, judged, Code.INTERNAL_ERROR, detail)
+
+    def substitute(
+        self, call: AssembledCall, verdict: Verdict, code: Code, detail: str
+    ) -> tuple[bytes, Verdict]:
+        """The event written instead of `verdict`'s, a rejection `code` in phase `delivery`
+        saying `detail` (cut to the bound of every violation's message), and the verdict it
+        was written from (`encode_written`)."""
+        substitute = substitute_rejection(verdict, code, detail, self.limits)
+        return encode_written(call, substitute, self.limits)
 
     # -- partitions ---------------------------------------------------------------------------
 

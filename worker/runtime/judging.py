@@ -29,7 +29,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from worker.core.approval import PENDING_OUTCOME, RECORD_HEADER, REFUSAL_RECORD, Ruling
-from worker.core.events import TRACEPARENT, Headers, encode, record_headers, substitute_rejection
+from worker.core.events import TRACEPARENT, Headers, record_headers
 from worker.core.processor import Emission, Processor, Route
 from worker.metrics import Metrics
 from worker.model import Code, Outcome, Phase
@@ -69,7 +69,6 @@ class Judge:
         self._approvals_topic = approvals_topic
         self._metrics = metrics
         self._stats = stats
-        self._limits = settings.limits
         self._requests = requests_topic
         self._keys = keys_topic
         topics = settings.topics
@@ -339,16 +338,14 @@ class Judge:
                 error,
             )
             return None
-        limits = self._limits
         detail = f"{record.topic} refused the event ({type(error).__name__})"
-        substitute = substitute_rejection(
-            emission.verdict, Code.OUTPUT_REFUSED, detail, limits.max_feedback_bytes
-        )
         call = emission.call
-        value = encode(call, substitute, limits.max_event_bytes, limits.max_feedback_bytes)
+        value, written = self._processor.substitute(
+            call, emission.verdict, Code.OUTPUT_REFUSED, detail
+        )
         self._stats.substituted += 1
         self._metrics.event_substituted()
-        version = substitute.schema.version if substitute.schema is not None else None
+        version = written.schema.version if written.schema is not None else None
         headers = record_headers(Outcome.REJECTED, call.tool, version)
         traced = [(name, value) for name, value in record.headers if name == TRACEPARENT]
         return Record(
