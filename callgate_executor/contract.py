@@ -1,8 +1,9 @@
 """The execute contract, decided for one call against what its key's execution recorded.
 
-For an execution key `k` (the call's idempotency key, or its event id when its contract has
-none) and a request `x` (tool, schema version and canonical arguments, digested as the gate
-digests them: `worker.core.canonical.request_digest`), against the latest record of `k`:
+For an execution key `k` (the call's idempotency key in its principal's scope, as the gate
+scopes it: `worker.core.canonical.scoped_key`; or its event id when its contract has none) and
+a request `x` (tool, schema version and canonical arguments, digested as the gate digests them:
+`worker.core.canonical.request_digest`), against the latest record of `k`:
 
 - nothing recorded: RUN, attempt 1 (`k` gets a `started` record first);
 - `k` recorded with another digest by another call: CONFLICT; nothing runs (by the same call,
@@ -47,7 +48,7 @@ from typing import Any
 import orjson
 
 from worker.core.approval import fingerprint
-from worker.core.canonical import request_digest
+from worker.core.canonical import request_digest, scoped_key
 from worker.model import Phase
 from worker.model import SchemaRef as CoreSchemaRef
 from worker.published.model import Accepted, ResultError, ResultStatus, SchemaRef, ToolResult
@@ -122,10 +123,12 @@ def refusal(
 
 
 def execution_key(event: Accepted) -> str:
-    """What an execution is recorded under: `key:<idempotency key>`, else `event:<event id>`
-    (one namespace each, so no key can name another call's event)."""
+    """What an execution is recorded under: `key:<the idempotency key in its principal's
+    scope>` (the gate's own `worker.core.canonical.scoped_key`: calls of two principals never
+    share a key), else `event:<event id>` (one namespace each, so no key can name another
+    call's event)."""
     if event.idempotency_key is not None:
-        return f"key:{event.idempotency_key}"
+        return f"key:{scoped_key(event.principal, event.idempotency_key)}"
     return f"event:{event.event_id}"
 
 

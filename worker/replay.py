@@ -62,8 +62,8 @@ class Replay:
     def settle(self, compared: Comparison) -> Comparison:
         """The comparison once each side's key owner has decided its keyed acceptances."""
         call, limit = compared.call, self.max_feedback_bytes
-        baseline = decide_here(self.baseline_keys, call.event_id, compared.baseline, limit)
-        candidate = decide_here(self.candidate_keys, call.event_id, compared.candidate, limit)
+        baseline = decide_here(self.baseline_keys, call, compared.baseline, limit)
+        candidate = decide_here(self.candidate_keys, call, compared.candidate, limit)
         if baseline is compared.baseline and candidate is compared.candidate:
             return compared
         return Comparison(call, baseline, candidate, compare(baseline, candidate))

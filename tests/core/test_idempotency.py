@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker._native import AssembledCall
-from worker.core.canonical import request_digest
+from worker.core.canonical import request_digest, scoped_key
 from worker.core.events import EventLimits, encode, idempotency_request
 from worker.core.idempotency import Change, Decision, KeyRecord, KeyStore, resolve
 from worker.model import Code, Outcome, SchemaRef, Verdict
@@ -323,7 +323,7 @@ def test_the_first_request_is_accepted_as_it_was_sent() -> None:
         REF,
     )
     first_event_id = event_of(resolution.event)["event_id"]
-    assert resolution.changes == [("k", KeyRecord(A, first_event_id, 100))]
+    assert resolution.changes == [(scoped_key(None, "k"), KeyRecord(A, first_event_id, 100))]
     assert not resolution.pending
 
 

@@ -25,6 +25,7 @@ from worker._native import AssembledCall, encode_event
 from worker.check import FileRecord
 from worker.compose import build_key_store, build_processor, build_registry, violation_limits
 from worker.core.approval import ended_event, pending_event
+from worker.core.canonical import scoped_key
 from worker.core.events import EventLimits, idempotency_rejection, read_idempotency_request
 from worker.core.idempotency import Decision, KeyStore, resolve
 from worker.core.pipeline import Gate, GateLimits
@@ -349,11 +350,11 @@ def test_a_keyed_call_goes_to_its_keys_owner_who_accepts_the_first() -> None:
     p, rec, store = new_processor(), Partition(), build_key_store(SETTINGS)
     (emission,) = p.feed(TOPIC, 0, [payment(rec, "c1", payment_args())])
     assert emission.route is Route.IDEMPOTENCY
-    assert emission.key == b"pay-1"
+    assert emission.key == scoped_key(None, "pay-1").encode()  # the key, scoped by principal
     assert emission.headers == []
     request = read_idempotency_request(emission.value)
     assert (request.key, request.call_id, request.event_id) == (
-        "pay-1",
+        scoped_key(None, "pay-1"),
         "c1",
         emission.call.event_id,
     )

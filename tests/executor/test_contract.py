@@ -17,6 +17,7 @@ from callgate_executor.contract import ANSWERED, DONE, STARTED, Execution, Outco
 from tests.support import published
 from tests.support.executor import Judge, contract_settings
 from worker.compose import build_registry
+from worker.core.canonical import scoped_key
 from worker.published import Document
 from worker.published.model import Accepted, ResultError, ResultStatus, parse_event
 from worker.schemas.contract import Contract
@@ -45,7 +46,10 @@ def _pay(key: str, amount: int, call_id: str) -> Accepted:
 
 def test_the_execution_key_is_the_idempotency_key_else_the_event_id() -> None:
     keyed = _pay("k-1", 100, "c-key-1")
-    assert contract.execution_key(keyed) == "key:k-1"
+    assert contract.execution_key(keyed) == 'key:[null,"k-1"]'  # in the no-principal scope
+    # a principal's key is in its own scope, as the gate's key's owner scopes it
+    alice = _event(JUDGE.pay("k-1", 100, call_id="c-key-3", principal="alice"))
+    assert contract.execution_key(alice) == 'key:["alice","k-1"]'
     unkeyed = _event(JUDGE.accepted("lookup", {"sku": "a"}, call_id="c-key-2"))
     assert contract.execution_key(unkeyed) == f"event:{unkeyed.event_id}"
 
@@ -236,7 +240,7 @@ def test_a_refusal_is_the_calls_answer_for_good_and_leaves_its_key_free() -> Non
     run = contract.answer(approved, state, refusal=None, retry_safe=True)
     assert run.step is Step.RUN
     assert run.begun is not None
-    assert run.begun.key == contract.execution_key(forged) == "key:w-once"
+    assert run.begun.key == contract.execution_key(forged) == 'key:[null,"w-once"]'
 
 
 # -- generated deliveries against the README's contract ------------------------------------------
@@ -426,7 +430,8 @@ class Reference:
             if self.exactly_once or eid in self.known:
                 return True
             return self._answer(eid, crash, self.answers[eid])
-        exec_key = f"key:{event.idempotency_key}" if event.idempotency_key else f"event:{eid}"
+        key_id = event.idempotency_key
+        exec_key = f"key:{scoped_key(event.principal, key_id)}" if key_id else f"event:{eid}"
         key = self.keys.get(exec_key)
         if key is not None and key.executed == eid and key.final is None:
             # its run was interrupted: safe to retry, still handled and the same request, it

@@ -275,9 +275,10 @@ async def _the_contract(broker: str, exactly_once: bool, run: str, tail: ResultT
 
     # -- stopped during two handlers; a new executor restores and goes on ---------------------
     # the two calls on two partitions of the requests topic: both in their handlers at once
+    pay_block = judge.pay("k3", 7, call_id=f"{run}-pay-block", recipient="block")
     blocked = {
-        "pay-block": judge.pay("k3", 7, call_id=f"{run}-pay-block", recipient="block"),
-        "lookup-block": blocked_lookup(judge, b"key:k3", f"{run}-lookup-block", PARTITIONS),
+        "pay-block": pay_block,
+        "lookup-block": blocked_lookup(judge, pay_block, f"{run}-lookup-block", PARTITIONS),
     }
     executor = shop.executor(settings)
     task = await _running(executor)

@@ -225,7 +225,7 @@ async def test_kill_9_during_handlers(apache_kafka: ApacheKafka, tmp_path: Path)
     judge = Judge()
     pay = judge.pay(f"{run}-blocked", 42, call_id=f"{run}-pay", recipient="block")
     # on another partition of the requests topic than the payment: both block at once
-    lookup = blocked_lookup(judge, f"key:{run}-blocked".encode(), f"{run}-lookup", PARTITIONS)
+    lookup = blocked_lookup(judge, pay, f"{run}-lookup", PARTITIONS)
     lookup_id = _call_id(lookup)
     database = tmp_path / "payments.db"
     env = {"SHOP_DB": str(database)}

@@ -112,7 +112,7 @@ async def test_a_rebalance_during_handlers_keeps_the_execute_contract(
         return judge.pay(f"{run}-k{n}", amount, call_id=f"{run}-pay{n}{tag}", recipient=recipient)
 
     blocked_pay = judge.pay(f"{run}-kb", 7, call_id=f"{run}-pay-block", recipient="block")
-    lookup = blocked_lookup(judge, f"key:{run}-kb".encode(), f"{run}-lookup", PARTITIONS)
+    lookup = blocked_lookup(judge, blocked_pay, f"{run}-lookup", PARTITIONS)
     before = [pay(n) for n in range(PAYMENTS // 2)]
     during = [pay(n) for n in range(PAYMENTS // 2, PAYMENTS)]
     during += [judge.accepted("lookup", {"sku": f"s{n}"}, call_id=f"{run}-l{n}") for n in range(4)]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from callgate_executor import contract
 from callgate_executor.handlers import (
     Call,
     Handlers,
@@ -60,7 +61,7 @@ def _call(event: Accepted) -> Call[Pay]:
         arguments=Pay.model_validate(event.arguments),
         event=event,
         idempotency_key=event.idempotency_key,
-        execution_key=f"key:{event.idempotency_key}",
+        execution_key=contract.execution_key(event),
         traceparent=event.traceparent,
         deadline=time.time() + 5,
         attempt=1,

@@ -77,11 +77,12 @@ class Judge:
         call_id: str,
         stream: str | None = None,
         version: str | None = "1",
+        principal: str | None = None,
     ) -> tuple[Route, bytes]:
-        """Where the gate sends one call (its arguments' text as the model streamed it), and
-        its event (a keyed call's as its key's owner receives it)."""
+        """Where the gate sends one call (its arguments' text as the model streamed it, for
+        `principal`), and its event (a keyed call's as its key's owner receives it)."""
         stream = stream or f"stream-{call_id}"
-        messages = envelopes(stream, call_id, tool, arguments, version=version)
+        messages = envelopes(stream, call_id, tool, arguments, version=version, principal=principal)
         records = [
             FileRecord(INPUT, 0, next(self._offsets), None, m.key, m.value, m.headers)
             for m in messages
@@ -101,10 +102,13 @@ class Judge:
         call_id: str,
         stream: str | None = None,
         version: str | None = "1",
+        principal: str | None = None,
     ) -> bytes:
         """The accepted event of one call (AssertionError if the gate does not accept it)."""
         text = orjson.dumps(arguments).decode()
-        route, value = self.judged(tool, text, call_id=call_id, stream=stream, version=version)
+        route, value = self.judged(
+            tool, text, call_id=call_id, stream=stream, version=version, principal=principal
+        )
         assert route is Route.ACCEPTED, orjson.loads(value)
         return value
 
@@ -121,14 +125,22 @@ class Judge:
             event["approval"]["fingerprint"] = fingerprint
         return orjson.dumps(event)
 
-    def pay(self, key: str, amount: int, *, call_id: str, recipient: str = "acme") -> bytes:
+    def pay(
+        self,
+        key: str,
+        amount: int,
+        *,
+        call_id: str,
+        recipient: str = "acme",
+        principal: str | None = None,
+    ) -> bytes:
         arguments = {
             "amount_minor": amount,
             "currency": "EUR",
             "recipient": recipient,
             "idempotency_key": key,
         }
-        return self.accepted("pay", arguments, call_id=call_id)
+        return self.accepted("pay", arguments, call_id=call_id, principal=principal)
 
 
 async def produce(bootstrap: str, topic: str, events: Iterable[tuple[str, bytes]]) -> None:
@@ -145,10 +157,12 @@ async def produce(bootstrap: str, topic: str, events: Iterable[tuple[str, bytes]
 
 def blocked_lookup(judge: Judge, other: bytes, call_id: str, partitions: int) -> bytes:
     """The accepted event of a `lookup` of sku `block` whose execution key is on another
-    partition of the requests topic than the key `other` (so both run at once)."""
+    partition of the requests topic than the accepted event `other`'s (so both run at once)."""
     partitioner = DefaultPartitioner()
     everything = list(range(partitions))
-    taken = partitioner(other, everything, everything)
+    accepted = parse_event(other)
+    assert isinstance(accepted, Accepted)
+    taken = partitioner(contract.execution_key(accepted).encode(), everything, everything)
     for attempt in range(100):
         event = judge.accepted("lookup", {"sku": "block"}, call_id=f"{call_id}-{attempt}")
         accepted = parse_event(event)

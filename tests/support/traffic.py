@@ -93,8 +93,10 @@ def envelopes(
     version: str | None = "1",
     final: bool = True,
     kind: str = "tool_call",
+    principal: str | None = None,
 ) -> list[Message]:
-    """One call as canonical envelopes, its text cut into `parts` chunks."""
+    """One call as canonical envelopes, its text cut into `parts` chunks (its first naming
+    `principal`, when one is given)."""
     out = []
     pieces = _pieces(arguments, parts)
     for seq, delta in enumerate(pieces):
@@ -109,6 +111,8 @@ def envelopes(
             env["tool"] = tool
             if version is not None:
                 env["tool_version"] = version
+            if principal is not None:
+                env["principal"] = principal
         if final and seq == len(pieces) - 1:
             env["final"] = True
         out.append(Message(stream.encode(), orjson.dumps(env)))

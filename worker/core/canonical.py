@@ -37,6 +37,15 @@ def canonical(value: Any) -> str:
     return "".join(parts)
 
 
+def scoped_key(principal: str | None, key: str) -> str:
+    """What an idempotency key is remembered, routed and executed under: the key within its
+    principal's scope (calls naming no principal share one scope of their own). Two calls share a
+    key only when they name the same principal and the same key; so no principal can block,
+    take over or learn of another's call by its key. The canonical form of `[principal, key]`:
+    one text per pair, no two pairs alike."""
+    return canonical([principal, key])
+
+
 def request_digest(schema: SchemaRef, arguments: Any) -> bytes:
     """What an idempotency key is compared by: the tool, its schema version and the arguments."""
     text = canonical([schema.id, schema.version, arguments])

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from worker._native import AssembledCall, encode_event
+from worker.core.canonical import scoped_key
 from worker.core.feedback import build_feedback
 from worker.logs import call_fields
 from worker.model import CallKind, Code, Outcome, Phase, SchemaRef, Verdict, Violation
@@ -256,14 +257,21 @@ def record_headers(outcome: str, tool: str | None, version: str | None) -> Heade
 # -- idempotency: the request to the key's owner, and what the owner derives ----------------------
 
 
-def idempotency_request(call: AssembledCall, verdict: Verdict, event: bytes) -> bytes:
-    """The accepted `event`, waiting for the decision of the owner of its key."""
+def request_key(call: AssembledCall, verdict: Verdict) -> str:
+    """What a keyed call is decided under, and its request routed by: its key in its
+    principal's scope (`worker.core.canonical.scoped_key`)."""
     assert verdict.idempotency_key is not None, "only keyed calls go to a key's owner"
+    return scoped_key(call.principal, verdict.idempotency_key)
+
+
+def idempotency_request(call: AssembledCall, verdict: Verdict, event: bytes) -> bytes:
+    """The accepted `event`, waiting for the decision of the owner of its key (`key`: its
+    scoped key, `request_key`)."""
     assert verdict.idempotency_digest is not None, "a keyed call has its request's digest"
     schema = verdict.schema
     header = orjson.dumps(
         {
-            "key": verdict.idempotency_key,
+            "key": request_key(call, verdict),
             "digest": verdict.idempotency_digest.hex(),
             "event_id": call.event_id,
             "call_id": call.call_id,
@@ -278,6 +286,7 @@ def idempotency_request(call: AssembledCall, verdict: Verdict, event: bytes) -> 
 class IdempotencyRequest:
     """An accepted event waiting for its key's owner, and what the owner needs to know of it."""
 
+    #: the call's key in its principal's scope (`request_key`), what the owner decides by
     key: str
     digest: bytes
     event_id: str

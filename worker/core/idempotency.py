@@ -1,5 +1,7 @@
 """The execute-once rule, decided by the owner of a key: first, replay, duplicate or conflict.
 
+A key is the call's idempotency key in its principal's scope (`worker.core.canonical.scoped_key`):
+calls of two principals (or of one and of none) never share a key, whatever key they name.
 For a key `k` and a request `x` (tool, schema version, arguments in canonical form, see
 `worker.core.canonical`), against what the owner remembers of `k`:
 
@@ -30,8 +32,14 @@ from enum import StrEnum
 
 import orjson
 
+from worker._native import AssembledCall
 from worker.core.approval import pending_event
-from worker.core.events import idempotency_rejection, key_rejection, read_idempotency_request
+from worker.core.events import (
+    idempotency_rejection,
+    key_rejection,
+    read_idempotency_request,
+    request_key,
+)
 from worker.model import Code, Outcome, SchemaRef, Verdict
 
 
@@ -181,17 +189,16 @@ def resolve(
 
 
 def decide_here(
-    store: KeyStore, event_id: str, verdict: Verdict, max_feedback_bytes: int
+    store: KeyStore, call: AssembledCall, verdict: Verdict, max_feedback_bytes: int
 ) -> Verdict:
-    """`verdict` on the call `event_id` as its key's owner decides it, the owner being this
-    process (no time: keys age by the store's own, as in `callgate check`). An accepted call
-    with a key is accepted, or rejected `duplicate` / `idempotency_conflict`; any other verdict
-    is returned as it is."""
+    """`verdict` on `call` as its key's owner decides it, the owner being this process (no
+    time: keys age by the store's own, as in `callgate check`). An accepted call with a key is
+    accepted, or rejected `duplicate` / `idempotency_conflict`; any other verdict is returned
+    as it is."""
     if verdict.outcome is not Outcome.ACCEPTED or verdict.idempotency_digest is None:
         return verdict
-    assert verdict.idempotency_key is not None, "a request digest comes with its key"
     decision, record, _ = store.decide(
-        verdict.idempotency_key, verdict.idempotency_digest, event_id, None
+        request_key(call, verdict), verdict.idempotency_digest, call.event_id, None
     )
     code = rejection_code(decision)
     if code is None:

@@ -46,6 +46,7 @@ from worker.core.events import (
     idempotency_request,
     record_headers,
     record_key,
+    request_key,
     substitute_rejection,
 )
 from worker.core.flips import Comparison, judge_both
@@ -225,8 +226,7 @@ class Processor:
         schema = verdict.schema
         if verdict.idempotency_digest is not None and verdict.outcome is Outcome.ACCEPTED:
             request = idempotency_request(call, verdict, value)
-            assert verdict.idempotency_key is not None
-            key = verdict.idempotency_key.encode()
+            key = request_key(call, verdict).encode()
             return Emission(Route.IDEMPOTENCY, key, request, [], call, verdict, shadow)
         version = schema.version if schema is not None else None
         if verdict.outcome is Outcome.ACCEPTED and verdict.requires_approval:
