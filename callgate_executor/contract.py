@@ -470,13 +470,12 @@ def answer(
 
 
 #: the members of a result that differ from call to call under one key: the identifiers of the
-#: call it answers (the key, the schema and the executed event are the key's, an event id is
-#: 32 hex digits whoever's it is)
+#: call it answers (the key, its principal, the schema and the executed event are the key's, an
+#: event id is 32 hex digits whoever's it is)
 CALLER_MEMBERS = (
     "call_id",
     "stream_id",
     "tool",
-    "principal",
     "trace_id",
     "run_id",
     "step_id",

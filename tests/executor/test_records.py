@@ -129,7 +129,11 @@ def identifiers(draw: st.DrawFn, limit: int) -> str:
 @settings(max_examples=150, deadline=None)
 @given(
     size=st.integers(SMALL - 12_000, SMALL - 500),
-    caller=st.lists(identifiers(ID_BYTES), min_size=8, max_size=8),
+    caller=st.lists(
+        identifiers(ID_BYTES),
+        min_size=len(contract.CALLER_MEMBERS),
+        max_size=len(contract.CALLER_MEMBERS),
+    ),
     restored=st.booleans(),
 )
 def test_an_equal_repeat_gets_the_recorded_result_within_the_bound(
@@ -137,9 +141,10 @@ def test_an_equal_repeat_gets_the_recorded_result_within_the_bound(
 ) -> None:
     """README: an equal repeat under a key gets the recorded result, and no result the executor
     writes passes `CALLGATE_LIMITS__MAX_EVENT_BYTES`, whatever the identifiers of the call that
-    repeats it (each up to `CALLGATE_LIMITS__MAX_ID_BYTES`): a run whose output fits its own
-    result but not a repeat's was recorded, and its repeat's result passed the bound (a record
-    the topic may refuse, stopping the executor at it on every restart)."""
+    repeats it (each up to `CALLGATE_LIMITS__MAX_ID_BYTES`; its principal is the key's): a run
+    whose output fits its own result but not a repeat's was recorded, and its repeat's result
+    passed the bound (a record the topic may refuse, stopping the executor at it on every
+    restart)."""
     first = _accepted(_record(EVENTS[0]))
     assert first is not None
     ran = contract.answer(first, {}, refusal=None, retry_safe=True)
