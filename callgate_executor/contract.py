@@ -24,9 +24,10 @@ A call is answered once, whatever its answer (`answer` decides, in this order):
 2. the call's own execution is the key's record (same event id): `done`, its recorded result
    (ALREADY_DONE); `started`, interrupted during its handler, as above (RUN again or
    INTERRUPTED; INTERRUPTED too when it would be refused now);
-3. a refusal (`refusal`: no handler, no approval or one naming other arguments, arguments the
-   handler's type refuses): REFUSED; nothing runs and the key is left as it was (a refusal is
-   the call's, not the key's: an equal request in a later call, approved, may run);
+3. a refusal (`refusal`: no handler, a principal the contract does not allow, no approval or
+   one naming other arguments, arguments the handler's type refuses): REFUSED; nothing runs and
+   the key is left as it was (a refusal is the call's, not the key's: an equal request in a
+   later call, approved, may run);
 4. the key's record decides (`decide`), as above.
 
 Every answer but a run is final when given: its records (`Answer.records`: a `done` record, and
@@ -53,6 +54,7 @@ from worker.model import Phase
 from worker.model import SchemaRef as CoreSchemaRef
 from worker.published.model import Accepted, ResultError, ResultStatus, SchemaRef, ToolResult
 from worker.runtime.topics import legal_topic_name
+from worker.schemas.contract import principal_refusal
 
 #: The record of a key is either an execution under way or a finished one.
 STARTED = "started"
@@ -80,6 +82,9 @@ def unreadable(event: Accepted) -> str | None:
 NO_HANDLER = ResultError(type="no_handler", message="no executor runs this tool")
 APPROVAL_MISSING = ResultError(
     type="approval_missing", message="this tool requires an approval, and the call has none"
+)
+UNAUTHORIZED = ResultError(
+    type="unauthorized", message="this call is not permitted: its principal may not call this tool"
 )
 APPROVAL_MISMATCH = ResultError(
     type="approval_fingerprint_mismatch",
@@ -111,13 +116,20 @@ def refusal(
     *,
     handled: bool,
     contract_requires_approval: bool,
+    allowed_principals: frozenset[str] | None,
     argument_error: ResultError | None,
 ) -> ResultError | None:
     """Why a call may not run at all, first reason first: no handler (`handled` false), its
-    approval (`approval_refusal`, with whether the executor's contract of the call requires
-    one), its arguments refused by the handler's type (`argument_error`); None when it may run."""
+    principal not on the executor's contract's allow list (`allowed_principals`, None: no list
+    or no contract; the gate's own rule, `worker.schemas.contract.principal_refusal`: an event
+    of a gate under another contract, or written by another writer of the topic, is not taken
+    at its word), its approval (`approval_refusal`, with whether the executor's contract of the
+    call requires one), its arguments refused by the handler's type (`argument_error`); None
+    when it may run."""
     if not handled:
         return NO_HANDLER
+    if principal_refusal(allowed_principals, event.principal) is not None:
+        return UNAUTHORIZED
     approval = approval_refusal(event, contract_requires=contract_requires_approval)
     return approval or argument_error
 

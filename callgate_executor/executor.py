@@ -14,8 +14,9 @@ Two stages in one consumer group, so that one member owns each execution key:
       runs; the handler runs within its deadline (`handlers.run_handler`); then the records
       the handler emitted, the `done` record, the call's result and the request's offset are
       written: under exactly_once in one transaction, else each acknowledged before the next.
-   b. REPLAY, CONFLICT, INTERRUPTED, REFUSED (no handler, no approval or one naming other
-      arguments, arguments the handler's type refuses: `contract.refusal`): the call's
+   b. REPLAY, CONFLICT, INTERRUPTED, REFUSED (no handler, a principal the contract does not
+      allow, no approval or one naming other arguments, arguments the handler's type refuses:
+      `contract.refusal`): the call's
       records (an `answered` record holding its answer; an interruption's `done`), then its
       result and the offset, written alike.
    c. ALREADY_DONE (a call answered before, delivered again): the answer it got. Under
@@ -165,7 +166,9 @@ class Executor:
         timeout_s: float | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated async function as the handler of tool `name` (bare name or
-        schema id) at schema `version` (None: any version without a handler of its own).
+        schema id) at schema `version` (None: any version without a handler of its own). A call
+        is given the handler of its event's schema id and version, the contract its approval
+        and its output are judged by, whichever name either was registered by.
         `retry_safe`: whether running it again after an executor died during a run is safe
         (it deduplicates by the idempotency key, or has no effect outside Kafka)."""
 
@@ -192,12 +195,14 @@ class Executor:
         retry_safe: bool,
         timeout_s: float | None = None,
     ) -> None:
-        if self._registry.tool_name(name) is None:
+        schema_id = self._registry.schema_id(name)
+        if schema_id is None:
             raise ConfigError(f"no contract is registered for tool {name!r}")
         timeout = self.settings.executor.timeout_s if timeout_s is None else timeout_s
         if timeout <= 0:
             raise ConfigError(f"the timeout of {name!r}'s handler must be positive")
-        self._handlers.add(HandlerSpec(name, version, handler, arguments, retry_safe, timeout))
+        spec = HandlerSpec(name, schema_id, version, handler, arguments, retry_safe, timeout)
+        self._handlers.add(spec)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -414,6 +419,7 @@ class Executor:
             event,
             handled=spec is not None,
             contract_requires_approval=found is not None and found.meta.requires_approval,
+            allowed_principals=found.meta.allowed_principals if found is not None else None,
             argument_error=typed if isinstance(typed, ResultError) else None,
         )
         retry_safe = spec is not None and spec.retry_safe

@@ -94,10 +94,12 @@ Handler = Callable[[Call[Any]], Awaitable[Any]]
 
 @dataclass(frozen=True, slots=True)
 class HandlerSpec:
-    """A registered handler: for which tool and version (None: any), its arguments' type,
+    """A registered handler: for which tool (the name it was registered by, and the schema id
+    of its contract: what a call is known by) and version (None: any), its arguments' type,
     whether running it again after an interruption is safe, and its deadline."""
 
     tool: str
+    schema_id: str
     version: str | None
     handler: Handler
     arguments: type[BaseModel]
@@ -106,29 +108,27 @@ class HandlerSpec:
 
 
 class Handlers:
-    """The registered handlers, looked up by a call's tool and schema version."""
+    """The registered handlers, looked up by a call's schema id and version: the identity its
+    approval and its output are judged by too (the event's `tool` is never looked up, so a
+    handler never runs a call judged under another contract than its own)."""
 
     def __init__(self) -> None:
         self._specs: dict[tuple[str, str | None], HandlerSpec] = {}
 
     def add(self, spec: HandlerSpec) -> None:
-        where = (spec.tool, spec.version)
+        where = (spec.schema_id, spec.version)
         if where in self._specs:
             version = "any version" if spec.version is None else f"version {spec.version}"
-            raise ValueError(f"a handler for {spec.tool!r} ({version}) is registered already")
+            raise ValueError(
+                f"a handler for {spec.tool!r} ({spec.schema_id}, {version}) is registered already"
+            )
         self._specs[where] = spec
 
     def find(self, event: Accepted) -> HandlerSpec | None:
-        """The handler for this call: its tool and version's, else its tool's for any version.
-        A tool is named by its bare name or its schema id."""
-        version = event.schema_ref.version
-        for name in (event.tool, event.schema_ref.id):
-            if name is None:
-                continue
-            spec = self._specs.get((name, version)) or self._specs.get((name, None))
-            if spec is not None:
-                return spec
-        return None
+        """The handler for this call: its schema id and version's, else its schema id's for
+        any version."""
+        schema = event.schema_ref
+        return self._specs.get((schema.id, schema.version)) or self._specs.get((schema.id, None))
 
     def __len__(self) -> int:
         return len(self._specs)

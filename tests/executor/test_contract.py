@@ -216,7 +216,11 @@ def test_a_refusal_is_the_calls_answer_for_good_and_leaves_its_key_free() -> Non
         forged,
         state,
         refusal=contract.refusal(
-            forged, handled=True, contract_requires_approval=True, argument_error=None
+            forged,
+            handled=True,
+            contract_requires_approval=True,
+            allowed_principals=None,
+            argument_error=None,
         ),
         retry_safe=True,
     )
@@ -228,7 +232,11 @@ def test_a_refusal_is_the_calls_answer_for_good_and_leaves_its_key_free() -> Non
     # delivered again, even to an executor that has no handler for it now: the same answer
     for handled in (True, False):
         refusal = contract.refusal(
-            forged, handled=handled, contract_requires_approval=True, argument_error=None
+            forged,
+            handled=handled,
+            contract_requires_approval=True,
+            allowed_principals=None,
+            argument_error=None,
         )
         again = contract.answer(forged, state, refusal=refusal, retry_safe=True)
         assert (again.step, again.result, again.records) == (Step.ALREADY_DONE, first.result, ())
@@ -352,6 +360,7 @@ class Member:
             event,
             handled=handled,
             contract_requires_approval=_requires_approval(event),
+            allowed_principals=None,
             argument_error=None,
         )
         retry_safe = handled and self.retry_safe
@@ -587,6 +596,52 @@ def test_a_call_its_contract_requires_an_approval_for_never_runs_without_one(
         event,
         handled=True,
         contract_requires_approval=_requires_approval(event),
+        allowed_principals=None,
         argument_error=None,
     )
     assert refusal == expected, (tool, says_required, approval)
+
+
+_PRINCIPALS = [None, "ops", "eve", ""]
+_ALLOWED = st.none() | st.frozensets(st.sampled_from(["ops", "eve", ""]), max_size=3)
+#: calls that may run but for their principal (the wire call approved)
+_RUNNABLE = {
+    **_ACCEPTED,
+    "wire": _approved({"amount_minor": 3, "idempotency_key": "needs"}, "needs-wire-ok"),
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tool=st.sampled_from([tool for tool, _ in _APPROVABLE]),
+    principal=st.sampled_from(_PRINCIPALS),
+    allowed=_ALLOWED,
+    handled=st.booleans(),
+)
+def test_a_call_whose_principal_its_contract_does_not_allow_never_runs(
+    tool: str, principal: str | None, allowed: frozenset[str] | None, handled: bool
+) -> None:
+    """README (the executor's refusals): a call whose principal the executor's contract does
+    not allow (not on its allow list, or naming none when it has one) is refused
+    `unauthorized`, as the gate would have refused it, whatever the gate that accepted it
+    judged it by; the refusal is the call's, and its key stays free."""
+    event = _RUNNABLE[tool].model_copy(update={"principal": principal})
+    refusal = contract.refusal(
+        event,
+        handled=handled,
+        contract_requires_approval=_requires_approval(event),
+        allowed_principals=allowed,
+        argument_error=None,
+    )
+    allows = allowed is None or (principal is not None and principal in allowed)
+    if not handled:
+        assert refusal == contract.NO_HANDLER
+    else:
+        assert refusal == (None if allows else contract.UNAUTHORIZED), (principal, allowed)
+    state: dict[str, Execution] = {}
+    answer = contract.answer(event, state, refusal=refusal, retry_safe=True)
+    assert (answer.step is Step.RUN) is (handled and allows)
+    if answer.step is Step.REFUSED:
+        assert answer.result is not None
+        assert answer.result.error == refusal
+        assert [r.key for r in answer.records] == [contract.answered_key(event.event_id)]

@@ -43,7 +43,7 @@ def _call() -> Call[Lookup]:
 
 
 def _spec(handler: Any, arguments: type[BaseModel] = Lookup) -> HandlerSpec:
-    return HandlerSpec("lookup", None, handler, arguments, False, 5.0)
+    return HandlerSpec("lookup", "shop.lookup", None, handler, arguments, False, 5.0)
 
 
 def _raising_handler(exc: BaseException, where: str) -> Any:
@@ -127,7 +127,7 @@ async def test_a_handler_past_its_deadline_times_out_whatever_it_raises_then() -
         except asyncio.CancelledError:
             raise RuntimeError("cleanup failed") from None
 
-    spec = HandlerSpec("lookup", None, handler, Lookup, False, 0.01)
+    spec = HandlerSpec("lookup", "shop.lookup", None, handler, Lookup, False, 0.01)
     outcome = await run_handler(spec, _call(), None, 32)
     assert outcome.status is ResultStatus.TIMED_OUT
 
@@ -154,7 +154,11 @@ def test_whatever_an_argument_model_raises_refuses_the_call(exc: BaseException) 
     assert isinstance(refusal, ResultError)
     assert refusal.type == "argument_type"
     refused = contract.refusal(
-        EVENT, handled=True, contract_requires_approval=False, argument_error=refusal
+        EVENT,
+        handled=True,
+        contract_requires_approval=False,
+        allowed_principals=None,
+        argument_error=refusal,
     )
     answer = contract.answer(EVENT, {}, refusal=refused, retry_safe=False)
     assert answer.step is contract.Step.REFUSED

@@ -8,9 +8,11 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from callgate_executor import contract
+from callgate_executor import Executor, contract
 from callgate_executor.handlers import (
     Call,
     Handlers,
@@ -53,7 +55,7 @@ def _contract() -> Contract:
 
 
 def _spec(handler: Any, timeout_s: float = 5.0, arguments: type[BaseModel] = Pay) -> HandlerSpec:
-    return HandlerSpec("pay", None, handler, arguments, True, timeout_s)
+    return HandlerSpec("pay", "shop.pay", None, handler, arguments, True, timeout_s)
 
 
 def _call(event: Accepted) -> Call[Pay]:
@@ -191,15 +193,15 @@ def test_arguments_the_handlers_type_refuses_are_named_without_values() -> None:
     assert typed_arguments(_spec(None), event) == Pay.model_validate(event.arguments)
 
 
-def test_handlers_are_found_by_name_or_schema_id_and_version() -> None:
+def test_handlers_are_found_by_schema_id_and_version() -> None:
     handlers = Handlers()
-    any_version = HandlerSpec("pay", None, _raising(ValueError()), Pay, True, 1.0)
-    version_1 = HandlerSpec("shop.pay", "1", _raising(ValueError()), Pay, True, 1.0)
+    any_version = HandlerSpec("pay", "shop.pay", None, _raising(ValueError()), Pay, True, 1.0)
+    version_1 = HandlerSpec("shop.pay", "shop.pay", "1", _raising(ValueError()), Pay, True, 1.0)
     handlers.add(any_version)
     event = _event("h-find")
     assert handlers.find(event) is any_version
     handlers.add(version_1)
-    assert handlers.find(event) is any_version  # the bare name is looked up first
+    assert handlers.find(event) is version_1  # a version's own handler, by whichever name
     only_id = Handlers()
     only_id.add(version_1)
     assert only_id.find(event) is version_1
@@ -209,3 +211,56 @@ def test_handlers_are_found_by_name_or_schema_id_and_version() -> None:
     assert only_id.find(other_version) is None
     with pytest.raises(ValueError, match="registered already"):
         handlers.add(any_version)
+
+
+_IDENTITY = _event("h-identity")
+#: every name a handler may be registered by: (name, the schema id its contract has)
+_NAMES = [
+    ("pay", "shop.pay"),
+    ("shop.pay", "shop.pay"),
+    ("lookup", "shop.lookup"),
+    ("shop.lookup", "shop.lookup"),
+    ("wire", "shop.wire"),
+    ("shop.wire", "shop.wire"),
+]
+_LABELS = ["pay", "lookup", "wire", "shop.pay", "shop.wire", "other", None]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    registered=st.lists(
+        st.tuples(st.sampled_from(_NAMES), st.sampled_from([None, "1"])),
+        min_size=1,
+        max_size=6,
+        unique_by=lambda r: (r[0][1], r[1]),
+    ),
+    schema_id=st.sampled_from(["shop.pay", "shop.lookup", "shop.wire"]),
+    label=st.sampled_from(_LABELS),
+)
+def test_a_call_is_given_the_handler_of_its_schema_whatever_tool_it_names(
+    registered: list[tuple[tuple[str, str], str | None]], schema_id: str, label: str | None
+) -> None:
+    """The handler, the approval and the output of a call are one identity: its event's schema
+    id and version (the event's `tool`, which another writer of the topic or a gate under other
+    contracts may set to anything, is never looked up): a `wire` event relabelled as another
+    schema's never gets `wire`'s handler, nor a call of `wire`'s schema another's."""
+    executor = Executor(contract_settings(kafka={"bootstrap_servers": "127.0.0.1:9"}))
+    for (name, _), version in registered:
+        executor.register(
+            name, _raising(ValueError()), arguments=Pay, version=version, retry_safe=False
+        )
+    event = _IDENTITY.model_copy(
+        update={
+            "tool": label,
+            "schema_ref": _IDENTITY.schema_ref.model_copy(update={"id": schema_id}),
+        }
+    )
+    found = executor._handlers.find(event)
+    mine = {version: name for (name, sid), version in registered if sid == schema_id}
+    if not mine:
+        assert found is None
+        return
+    assert found is not None
+    assert found.schema_id == schema_id
+    expected = "1" if "1" in mine else None  # a version's own handler, else the any-version one
+    assert (found.tool, found.version) == (mine[expected], expected)

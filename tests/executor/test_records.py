@@ -63,7 +63,11 @@ def test_every_record_is_a_call_the_executor_answers_or_none(
     if event is None:
         return
     refusal = contract.refusal(
-        event, handled=handled, contract_requires_approval=True, argument_error=None
+        event,
+        handled=handled,
+        contract_requires_approval=True,
+        allowed_principals=None,
+        argument_error=None,
     )
     answer = contract.answer(event, {}, refusal=refusal, retry_safe=retry_safe)
     assert answer.step in (contract.Step.RUN, contract.Step.REFUSED)

@@ -72,6 +72,7 @@ from worker.schemas.contract import (
     IdempotencyPolicy,
     LookupFailure,
     ViolationLimits,
+    principal_refusal,
 )
 from worker.schemas.messages import describe
 from worker.schemas.registry import SchemaRegistry
@@ -584,13 +585,8 @@ class Gate:
         """Why the call's principal may not make this call (None: it may). The violation is
         the operator's, on the event; the feedback shows none of it."""
         principal = call.principal
-        allowed = contract.meta.allowed_principals
-        if allowed is not None and principal not in allowed:
-            message = (
-                "the call names no principal and the contract has an allow list"
-                if principal is None
-                else "the call's principal is not on the contract's allow list"
-            )
+        message = principal_refusal(contract.meta.allowed_principals, principal)
+        if message is not None:
             return Code.UNAUTHORIZED, Violation("", "allowed_principals", message)
         context = AuthorizationContext(contract.ref, contract.tool, principal, key)
         for authorizer in authorizers:

@@ -81,6 +81,18 @@ class ContractMeta:
         object.__setattr__(self, "needs_key", needs_key)
 
 
+def principal_refusal(allowed: frozenset[str] | None, principal: str | None) -> str | None:
+    """Why an allow list (`ContractMeta.allowed_principals`) refuses a call by `principal`, for
+    operators (None: it does not). The one rule the gate's authorization phase and the executor
+    both apply: without a list every call passes; with one, only a principal on it, never a
+    call naming none."""
+    if allowed is None or principal in allowed:
+        return None
+    if principal is None:
+        return "the call names no principal and the contract has an allow list"
+    return "the call's principal is not on the contract's allow list"
+
+
 @dataclass(frozen=True, slots=True)
 class Contract:
     """One version of one tool's input contract (and, for MCP tools, its output contract)."""

@@ -419,6 +419,11 @@ class SchemaRegistry:
         entry = self._by_name.get(name)
         return entry.newest.tool if entry is not None else None
 
+    def schema_id(self, name: str) -> str | None:
+        """The schema id of the tool any name names (bare name or schema id)."""
+        entry = self._by_name.get(name)
+        return entry.schema_id if entry is not None else None
+
     def contracts(self) -> tuple[Contract, ...]:
         """Every loaded contract, each version once."""
         entries = {entry.schema_id: entry for entry in self._by_name.values()}
