@@ -49,11 +49,14 @@ rust: $(STAMP)
 	$(CARGO_ENV) cargo clippy --workspace --all-targets -- -D warnings
 	$(CARGO_ENV) cargo test --workspace --quiet
 
+# the tests that need no broker run on every core (pytest-xdist: each worker its own process);
+# those with brokers one at a time, since they share the session's brokers and time their faults
 test: system tools lint typecheck rust
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not integration" -n auto
+	$(BIN)/pytest -m integration
 
 unit: $(STAMP)
-	$(BIN)/pytest -m "not integration"
+	$(BIN)/pytest -m "not integration" -n auto
 
 integration: system tools $(STAMP)
 	$(BIN)/pytest -m integration

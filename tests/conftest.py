@@ -160,3 +160,26 @@ def otel_collector(otel_collector_binary: Path, tmp_path: Path) -> Iterator[Otel
         yield collector
     finally:
         collector.stop()
+
+
+#: the fixtures that start a process shared by the whole session (or the test's own collector):
+#: `make test` runs the tests without the integration marker on every core at once, so a test
+#: asking for one of these unmarked would start a broker per core and time its faults on a
+#: loaded machine
+SERVICE_FIXTURES = frozenset(
+    {"kafka_broker", "bootstrap", "apache_kafka", "secure_kafka", "broker", "otel_collector"}
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid
+        for item in items
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("integration") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "tests that start a broker or a collector must be marked integration: "
+            + ", ".join(unmarked[:10])
+        )
