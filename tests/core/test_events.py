@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from worker._native import AssembledCall, encode_event
 from worker.compose import event_limits
+from worker.core.canonical import scoped_key
 from worker.core.events import (
     MAX_TOPIC_BYTES,
     EventLimits,
@@ -379,7 +380,7 @@ def test_an_idempotency_request_reads_back_as_written(
     )
     found = read_idempotency_request(idempotency_request(call, verdict, event))
     assert (found.key, found.digest, found.event_id, found.call_id, found.tool) == (
-        key,
+        scoped_key(call.principal, key),
         digest,
         call.event_id,
         call.call_id,
