@@ -65,6 +65,9 @@ from callgate_executor.handlers import (
     Handlers,
     HandlerSpec,
     executor_cancelling,
+    interrupts,
+    note_interrupts,
+    raise_if_interrupted,
     run_handler,
     typed_arguments,
 )
@@ -149,6 +152,8 @@ class Executor:
         self._owned: dict[TopicPartition, _Partition] = {}
         self._stop = asyncio.Event()
         self._failure: BaseException | None = None
+        #: puts SIGINT's handler back as `run` found it (`handlers.note_interrupts`)
+        self._restore_interrupts: Callable[[], None] | None = None
         #: what came of the calls so far: `executed` (a handler ran to an outcome), `replayed`,
         #: `conflict`, `refused`, `interrupted`, `redelivered` (ALREADY_DONE), `routed`, and
         #: the statuses of the runs (`succeeded`, `failed`, `timed_out`)
@@ -250,7 +255,9 @@ class Executor:
         self._stop.set()
 
     async def serve(self) -> None:
-        """`start`, `run` until SIGTERM or SIGINT, `close`: an executor process's main."""
+        """`start`, `run` until SIGTERM or SIGINT, `close`: an executor process's main. A
+        signal while it closes (a second Ctrl-C) asks for the stop again, and nothing more:
+        the handlers still running are given their grace, as by the first."""
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.request_stop)
@@ -258,15 +265,19 @@ class Executor:
             await self.start()
             await self.run()
         finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(signum)
-            await self.close()
+            try:
+                await self.close()
+            finally:
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(signum)
 
     async def run(self) -> None:
         """Fetch and work until `request_stop`; raises `BrokerError` when a write or a commit
         failed (what was not committed is done again by the partition's next owner)."""
         consumer = self._consumer
         assert consumer is not None, "start() first"
+        if self._restore_interrupts is None:  # until `close` has let the handlers go
+            self._restore_interrupts = note_interrupts()
         timeout_ms = self.settings.kafka.fetch_timeout_ms
         while not self._stop.is_set():
             try:
@@ -303,6 +314,9 @@ class Executor:
             self._producer = None
         with contextlib.suppress(KafkaError):
             await self._kafka.close()
+        restore, self._restore_interrupts = self._restore_interrupts, None
+        if restore is not None:
+            restore()
 
     # -- the group -------------------------------------------------------------------------
 
@@ -374,6 +388,7 @@ class Executor:
     # -- the work --------------------------------------------------------------------------
 
     async def _work(self, owned: _Partition, records: Sequence[Any]) -> None:
+        since = interrupts()
         try:
             if owned.tp.topic == self.validated:
                 await self._route(owned, records)
@@ -385,6 +400,8 @@ class Executor:
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError) and executor_cancelling():
                 raise
+            # SIGINT: the process stops (asyncio stops its loop on it), nothing recorded
+            raise_if_interrupted(since)
             # a bug or the broker: stopped, never a partition left paused in silence
             log.error("executor: %s-%d failed", owned.tp.topic, owned.tp.partition, exc_info=exc)
             self._failure = exc
@@ -533,9 +550,11 @@ class Executor:
         if not self._exactly_once:
             owned.delivered.add(event.event_id)
         if self._on_result is not None:
+            since = interrupts()
             try:
                 self._on_result(result)
             except BaseException as exc:  # the application's callback: never the executor's stop
+                raise_if_interrupted(since)
                 log.error("executor: on_result failed on call %s", event.call_id, exc_info=exc)
 
     def _record_of(self, owned: _Partition, execution: Execution) -> _Send:

@@ -19,15 +19,24 @@ one), never the executor's: only the executor cancelling the task of a run (its 
 partition revoked past its grace: `executor_cancelling`) stops the run, and then nothing of it
 is recorded, even when the handler swallows the cancellation and returns an output. A
 `CancelledError` the handler raises itself is its failure like any other.
+
+Nor is the process being interrupted: a `KeyboardInterrupt` that SIGINT raised (Python's
+default handler, or asyncio.run's at a second Ctrl-C) lands in whatever code runs at that
+moment, a handler's too. While the executor runs, SIGINT's handler is wrapped
+(`note_interrupts`) so that such an interrupt is told from one the tool's code raises itself
+(`raise_if_interrupted`): it stops the run, records nothing, and goes on to stop the process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Generic, TypeVar
 
 import orjson
@@ -142,12 +151,70 @@ def executor_cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+@dataclass(slots=True)
+class _Interrupts:
+    """The `KeyboardInterrupt`s SIGINT raised while `note_interrupts` was installed."""
+
+    count: int = 0
+    last: BaseException | None = None
+
+
+_INTERRUPTS = _Interrupts()
+
+
+def note_interrupts() -> Callable[[], None]:
+    """Wrap SIGINT's handler (in the main thread, when it is a Python function) so that each
+    `KeyboardInterrupt` it raises is noted (`interrupts`, `raise_if_interrupted`); it still
+    raises it there and then. Returns what puts the handler back (unless another was
+    installed since). An event loop's own SIGINT handler (`loop.add_signal_handler`, as
+    `serve` installs) raises nothing, and keeps working: the loop hears of the signal apart."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):
+        return lambda: None
+    handler = previous
+
+    def noting(signum: int, frame: FrameType | None) -> Any:
+        try:
+            return handler(signum, frame)
+        except KeyboardInterrupt as exc:
+            _INTERRUPTS.count += 1
+            _INTERRUPTS.last = exc
+            raise
+
+    signal.signal(signal.SIGINT, noting)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGINT) is noting:
+            signal.signal(signal.SIGINT, previous)
+
+    return restore
+
+
+def interrupts() -> int:
+    """How many `KeyboardInterrupt`s SIGINT has raised so far (`raise_if_interrupted`)."""
+    return _INTERRUPTS.count
+
+
+def raise_if_interrupted(since: int) -> None:
+    """Raise the last `KeyboardInterrupt` SIGINT raised, when one was raised since `since`
+    (`interrupts()` as a run began): the process is being stopped, which is never a call's
+    result, whatever the code it landed in made of it (let it through, made another exception
+    of it, as pydantic's serializer does, or swallowed it)."""
+    if _INTERRUPTS.count > since and _INTERRUPTS.last is not None:
+        raise _INTERRUPTS.last
+
+
 def typed_arguments(spec: HandlerSpec, event: Accepted) -> BaseModel | ResultError:
     """The call's arguments as the handler's model reads them, or why they cannot be (the
     model's refusal named by location and type only, never an argument's value; a validator
     that raised anything else is named by the exception's class, and logged)."""
+    since = interrupts()
     try:
-        return spec.arguments.model_validate(event.arguments)
+        typed = spec.arguments.model_validate(event.arguments)
+        raise_if_interrupted(since)  # its validator swallowed a Ctrl-C
+        return typed
     except ValidationError as exc:
         where = "; ".join(
             f"{'/'.join(str(part) for part in error['loc']) or '/'}: {error['type']}"
@@ -160,6 +227,7 @@ def typed_arguments(spec: HandlerSpec, event: Accepted) -> BaseModel | ResultErr
             ],
         )
     except BaseException as exc:  # the tool's own code: see the module docstring
+        raise_if_interrupted(since)
         log.error("argument type of %s failed on call %s", spec.tool, event.call_id, exc_info=exc)
         return ResultError(
             type="argument_type",
@@ -174,21 +242,25 @@ async def run_handler(
     max_depth: int,
 ) -> Outcome:
     """One run of `spec`'s handler on `call`, within `spec.timeout_s` (see the module
-    docstring). The executor's cancellation propagates, whatever the handler made of it:
-    nothing is recorded."""
+    docstring). The executor's cancellation propagates, whatever the handler made of it, and
+    so does SIGINT's interrupt (`raise_if_interrupted`): nothing is recorded."""
     deadline = asyncio.timeout(spec.timeout_s)
+    since = interrupts()
     try:
         async with deadline:
             output = await spec.handler(call)
         if executor_cancelling():
             # it swallowed the executor's cancellation and returned: the run stops all the same
             raise asyncio.CancelledError
-        return checked_output(output, output_check, max_depth)
+        outcome = checked_output(output, output_check, max_depth)
+        raise_if_interrupted(since)  # its code swallowed a Ctrl-C: the run stops all the same
+        return outcome
     except BaseException as exc:  # the tool's own code: see the module docstring
         if executor_cancelling():
             if isinstance(exc, asyncio.CancelledError):
                 raise
             raise asyncio.CancelledError from exc
+        raise_if_interrupted(since)
         if deadline.expired():
             return Outcome(
                 ResultStatus.TIMED_OUT,

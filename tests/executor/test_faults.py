@@ -6,6 +6,7 @@ whatever a handler emits is written only when it fits the bound and names a topi
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from typing import Any
 
@@ -16,7 +17,13 @@ from pydantic import BaseModel, model_serializer, model_validator
 
 from callgate_executor import contract
 from callgate_executor.contract import Emitted
-from callgate_executor.handlers import Call, HandlerSpec, run_handler, typed_arguments
+from callgate_executor.handlers import (
+    Call,
+    HandlerSpec,
+    note_interrupts,
+    run_handler,
+    typed_arguments,
+)
 from tests.support.executor import Judge
 from tests.support.faults import RAISABLE, expected_failure
 from worker.published.model import Accepted, ResultError, ResultStatus, parse_event
@@ -235,3 +242,76 @@ def test_what_a_handler_emits_is_written_only_when_it_fits_and_may_be(
         assert answer.emitted == tuple(records)
     else:
         assert answer.result.error == contract.OUTPUT_TOO_LARGE  # the output itself
+
+
+@pytest.mark.asyncio
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    where=st.sampled_from(["body", "after_await", "output", "arguments"]),
+    made_of_it=st.sampled_from(["through", "converted", "swallowed"]),
+    own=st.booleans(),
+)
+async def test_a_ctrl_c_in_a_tools_code_stops_the_run_and_is_never_its_result(
+    where: str, made_of_it: str, own: bool
+) -> None:
+    """SIGINT's `KeyboardInterrupt` lands in whatever code runs: in a handler (before or after
+    it awaited), its output model or its argument model, which lets it through, makes another
+    exception of it (pydantic's serializer does) or swallows it. With the executor's noting
+    installed (`note_interrupts`, as `run` installs it) it stops the run (it propagates, as
+    that `KeyboardInterrupt`) and nothing is recorded; a `KeyboardInterrupt` the tool raises
+    itself stays its call's failure."""
+
+    def interrupt() -> None:
+        if own:
+            raise KeyboardInterrupt
+        try:
+            signal.raise_signal(signal.SIGINT)  # its handler runs here, and raises
+        except KeyboardInterrupt:
+            if made_of_it == "converted":
+                raise RuntimeError("made something else of it") from None
+            if made_of_it == "through":
+                raise
+
+    class Interrupting(BaseModel):
+        @model_serializer
+        def _dump(self) -> dict[str, Any]:
+            interrupt()
+            return {}
+
+    class InterruptedArguments(BaseModel):
+        sku: str
+
+        @model_validator(mode="after")
+        def _check(self) -> InterruptedArguments:
+            interrupt()
+            return self
+
+    async def handler(call: Call[Lookup]) -> Any:
+        if where == "after_await":
+            await asyncio.sleep(0)
+        if where == "output":
+            return Interrupting()
+        interrupt()
+        return {"sku": "s"}
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    restore = note_interrupts()
+    try:
+        if where == "arguments":
+            spec = _spec(handler, InterruptedArguments)
+            if own:
+                refused = typed_arguments(spec, EVENT)
+                assert isinstance(refused, ResultError)
+                assert refused.type == "argument_type"
+            else:
+                with pytest.raises(KeyboardInterrupt):
+                    typed_arguments(spec, EVENT)
+        elif own:
+            outcome = await run_handler(_spec(handler), _call(), None, 32)
+            assert outcome.status is ResultStatus.FAILED
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                await run_handler(_spec(handler), _call(), None, 32)
+    finally:
+        restore()
+        signal.signal(signal.SIGINT, previous)
