@@ -153,10 +153,15 @@ def executor_cancelling() -> bool:
 
 @dataclass(slots=True)
 class _Interrupts:
-    """The `KeyboardInterrupt`s SIGINT raised while `note_interrupts` was installed."""
+    """The `KeyboardInterrupt`s SIGINT raised while `note_interrupts` was installed, and who
+    installed it (the executors running in the process)."""
 
     count: int = 0
     last: BaseException | None = None
+    users: int = 0
+    #: SIGINT's handler as it was found, and the wrapper installed over it
+    previous: Any = None
+    noting: Any = None
 
 
 _INTERRUPTS = _Interrupts()
@@ -165,29 +170,42 @@ _INTERRUPTS = _Interrupts()
 def note_interrupts() -> Callable[[], None]:
     """Wrap SIGINT's handler (in the main thread, when it is a Python function) so that each
     `KeyboardInterrupt` it raises is noted (`interrupts`, `raise_if_interrupted`); it still
-    raises it there and then. Returns what puts the handler back (unless another was
-    installed since). An event loop's own SIGINT handler (`loop.add_signal_handler`, as
-    `serve` installs) raises nothing, and keeps working: the loop hears of the signal apart."""
+    raises it there and then. Returns what its user calls when done: the handler is put back
+    once every user is (unless another was installed since). An event loop's own SIGINT
+    handler (`loop.add_signal_handler`, as `serve` installs) raises nothing, and keeps
+    working: the loop hears of the signal apart."""
+    noted = _INTERRUPTS
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = signal.getsignal(signal.SIGINT)
-    if not callable(previous):
-        return lambda: None
-    handler = previous
+    if noted.users == 0:
+        previous = signal.getsignal(signal.SIGINT)
+        if not callable(previous):
+            return lambda: None
+        handler = previous
 
-    def noting(signum: int, frame: FrameType | None) -> Any:
-        try:
-            return handler(signum, frame)
-        except KeyboardInterrupt as exc:
-            _INTERRUPTS.count += 1
-            _INTERRUPTS.last = exc
-            raise
+        def noting(signum: int, frame: FrameType | None) -> Any:
+            try:
+                return handler(signum, frame)
+            except KeyboardInterrupt as exc:
+                noted.count += 1
+                noted.last = exc
+                raise
 
-    signal.signal(signal.SIGINT, noting)
+        signal.signal(signal.SIGINT, noting)
+        noted.previous, noted.noting = previous, noting
+    noted.users += 1
+    done = False
 
     def restore() -> None:
-        if signal.getsignal(signal.SIGINT) is noting:
-            signal.signal(signal.SIGINT, previous)
+        nonlocal done
+        if done:
+            return
+        done = True
+        noted.users -= 1
+        if noted.users == 0:
+            if signal.getsignal(signal.SIGINT) is noted.noting:
+                signal.signal(signal.SIGINT, noted.previous)
+            noted.previous = noted.noting = None
 
     return restore
 

@@ -315,3 +315,26 @@ async def test_a_ctrl_c_in_a_tools_code_stops_the_run_and_is_never_its_result(
     finally:
         restore()
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("first_done", [0, 1])
+def test_interrupts_are_noted_until_the_last_executor_is_done(first_done: int) -> None:
+    """Two executors in one process (as the rebalance tests run them): SIGINT's handler is
+    wrapped once, and put back as it was found when the last is done, in either order."""
+
+    def found(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, found)
+    try:
+        done = [note_interrupts(), note_interrupts()]
+        wrapped = signal.getsignal(signal.SIGINT)
+        assert wrapped is not found
+        done[first_done]()
+        assert signal.getsignal(signal.SIGINT) is wrapped
+        done[first_done]()  # twice: once counts
+        assert signal.getsignal(signal.SIGINT) is wrapped
+        done[1 - first_done]()
+        assert signal.getsignal(signal.SIGINT) is found
+    finally:
+        signal.signal(signal.SIGINT, previous)
