@@ -18,6 +18,9 @@ import pytest
 
 from tests.datafiles import REPO, SCHEMAS, data_path
 from worker.cli import main
+from worker.compose import contract_event_bytes
+from worker.model import SchemaRef
+from worker.settings import LimitSettings
 
 SAMPLE = data_path("generated", "envelopes.jsonl")
 BOM = b"\xef\xbb\xbf"
@@ -189,6 +192,35 @@ def test_a_broken_plugins_file_stops_with_one_clear_message(tmp_path: Path) -> N
     assert "plugins.py" in message
     assert "broken on purpose" in message
     assert "Traceback" not in message
+
+
+def test_a_contract_too_long_for_the_event_bound_stops_with_one_clear_message(
+    tmp_path: Path,
+) -> None:
+    """Under the least event bound the settings allow, a contract whose schema id could make
+    an accepted call's event (or one written later in its place) too long is refused at start
+    (status 2, naming its file and the setting): the settings alone cannot know it."""
+    domain = tmp_path / ("d" * 120)
+    domain.mkdir()
+    file = domain / "t.v1.schema.json"
+    file.write_bytes(orjson.dumps({"type": "object", "additionalProperties": False}))
+    limits = {"max_id_bytes": 4096, "max_bytes": 2, "max_event_bytes": 1 << 40}
+    least = contract_event_bytes(LimitSettings(**limits), SchemaRef("", ""))
+    env = {f"CALLGATE_LIMITS__{name.upper()}": str(value) for name, value in limits.items()}
+    result = callgate(
+        "check",
+        "--schemas",
+        tmp_path,
+        "-",
+        env={**env, "CALLGATE_LIMITS__MAX_EVENT_BYTES": str(least)},
+    )
+    assert result.returncode == 2
+    message = result.stderr.decode()
+    assert str(file) in message
+    assert "CALLGATE_LIMITS__MAX_EVENT_BYTES" in message
+    assert "Traceback" not in message
+    roomier = {**env, "CALLGATE_LIMITS__MAX_EVENT_BYTES": str(least + 6 * 2 * 200)}
+    assert callgate("check", "--schemas", tmp_path, "-", env=roomier).returncode == 0
 
 
 def test_a_wrong_setting_stops_with_the_variable_named() -> None:

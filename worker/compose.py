@@ -19,9 +19,10 @@ from worker.core.events import EventLimits
 from worker.core.feedback import largest_feedback_bytes
 from worker.core.idempotency import KeyStore
 from worker.core.pipeline import Gate, GateLimits
-from worker.core.processor import Processor
+from worker.core.processor import Processor, promised_event_bytes
 from worker.errors import ConfigError
 from worker.metrics import Metrics
+from worker.model import SchemaRef
 from worker.plugins import load_plugins
 from worker.schemas.contract import ViolationLimits
 from worker.schemas.registry import SchemaRegistry
@@ -69,17 +70,33 @@ def shadow_series(processor: Processor) -> list[tuple[str, str]]:
     )
 
 
+def contract_event_bytes(limits: LimitSettings, ref: SchemaRef) -> int:
+    """How long an event of a call judged by `ref`, with `max_bytes` of arguments, can be
+    (or one written later in its place): what `max_event_bytes` must hold."""
+    return limits.max_bytes + promised_event_bytes(limits.max_id_bytes, limits.event_limits(), ref)
+
+
 def build_gate(settings: Settings, registry: SchemaRegistry) -> Gate:
     """The gate of `registry`; ConfigError when a contract's retry feedback could exceed
-    CALLGATE_LIMITS__MAX_FEEDBACK_BYTES with no violation shown (its id and version too long)."""
+    CALLGATE_LIMITS__MAX_FEEDBACK_BYTES with no violation shown, or an accepted call of
+    CALLGATE_LIMITS__MAX_BYTES could make an event (or one written later in its place)
+    exceed CALLGATE_LIMITS__MAX_EVENT_BYTES (its id and version too long)."""
     limits = settings.limits
     for contract in registry.contracts():
-        needed = largest_feedback_bytes(contract.ref, limits.max_violations)
+        ref = contract.ref
+        needed = largest_feedback_bytes(ref, limits.max_violations)
         if needed > limits.max_feedback_bytes:
             raise ConfigError(
-                f"{contract.file}: the retry feedback of {contract.ref.id} version "
-                f"{contract.ref.version} can be {needed} bytes, over "
+                f"{contract.file}: the retry feedback of {ref.id} version "
+                f"{ref.version} can be {needed} bytes, over "
                 f"CALLGATE_LIMITS__MAX_FEEDBACK_BYTES ({limits.max_feedback_bytes})"
+            )
+        needed = contract_event_bytes(limits, ref)
+        if needed > limits.max_event_bytes:
+            raise ConfigError(
+                f"{contract.file}: an event of a call of {ref.id} version {ref.version} with "
+                f"CALLGATE_LIMITS__MAX_BYTES ({limits.max_bytes}) of arguments can be {needed} "
+                f"bytes, over CALLGATE_LIMITS__MAX_EVENT_BYTES ({limits.max_event_bytes})"
             )
     return Gate(
         registry,

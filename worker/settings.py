@@ -31,7 +31,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Setting
 
 from worker.adapters.dialects import DIALECTS
 from worker.errors import ConfigError
-from worker.model import MAX_DEPTH
+from worker.model import MAX_DEPTH, SchemaRef
 from worker.runtime.topics import never_input
 
 if TYPE_CHECKING:  # the core's values, made from these settings (imported where made: a cycle)
@@ -323,8 +323,8 @@ class LimitSettings(BaseModel):
         # an event holds each identifier once, and JSON may write each of its bytes as six
         # (`\u0001`): the smallest event a call can have must fit, and an accepted call of
         # max_bytes must fit with it (measured with the event writer itself)
-        from worker.core.events import worst_case_event_bytes  # noqa: PLC0415 (import cycle)
         from worker.core.feedback import largest_feedback_bytes  # noqa: PLC0415 (import cycle)
+        from worker.core.processor import promised_event_bytes  # noqa: PLC0415 (import cycle)
 
         least = largest_feedback_bytes(None, self.max_violations)
         if self.max_feedback_bytes < least:
@@ -332,7 +332,7 @@ class LimitSettings(BaseModel):
                 f"max_feedback_bytes must hold the longest feedback that shows no violation "
                 f"with max_violations={self.max_violations}: at least {least}"
             )
-        around = worst_case_event_bytes(self.max_id_bytes, self.event_limits())
+        around = promised_event_bytes(self.max_id_bytes, self.event_limits(), SchemaRef("", ""))
         if self.max_event_bytes < self.max_bytes + around:
             raise ValueError(
                 f"max_event_bytes must hold max_bytes ({self.max_bytes}) and the "

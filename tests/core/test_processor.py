@@ -16,14 +16,20 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from tests.adapters import streamgen
 from tests.datafiles import SCHEMAS
 from worker._native import AssembledCall, encode_event
 from worker.check import FileRecord
-from worker.compose import build_key_store, build_processor, build_registry, violation_limits
+from worker.compose import (
+    build_key_store,
+    build_processor,
+    build_registry,
+    contract_event_bytes,
+    violation_limits,
+)
 from worker.core.approval import ended_event, pending_event
 from worker.core.canonical import scoped_key
 from worker.core.events import EventLimits, idempotency_rejection, read_idempotency_request
@@ -558,8 +564,8 @@ def test_every_violation_written_in_a_calls_place_is_within_the_message_bound(
         emission.call, probe[0].verdict, Code.OUTPUT_REFUSED, refused
     )
     assert written.code is Code.OUTPUT_REFUSED
-    for event in (emission.value, substituted):
-        for violation in orjson.loads(event)["violations"]:
+    for written_event in (emission.value, substituted):
+        for violation in orjson.loads(written_event)["violations"]:
             assert len(violation["message"].encode()) <= max_message_bytes, violation
 
 
@@ -573,13 +579,96 @@ def test_the_fixed_messages_of_later_events_fit_the_least_message_bound() -> Non
     pending = orjson.loads(pending_event(value)[0])
     events = [idempotency_rejection(value, code, "0" * 32, MAX_FEEDBACK)[0] for code in KEYED]
     events += [ended_event(pending, code, MAX_FEEDBACK) for code in ENDED]
-    for event in events:
-        (violation,) = orjson.loads(event)["violations"]
+    for later in events:
+        (violation,) = orjson.loads(later)["violations"]
         assert len(violation["message"].encode()) <= least
 
 
 KEYED = (Code.DUPLICATE, Code.IDEMPOTENCY_CONFLICT)
 ENDED = (Code.APPROVAL_DENIED, Code.APPROVAL_EXPIRED)
+
+
+_WIDE = st.sampled_from(["\x01", "\x1f", '"', "a", "é", "😀"])
+
+
+@settings(FIXED, max_examples=50)
+@given(data=st.data())
+def test_under_the_least_bounds_allowed_every_call_the_promise_covers_is_accepted(
+    data: st.DataObject,
+) -> None:
+    """Whatever the bounds and a contract's schema id and version, either the settings or the
+    composition refuse them, or every accepted call with at most CALLGATE_LIMITS__MAX_BYTES
+    of arguments and identifiers and an idempotency key of at most
+    CALLGATE_LIMITS__MAX_ID_BYTES, keyed or not, held or not, is written accepted, and every
+    event written later in its place fits too (the issue: the settings' bound left out the
+    key and the schema, so under the least bound they allowed a keyed call with identifiers at
+    their widest was `event_too_large` with 2-byte arguments)."""
+    max_id_bytes = data.draw(st.integers(16, 4096), label="max_id_bytes")
+
+    widest = data.draw(st.booleans(), label="every byte escaped in six")
+
+    def ident() -> str:
+        if widest:
+            return "\x01" * max_id_bytes
+        text = data.draw(st.text(_WIDE, min_size=max_id_bytes, max_size=max_id_bytes))
+        return text.encode()[:max_id_bytes].decode("utf-8", "ignore")
+
+    limits = {
+        "max_id_bytes": max_id_bytes,
+        "max_feedback_bytes": data.draw(st.integers(1_000, 8_192), label="max_feedback_bytes"),
+        "max_bytes": data.draw(st.integers(2, 40) | st.integers(2, 300_000), label="max_bytes"),
+        "max_event_bytes": 1 << 40,
+    }
+    ref = SchemaRef(data.draw(st.text(_WIDE, max_size=300)), data.draw(st.text(_WIDE, max_size=8)))
+    needed = contract_event_bytes(LimitSettings(**limits), ref)
+    slack = data.draw(st.integers(-3, 3) | st.integers(-2_000, 2_000), label="slack")
+    limits["max_event_bytes"] = max(65_536, needed + slack)
+    try:
+        chosen = LimitSettings(**limits)
+    except ValueError:
+        event("refused by the settings")
+        return
+    if contract_event_bytes(chosen, ref) > chosen.max_event_bytes:
+        event("refused at composition")  # build_gate refuses the contract
+        return
+    event("covered")
+    max_bytes = chosen.max_bytes
+    arguments = b"{}" if max_bytes < 9 else b'{"a":"' + b"x" * (max_bytes - 8) + b'"}'
+    keyed = data.draw(st.booleans(), label="keyed")
+    key = ident() if keyed or data.draw(st.booleans()) else None
+    call = AssembledCall(
+        ident(),
+        ident(),
+        ident(),
+        arguments,
+        idempotency_key=key,
+        principal=ident(),
+        trace_id=ident(),
+        run_id=ident(),
+        step_id=ident(),
+        traceparent=ident(),
+        attempt=2**32 - 1,
+        topic=data.draw(st.text(_WIDE, min_size=249, max_size=249))
+        .encode()[:249]
+        .decode("utf-8", "ignore"),
+        first_offset=2**63 - 1,
+        call_kind=data.draw(st.sampled_from(CallKind)),
+    )
+    verdict = Verdict(
+        Outcome.ACCEPTED,
+        schema=ref,
+        arguments_json=arguments,
+        repairs=tuple(data.draw(st.lists(st.sampled_from(RepairKind), max_size=2, unique=True))),
+        requires_approval=data.draw(st.booleans(), label="held"),
+        idempotency_key=key,
+        idempotency_digest=bytes(16) if keyed else None,
+        phases_us={phase.value: 2**63 - 1 for phase in Phase_},
+    )
+    built = new_processor()  # its own contracts aside: `ref` is the contract judged here
+    chosen_processor = Processor(built.assembler, built.decoder, built.gate, chosen.event_limits())
+    value, written = chosen_processor._written(call, verdict)
+    assert written is verdict, orjson.loads(value)["violations"]
+    assert _longest_later(value, written, chosen.max_feedback_bytes) <= chosen.max_event_bytes
 
 
 #: how many bytes two writings of one event may differ by: their phases' microseconds

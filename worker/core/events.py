@@ -135,14 +135,37 @@ def _smallest(verdict: Verdict, detail: str, limits: EventLimits) -> Verdict:
 
 
 def worst_case_event_bytes(max_id_bytes: int, limits: EventLimits) -> int:
-    """How long the smallest event (see `encode_written`) can be: that of a call whose every
-    identifier is `max_id_bytes` of a character JSON escapes to six bytes, with the longest call
-    kind and a caller of `max_id_bytes` (embedded as it is), a principal as wide as any
-    identifier, on a topic with the longest name
-    Kafka allows, with every number at its widest."""
-    ident = _WIDEST_CHAR * max_id_bytes
-    widest = 2**63 - 1  # the numbers' longest decimals (the event writes them as i64)
-    call = AssembledCall(
+    """How long the smallest event (see `encode_written`) can be: that of the widest call
+    (`widest_call`)."""
+    judged = Verdict(Outcome.REJECTED, phases_us=widest_phases())
+    detail = _too_large_detail(limits.max_event_bytes)
+    smallest = _smallest(judged, detail, limits)
+    event = encode_event(widest_call(max_id_bytes), smallest, _UNBOUNDED)
+    assert event is not None
+    return len(event)
+
+
+def widest_identifier(max_id_bytes: int) -> str:
+    """An identifier of `max_id_bytes` whose every byte JSON writes as six."""
+    return _WIDEST_CHAR * max_id_bytes
+
+
+#: the numbers' longest decimals (the event writes them as i64)
+_WIDEST_NUMBER = 2**63 - 1
+
+
+def widest_phases() -> dict[str, int]:
+    """Every phase's time, at its widest."""
+    return {phase.value: _WIDEST_NUMBER for phase in Phase}
+
+
+def widest_call(max_id_bytes: int) -> AssembledCall:
+    """The call whose event is the longest any call's can be, beside what its verdict says:
+    every identifier `widest_identifier`, the longest call kind and a caller of
+    `max_id_bytes` (embedded as it is), on a topic with the longest name Kafka allows, with
+    every number at its widest."""
+    ident = widest_identifier(max_id_bytes)
+    return AssembledCall(
         ident,
         ident,
         ident,
@@ -156,18 +179,12 @@ def worst_case_event_bytes(max_id_bytes: int, limits: EventLimits) -> int:
         attempt=2**32 - 1,
         topic=_WIDEST_CHAR * MAX_TOPIC_BYTES,
         partition=2**31 - 1,
-        first_offset=widest,
-        last_offset=widest,
+        first_offset=_WIDEST_NUMBER,
+        last_offset=_WIDEST_NUMBER,
         chunks=2**32 - 1,
         duplicate_chunks=2**32 - 1,
-        nbytes=widest,
+        nbytes=_WIDEST_NUMBER,
     )
-    phases = {phase.value: widest for phase in Phase}
-    judged = Verdict(Outcome.REJECTED, phases_us=phases)
-    detail = _too_large_detail(limits.max_event_bytes)
-    event = encode_event(call, _smallest(judged, detail, limits), _UNBOUNDED)
-    assert event is not None
-    return len(event)
 
 
 def _without_violations(verdict: Verdict, max_feedback_bytes: int) -> Verdict:

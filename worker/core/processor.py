@@ -48,11 +48,15 @@ from worker.core.events import (
     record_key,
     request_key,
     substitute_rejection,
+    widest_call,
+    widest_identifier,
+    widest_phases,
+    worst_case_event_bytes,
 )
 from worker.core.flips import Comparison, judge_both
 from worker.core.pipeline import Gate
 from worker.logs import call_fields
-from worker.model import Code, Outcome, SchemaRef, Verdict
+from worker.model import Code, Outcome, RepairKind, SchemaRef, Verdict
 
 log = logging.getLogger("callgate.processor")
 
@@ -181,6 +185,36 @@ def _later_exceeds(value: bytes, verdict: Verdict, limits: EventLimits) -> bool:
     if _later_bound(value, verdict) <= limits.max_event_bytes:
         return False
     return _longest_later(value, verdict, limits.max_feedback_bytes) > limits.max_event_bytes
+
+
+def promised_event_bytes(max_id_bytes: int, limits: EventLimits, schema: SchemaRef) -> int:
+    """The most bytes an event written for a call judged by `schema` may need beside its
+    arguments: the smallest event (`worst_case_event_bytes`), and an accepted call's event and
+    every event written later in its place (`_longest_later`), for the widest call
+    (`widest_call`) with an idempotency key as wide as any identifier, held for approval, with
+    every repair. An accepted call whose arguments are at most `max_bytes` is never
+    `event_too_large` where `max_event_bytes` holds `max_bytes` and this: the settings check it
+    for the shortest schema id and version, the composition for each contract's."""
+    key = widest_identifier(max_id_bytes)
+    accepted = Verdict(
+        Outcome.ACCEPTED,
+        schema=schema,
+        arguments_json=b"{}",
+        repairs=tuple(RepairKind),
+        requires_approval=True,
+        idempotency_key=key,
+        idempotency_digest=bytes(16),
+        phases_us=widest_phases(),
+    )
+    value = encode_event(widest_call(max_id_bytes), accepted, sys.maxsize)
+    assert value is not None
+    # the arguments are embedded without their insignificant whitespace: at most `max_bytes`
+    arguments = len(accepted.arguments_json or b"")
+    around_arguments = len(value) - arguments + APPROVAL_RESERVE
+    derived = _derived_lengths(
+        value, keyed=True, held=True, max_feedback_bytes=limits.max_feedback_bytes
+    )
+    return max([worst_case_event_bytes(max_id_bytes, limits), around_arguments, *derived])
 
 
 class Processor:
