@@ -10,14 +10,23 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from tests.datafiles import SCHEMAS
+from worker._native import AssembledCall, encode_event
+from worker.compose import build_assembler, build_decoder
 from worker.errors import ConfigError
+from worker.model import Code, Outcome, Phase, Verdict
 from worker.runtime.topics import changelog_topic, keys_topic, requests_topic
-from worker.settings import Settings, load_settings, setting_fields, unknown_variables
+from worker.settings import (
+    MAX_LIMIT,
+    Settings,
+    load_settings,
+    setting_fields,
+    unknown_variables,
+)
 
 GROUP = "gate"
 TOPICS = {"accepted": "ok", "rejected": "no", "incomplete": "partial"}
@@ -216,3 +225,60 @@ def test_the_shadow_topic_needs_candidate_contracts_and_is_never_input(
     clean_env.setenv("CALLGATE_TOPICS__INPUT", "in,flips")
     with pytest.raises(ConfigError, match=r"input topics \['flips'\].*shadow topic"):
         load_settings(schemas={"dir": SCHEMAS})
+
+
+# -- every limit has an upper bound ----------------------------------------------------------------
+
+#: the settings the native core takes (a byte or count bound, a time it holds in milliseconds)
+NATIVE_BOUNDS = [
+    *(
+        f"CALLGATE_LIMITS__{name.upper()}"
+        for name in (
+            "max_bytes",
+            "max_chunks",
+            "max_open_calls_per_partition",
+            "max_message_bytes",
+            "max_feedback_bytes",
+            "max_violations",
+            "max_event_bytes",
+            "recently_closed_per_partition",
+        )
+    ),
+    "CALLGATE_ASSEMBLY__IDLE_TIMEOUT_S",
+    "CALLGATE_ASSEMBLY__MAX_CALL_LIFETIME_S",
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(NATIVE_BOUNDS),
+    value=st.one_of(
+        st.integers(min_value=MAX_LIMIT - 2, max_value=MAX_LIMIT + 2),
+        st.integers(min_value=2**31, max_value=2**80),
+        st.sampled_from([2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1]),
+    ),
+)
+def test_a_limit_past_its_bound_is_refused_naming_it(name: str, value: int) -> None:
+    """A value the settings take builds the native core and writes an event under it; one
+    past `MAX_LIMIT` is a settings error naming its variable, never an overflow at start."""
+    with pytest.MonkeyPatch.context() as env:
+        for other in list(os.environ):
+            if other.upper().startswith("CALLGATE_"):
+                env.delenv(other)
+        env.setenv(name, str(value))
+        try:
+            taken: Settings | ConfigError = load_settings(schemas={"dir": SCHEMAS})
+        except ConfigError as exc:
+            taken = exc
+    if isinstance(taken, ConfigError):
+        assert value > MAX_LIMIT or "max_event_bytes must hold" in str(taken)
+        assert f"{name}: " in str(taken) or "CALLGATE_LIMITS__*" in str(taken), taken
+        return
+    assert value <= MAX_LIMIT
+    build_assembler(taken)
+    build_decoder(taken)
+    call = AssembledCall("s", "c", "t", b"{}")
+    verdict = Verdict(Outcome.REJECTED, phase=Phase.ASSEMBLY, code=Code.MALFORMED_RECORD)
+    assert encode_event(call, verdict, taken.limits.max_event_bytes) is not None
+    limits = taken.limits.violation_limits()
+    assert limits.max_violations == taken.limits.max_violations

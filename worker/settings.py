@@ -44,6 +44,12 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 ENV_PREFIX = "CALLGATE_"
 ENV_NESTED = "__"
 
+#: The largest value any limit (`CALLGATE_LIMITS__*`) or assembly time in seconds
+#: (`CALLGATE_ASSEMBLY__*`) may take: Kafka sizes a record in a signed 32-bit integer, so no
+#: event, record or call is larger, and the native core holds every bound within 32 bits (a
+#: time as milliseconds within 64). A larger value is refused, naming its variable.
+MAX_LIMIT = 2**31 - 1
+
 
 def _split_csv(value: Any) -> Any:
     if isinstance(value, str):
@@ -280,8 +286,8 @@ class LimitSettings(BaseModel):
 
     model_config = _FROZEN
 
-    max_bytes: int = Field(256 * 1024, ge=1, description="argument bytes per call")
-    max_chunks: int = Field(4096, ge=1, description="chunks per call")
+    max_bytes: int = Field(256 * 1024, ge=1, le=MAX_LIMIT, description="argument bytes per call")
+    max_chunks: int = Field(4096, ge=1, le=MAX_LIMIT, description="chunks per call")
     max_depth: int = Field(
         32,
         ge=1,
@@ -289,7 +295,7 @@ class LimitSettings(BaseModel):
         description=f"nesting depth of the arguments and tool results (every JSON callgate reads "
         f"stops at {MAX_DEPTH} levels whatever this says)",
     )
-    max_open_calls_per_partition: int = Field(10_000, ge=1)
+    max_open_calls_per_partition: int = Field(10_000, ge=1, le=MAX_LIMIT)
     max_id_bytes: int = Field(
         256,
         ge=16,
@@ -300,20 +306,27 @@ class LimitSettings(BaseModel):
     max_message_bytes: int = Field(
         512,
         ge=64,
+        le=MAX_LIMIT,
         description="a violation's path or message (a business rule's keyword too), a malformed "
         "record's detail",
     )
-    max_feedback_bytes: int = Field(4096, ge=256, description="size bound of retry_feedback")
-    max_violations: int = Field(32, ge=1, description="violations computed per rejection")
+    max_feedback_bytes: int = Field(
+        4096, ge=256, le=MAX_LIMIT, description="size bound of retry_feedback"
+    )
+    max_violations: int = Field(
+        32, ge=1, le=MAX_LIMIT, description="violations computed per rejection"
+    )
     max_event_bytes: int = Field(
         1_000_000,
         ge=65_536,
+        le=MAX_LIMIT,
         description="an outcome event is never larger (keep it under the topics' "
         "max.message.bytes); a larger one is replaced by a rejection that says so",
     )
     recently_closed_per_partition: int = Field(
         4096,
         ge=1,
+        le=MAX_LIMIT,
         description="closed calls remembered to tell retransmissions from reuse, and streams "
         "that ended or broke, to refuse what comes after",
     )
@@ -369,11 +382,15 @@ class AssemblySettings(BaseModel):
     model_config = _FROZEN
 
     idle_timeout_s: float = Field(
-        60.0, gt=0, description="no chunk for this long (record time): incomplete timeout"
+        60.0,
+        gt=0,
+        le=MAX_LIMIT,
+        description="no chunk for this long (record time): incomplete timeout",
     )
     max_call_lifetime_s: float = Field(
         900.0,
         gt=0,
+        le=MAX_LIMIT,
         description="a call still open this long after its first chunk (record time) is "
         "incomplete max_lifetime",
     )
