@@ -20,7 +20,7 @@ from tests.datafiles import REPO, SCHEMAS, data_path
 from worker.cli import main
 from worker.compose import contract_event_bytes
 from worker.model import SchemaRef
-from worker.settings import LimitSettings
+from worker.settings import MAX_LIMIT, LimitSettings
 
 SAMPLE = data_path("generated", "envelopes.jsonl")
 BOM = b"\xef\xbb\xbf"
@@ -204,7 +204,7 @@ def test_a_contract_too_long_for_the_event_bound_stops_with_one_clear_message(
     domain.mkdir()
     file = domain / "t.v1.schema.json"
     file.write_bytes(orjson.dumps({"type": "object", "additionalProperties": False}))
-    limits = {"max_id_bytes": 4096, "max_bytes": 2, "max_event_bytes": 1 << 40}
+    limits = {"max_id_bytes": 4096, "max_bytes": 2, "max_event_bytes": MAX_LIMIT}
     least = contract_event_bytes(LimitSettings(**limits), SchemaRef("", ""))
     env = {f"CALLGATE_LIMITS__{name.upper()}": str(value) for name, value in limits.items()}
     result = callgate(

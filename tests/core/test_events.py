@@ -39,7 +39,7 @@ from worker.model import (
 from worker.model import Violation as V
 from worker.published.model import parse_event
 from worker.schemas.contract import ViolationLimits
-from worker.settings import LimitSettings
+from worker.settings import MAX_LIMIT, LimitSettings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
 MAX_FEEDBACK = 4096
@@ -553,7 +553,7 @@ def test_under_any_settings_accepted_every_event_fits_its_bound_and_none_raises(
     try:
         bounds = event_limits(LimitSettings(**limits))
     except ValueError:
-        roomy = LimitSettings(**{**limits, "max_event_bytes": 1 << 40})
+        roomy = LimitSettings(**{**limits, "max_event_bytes": MAX_LIMIT})
         assert max_event_bytes < contract_event_bytes(roomy, SchemaRef("", ""))
         return
     call = data.draw(_bounded_call(max_id_bytes), label="call")

@@ -48,7 +48,7 @@ from worker.core.processor import (
 from worker.model import CallKind, Code, Outcome, RepairKind, SchemaRef, Verdict
 from worker.model import Phase as Phase_
 from worker.plugins import Plugins, load_plugins
-from worker.settings import LimitSettings, Settings
+from worker.settings import MAX_LIMIT, LimitSettings, Settings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
 IDLE_MS = 1_000
@@ -619,7 +619,7 @@ def test_under_the_least_bounds_allowed_every_call_the_promise_covers_is_accepte
         "max_id_bytes": max_id_bytes,
         "max_feedback_bytes": data.draw(st.integers(1_000, 8_192), label="max_feedback_bytes"),
         "max_bytes": data.draw(st.integers(2, 40) | st.integers(2, 300_000), label="max_bytes"),
-        "max_event_bytes": 1 << 40,
+        "max_event_bytes": MAX_LIMIT,
     }
     ref = SchemaRef(data.draw(st.text(_WIDE, max_size=300)), data.draw(st.text(_WIDE, max_size=8)))
     needed = contract_event_bytes(LimitSettings(**limits), ref)
