@@ -101,12 +101,19 @@ def build_gate(settings: Settings, registry: SchemaRegistry) -> Gate:
     return Gate(
         registry,
         load_plugins(settings.schemas.dir, settings.plugins),
-        GateLimits(
-            max_depth=limits.max_depth,
-            max_feedback_bytes=limits.max_feedback_bytes,
-            retry_budget=settings.retry.budget,
-            violations=violation_limits(limits),
-        ),
+        gate_limits(settings),
+    )
+
+
+def gate_limits(settings: Settings) -> GateLimits:
+    """The bounds the chain applies, from the settings."""
+    limits = settings.limits
+    return GateLimits(
+        max_depth=limits.max_depth,
+        max_feedback_bytes=limits.max_feedback_bytes,
+        retry_budget=settings.retry.budget,
+        max_id_bytes=limits.max_id_bytes,
+        violations=violation_limits(limits),
     )
 
 

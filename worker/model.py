@@ -34,7 +34,19 @@ __all__ = [
     "SchemaRef",
     "Verdict",
     "Violation",
+    "longer_than",
 ]
+
+
+def longer_than(identifier: str | None, max_id_bytes: int) -> bool:
+    """Whether `identifier` is past the identifier bound (`CALLGATE_LIMITS__MAX_ID_BYTES`): its
+    UTF-8 longer than `max_id_bytes`, as the native core measures an envelope's. The one test of
+    an identifier callgate takes or derives outside the native core."""
+    return (
+        identifier is not None
+        and len(identifier) * 4 > max_id_bytes
+        and len(identifier.encode("utf-8", "surrogatepass")) > max_id_bytes
+    )
 
 
 class Outcome(StrEnum):

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from tests.datafiles import REPO
 from worker._native import AssembledCall
-from worker.compose import violation_limits
+from worker.compose import gate_limits, violation_limits
 from worker.core.events import EventLimits, encode
-from worker.core.pipeline import Gate, GateLimits
+from worker.core.pipeline import Gate
 from worker.model import Code, Outcome, Phase, SchemaRef, Verdict
 from worker.plugins import AuthorizationContext, Plugins, load_plugins
 from worker.published.model import Rejected, parse_event
@@ -33,12 +33,7 @@ from worker.settings import Settings
 FIXED = settings(derandomize=True, deadline=None, print_blob=True, max_examples=200)
 SETTINGS = Settings()
 MESSAGES = violation_limits(SETTINGS.limits)
-LIMITS = GateLimits(
-    max_depth=SETTINGS.limits.max_depth,
-    max_feedback_bytes=SETTINGS.limits.max_feedback_bytes,
-    retry_budget=SETTINGS.retry.budget,
-    violations=violation_limits(SETTINGS.limits),
-)
+LIMITS = gate_limits(SETTINGS)
 ALLOWED = ["ops-oncall", "ops-lead", "svc:deployer"]
 RESTART = SchemaRef("ops.restart_service", "1")
 

@@ -40,6 +40,7 @@ GATE_LIMITS = GateLimits(
     max_depth=32,
     max_feedback_bytes=4096,
     retry_budget=3,
+    max_id_bytes=256,
     violations=LIMITS,
 )
 REFS = [SchemaRef("weather.get_weather", "1"), SchemaRef("weather.get_weather", "2"), None]

@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from tests.datafiles import SCHEMAS
 from tests.support.numbers import number_texts, spellings
 from worker._native import AssembledCall, EarlyRejection, ParseError, parse_json
-from worker.compose import build_gate, build_registry, violation_limits
+from worker.compose import build_gate, build_registry, gate_limits, violation_limits
 from worker.core.canonical import canonical, request_digest
 from worker.core.events import EventLimits, encode
 from worker.core.feedback import MALFORMED_RECORD_MESSAGE, UNDECLARED, build_feedback
-from worker.core.pipeline import RETRYABLE, Gate, GateLimits, passed_on
+from worker.core.pipeline import RETRYABLE, Gate, passed_on
 from worker.core.tool_output import RESULT_MEMBERS
 from worker.model import (
     ChunkKind,
@@ -54,12 +54,7 @@ MESSAGES = violation_limits(SETTINGS.limits)
 REGISTRY = build_registry(SETTINGS)
 GATE = build_gate(SETTINGS, REGISTRY)
 PLUGINS = load_plugins(SCHEMAS)
-LIMITS = GateLimits(
-    max_depth=SETTINGS.limits.max_depth,
-    max_feedback_bytes=SETTINGS.limits.max_feedback_bytes,
-    retry_budget=SETTINGS.retry.budget,
-    violations=violation_limits(SETTINGS.limits),
-)
+LIMITS = gate_limits(SETTINGS)
 WEATHER_V1 = SchemaRef("weather.get_weather", "1")
 WEATHER_V2 = SchemaRef("weather.get_weather", "2")
 PAYMENT = SchemaRef("payments.create_payment", "1")

@@ -28,13 +28,19 @@ from worker.compose import (
     build_processor,
     build_registry,
     contract_event_bytes,
+    gate_limits,
     violation_limits,
 )
 from worker.core.approval import ended_event, pending_event
 from worker.core.canonical import scoped_key
-from worker.core.events import EventLimits, idempotency_rejection, read_idempotency_request
+from worker.core.events import (
+    WIDEST_ESCAPE,
+    EventLimits,
+    idempotency_rejection,
+    read_idempotency_request,
+)
 from worker.core.idempotency import Decision, KeyStore, resolve
-from worker.core.pipeline import Gate, GateLimits
+from worker.core.pipeline import Gate
 from worker.core.processor import (
     Emission,
     Processor,
@@ -48,6 +54,7 @@ from worker.core.processor import (
 from worker.model import CallKind, Code, Outcome, RepairKind, SchemaRef, Verdict
 from worker.model import Phase as Phase_
 from worker.plugins import Plugins, load_plugins
+from worker.schemas.registry import SchemaRegistry
 from worker.settings import MAX_LIMIT, LimitSettings, Settings
 
 FIXED = settings(derandomize=True, deadline=None, print_blob=True)
@@ -438,7 +445,6 @@ def test_an_accepted_call_whose_event_cannot_be_written_is_routed_as_its_rejecti
     plugins = load_plugins(SCHEMAS)
     growing = Plugins()
     growing.adapter("weather.get_weather", "1")(lambda args: {**args, "pad": "x" * 2_000})
-    limits = SETTINGS.limits
     for chosen, key in ((growing, None), (growing, "w-1"), (plugins, None)):
         built = new_processor()  # its assembler and decoder, this gate and event bound
         p = Processor(
@@ -447,9 +453,7 @@ def test_an_accepted_call_whose_event_cannot_be_written_is_routed_as_its_rejecti
             Gate(
                 REGISTRY,
                 chosen,
-                GateLimits(
-                    limits.max_depth, MAX_FEEDBACK, SETTINGS.retry.budget, violation_limits(limits)
-                ),
+                gate_limits(SETTINGS),
             ),
             EventLimits(1_500, MAX_FEEDBACK, MESSAGES),
         )
@@ -1311,3 +1315,92 @@ def test_every_format_restored_at_every_record_emits_what_one_run_emits(
         live.restore(TOPIC, 0, frames)
     out += [normalized(e) for e in live.flush()]
     assert out == expected
+
+
+# --- an idempotency key is an identifier, wherever it comes from ---------------------------------
+
+
+def _keyed_contract(argument: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"side_effects": True}
+    if argument is not None:
+        meta["idempotency_key_argument"] = argument
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "x-callgate": meta,
+        "type": "object",
+        "properties": {"key": {"type": "string"}},
+    }
+
+
+@pytest.fixture(scope="module")
+def keyed_contracts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, SchemaRegistry]:
+    """A tool keyed by its envelope (`by_envelope`) and one keyed by its argument `key`."""
+    directory = tmp_path_factory.mktemp("keyed") / "keys"
+    directory.mkdir()
+    for tool, argument in (("by_envelope", None), ("by_argument", "key")):
+        schema = orjson.dumps(_keyed_contract(argument))
+        (directory / f"{tool}.v1.schema.json").write_bytes(schema)
+    conf = Settings(schemas={"dir": directory.parent})
+    return conf, build_registry(conf)
+
+
+def _of_bytes(data: st.DataObject, length: int) -> str:
+    """A text of exactly `length` UTF-8 bytes, every byte escaped in six or mixed."""
+    text = data.draw(st.text(_WIDE, min_size=length, max_size=length))
+    cut = text.encode()[:length].decode("utf-8", "ignore")
+    return cut + "a" * (length - len(cut.encode()))
+
+
+@settings(FIXED, max_examples=40)
+@given(data=st.data())
+def test_a_key_decides_alike_from_the_envelope_and_from_an_argument(
+    keyed_contracts: tuple[Settings, SchemaRegistry], data: st.DataObject
+) -> None:
+    """A key of at most CALLGATE_LIMITS__MAX_ID_BYTES is taken from the envelope and from the
+    argument the contract names alike, and its call's events fit the event bound; a longer one
+    is refused alike, `malformed_record`, on either path (the issue: a key argument was bounded
+    by MAX_BYTES only, so a call keyed past the identifier bound was accepted, or
+    `event_too_large`, where its envelope's key made the record malformed)."""
+    max_id_bytes = data.draw(st.integers(16, 600), label="max_id_bytes")
+    # room for a key argument of four times the bound, every byte escaped in six
+    max_bytes = 32 + WIDEST_ESCAPE * 4 * max_id_bytes
+    limits = LimitSettings(
+        max_id_bytes=max_id_bytes, max_bytes=max_bytes, max_event_bytes=MAX_LIMIT
+    )
+    base, registry = keyed_contracts
+    needed = max(contract_event_bytes(limits, c.ref) for c in registry.contracts())
+    chosen = LimitSettings(
+        max_id_bytes=max_id_bytes, max_bytes=max_bytes, max_event_bytes=max(65_536, needed)
+    )
+    conf = base.model_copy(update={"limits": chosen})
+    p, rec = build_processor(conf, registry), Partition()
+    length = data.draw(
+        st.integers(max_id_bytes - 3, max_id_bytes + 3) | st.integers(1, 4 * max_id_bytes),
+        label="key bytes",
+    )
+    key = _of_bytes(data, length)
+    principal = _of_bytes(data, max_id_bytes)
+    by_envelope = envelope(
+        "s", "c1", 0, "{}", tool="by_envelope", final=True, idempotency_key=key, principal=principal
+    )
+    argument = orjson.dumps({"key": key}).decode()
+    by_argument = envelope(
+        "s", "c2", 0, argument, tool="by_argument", final=True, principal=principal
+    )
+    decided = []
+    for value in (by_envelope, by_argument):
+        (emission,) = p.feed(TOPIC, 0, [rec(value)])
+        verdict = emission.verdict
+        decided.append((emission.route, verdict.outcome, verdict.code, verdict.retryable))
+        assert len(emission.value) <= chosen.max_event_bytes
+        if verdict.outcome is Outcome.ACCEPTED:
+            assert verdict.idempotency_key == key
+            event = read_idempotency_request(emission.value).event
+            assert (
+                _longest_later(event, verdict, chosen.max_feedback_bytes) <= chosen.max_event_bytes
+            )
+    assert decided[0] == decided[1]
+    if length > max_id_bytes:
+        assert decided[0][1:3] == (Outcome.REJECTED, Code.MALFORMED_RECORD)
+    else:
+        assert decided[0][1] is Outcome.ACCEPTED

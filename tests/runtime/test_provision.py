@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker._native import AssembledCall
-from worker.core.events import idempotency_request, record_headers, record_key
+from worker.core.events import idempotency_request, record_headers, record_key, request_key
 from worker.model import Outcome, SchemaRef, Verdict
 from worker.runtime.provision import (
     Role,
@@ -112,14 +112,16 @@ def test_max_message_bytes_takes_the_largest_batch_the_worker_writes(
     limit = conf.limits
 
     def longest() -> str:
-        text = data.draw(identifiers)
+        text = data.draw(st.just("\x00") | identifiers)  # every byte escaped in six, or mixed
         while len(text.encode()) < limit.max_id_bytes:
             text += text
         cut = text.encode()[: limit.max_id_bytes].decode(errors="ignore")
         assert len(cut.encode()) <= limit.max_id_bytes
         return cut
 
-    call = AssembledCall(longest(), longest(), longest(), b"", idempotency_key=longest())
+    call = AssembledCall(
+        longest(), longest(), longest(), b"", idempotency_key=longest(), principal=longest()
+    )
     schema = SchemaRef(longest(), longest())
     verdict = Verdict(
         Outcome.ACCEPTED,
@@ -135,7 +137,7 @@ def test_max_message_bytes_takes_the_largest_batch_the_worker_writes(
     outcome = _batch_bytes(record_key(call), event, headers)
     assert outcome <= by_role[Role.OUTCOME].max_message_bytes  # type: ignore[operator]
     request = idempotency_request(call, verdict, event)
-    key = (call.idempotency_key or "").encode()
+    key = request_key(call, verdict).encode()  # the key in its principal's scope
     assert _batch_bytes(key, request, [traceparent]) <= by_role[Role.REQUESTS].max_message_bytes  # type: ignore[operator]
     checkpoint = bytes(conf.delivery.checkpoint_record_bytes)
     frame_headers = [

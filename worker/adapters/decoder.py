@@ -73,7 +73,7 @@ from worker.adapters import (
 )
 from worker.errors import InputFormatError
 from worker.logs import record_fields
-from worker.model import MAX_DEPTH, ChunkKind, Code
+from worker.model import MAX_DEPTH, ChunkKind, Code, longer_than
 
 log = logging.getLogger("callgate.decoder")
 
@@ -359,12 +359,7 @@ class Decoder:
                     )
 
     def _too_long(self, identifier: str | None) -> bool:
-        bound = self._max_id_bytes
-        return (
-            identifier is not None
-            and len(identifier) * 4 > bound
-            and len(identifier.encode("utf-8", "surrogatepass")) > bound
-        )
+        return longer_than(identifier, self._max_id_bytes)
 
     def _dialect(self, record: Any, fmt: str, parameters: str) -> str | None:
         """The dialect a record is read in: its header's, or its topic's (both: the same)."""

@@ -313,6 +313,23 @@ class IdempotencyRequest:
     event: bytes
 
 
+def request_overhead_bytes(max_id_bytes: int) -> int:
+    """The most an idempotency request's record (`idempotency_request`, keyed by
+    `request_key`) holds beside the event it carries: its record key and the header before the
+    event, which hold the call's key in its principal's scope (both at `max_id_bytes`, the key's
+    bound wherever it came from), its call id and tool, and its schema's id and version, each
+    counted as an identifier; measured with the writer on the widest call (`widest_call`)."""
+    call = widest_call(max_id_bytes)
+    ident = widest_identifier(max_id_bytes)
+    verdict = Verdict(
+        Outcome.ACCEPTED,
+        schema=SchemaRef(ident, ident),
+        idempotency_key=ident,
+        idempotency_digest=bytes(16),
+    )
+    return len(request_key(call, verdict).encode()) + len(idempotency_request(call, verdict, b""))
+
+
 def read_idempotency_request(value: bytes) -> IdempotencyRequest:
     """The request in a record of the idempotency topic; ValueError if it is not one."""
     if not value.startswith(_REQUEST_TAG) or b"\n" not in value:

@@ -64,6 +64,7 @@ from worker.model import (
     RepairKind,
     Verdict,
     Violation,
+    longer_than,
 )
 from worker.plugins import AuthorizationContext, Plugins, RuleContext
 from worker.schemas.contract import (
@@ -222,6 +223,8 @@ class GateLimits:
     max_depth: int
     max_feedback_bytes: int
     retry_budget: int
+    #: the bound of an idempotency key, wherever it comes from (`CALLGATE_LIMITS__MAX_ID_BYTES`)
+    max_id_bytes: int
     #: how much a violation may say (an early one is bounded as the engines bound theirs)
     violations: ViolationLimits
 
@@ -405,13 +408,17 @@ class Gate:
         meta = contract.meta
         key = call.idempotency_key
         named = meta.idempotency_key_argument
-        mismatch = False
+        mismatch = overlong = False
         if meta.idempotency is _NO_KEY:
             key = None  # the contract takes no key: none is checked, none is carried
         elif named is not None:
             argument_key = value.get(named)
             if type(argument_key) is str:
-                if key is not None and key != argument_key:
+                if longer_than(argument_key, self._limits.max_id_bytes):
+                    # a key past the identifier bound, as an envelope's is: no key, carried
+                    # by no verdict; the call is refused in its phase
+                    overlong = True
+                elif key is not None and key != argument_key:
                     mismatch = True
                 else:
                     key = argument_key
@@ -494,38 +501,32 @@ class Gate:
                 )
 
         self._phase = _IDEMPOTENCY
-        if mismatch:
+        refused: tuple[Code, str, str] | None = None  # why the key is refused: code, path, message
+        if overlong:
+            most = self._limits.max_id_bytes
+            message = f"the idempotency key is longer than {most} bytes"
+            refused = (Code.MALFORMED_RECORD, f"/{named}", message)
+        elif mismatch:
+            message = f"the envelope's idempotency key differs from argument {named!r}"
+            refused = (Code.IDEMPOTENCY_KEY_MISMATCH, f"/{named}", message)
+        elif key is None and meta.needs_key:
+            message = "this tool has side effects and needs an idempotency key"
+            refused = (Code.IDEMPOTENCY_KEY_MISSING, "", message)
+        if refused is not None:
+            code, path, message = refused
             started, now = now, perf_counter_ns()
             phases[_IDEMPOTENCY] = (now - started) // 1000
-            message = f"the envelope's idempotency key differs from argument {named!r}"
-            violation = Violation(f"/{named}", "idempotency_key", message)
             return self._rejected(
                 call,
                 _IDEMPOTENCY,
-                Code.IDEMPOTENCY_KEY_MISMATCH,
-                (violation,),
+                code,
+                (Violation(path, "idempotency_key", message),),
                 phases,
                 contract=contract,
                 arguments=value,
                 repairs=repairs,
             )
-        if key is None:
-            if meta.needs_key:
-                started, now = now, perf_counter_ns()
-                phases[_IDEMPOTENCY] = (now - started) // 1000
-                message = "this tool has side effects and needs an idempotency key"
-                violation = Violation("", "idempotency_key", message)
-                return self._rejected(
-                    call,
-                    _IDEMPOTENCY,
-                    Code.IDEMPOTENCY_KEY_MISSING,
-                    (violation,),
-                    phases,
-                    contract=contract,
-                    arguments=value,
-                    repairs=repairs,
-                )
-        else:
+        if key is not None:
             phases[_IDEMPOTENCY] = 0  # in the chain's order; timed with the digest, below
 
         self._phase = _NORMALIZATION

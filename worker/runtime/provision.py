@@ -25,6 +25,7 @@ from enum import StrEnum
 
 from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
 
+from worker.core.events import request_overhead_bytes
 from worker.errors import BrokerError
 from worker.runtime.topics import (
     TopicSpec,
@@ -85,18 +86,18 @@ class TopicPlan:
 
 
 def record_overhead(limits: LimitSettings) -> int:
-    """What a record batch of one record carries beyond its value, at most.
+    """What a record batch of one record carries beyond its value's event, at most.
 
-    An identifier is at most `max_id_bytes`, and JSON writes a byte of it in 6 at most (a
-    control character as `\\u001f`). An idempotency request's value starts with a header of
-    five identifiers in JSON (key, call id, tool, schema id and version) before the event it
-    carries; a record's key is one identifier, its headers (outcome, tool, schema version, a
-    trace parent) three and their names; the batch's header (61 bytes), the record's framing
-    and the header names take under 512 bytes.
+    An idempotency request's record holds, beside the event, its key and a header
+    (`request_overhead_bytes`: the call's key in its principal's scope, which its record key
+    repeats, the call id, the tool, the schema's id and version), measured with the writer at
+    the identifiers' bound (`max_id_bytes`, which bounds a key from the envelope and from an
+    argument alike); another record's key is one identifier, its headers (outcome, tool,
+    schema version, a trace parent, which a request carries too) three and their names; the
+    batch's header (61 bytes), the record's framing and the header names take under 512 bytes.
     """
-    escaped_header = 5 * 6 * limits.max_id_bytes
     key_and_headers = 4 * limits.max_id_bytes
-    return escaped_header + key_and_headers + 512
+    return request_overhead_bytes(limits.max_id_bytes) + key_and_headers + 512
 
 
 def event_batch(settings: Settings) -> int:
