@@ -7,9 +7,10 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.adapters.oracles import decoder, records
+from tests.adapters.oracles import assembler, decoder, records
 from tests.datafiles import SCHEMAS, data_path
 from worker._native import Chunk
+from worker.adapters.decoder import ENVELOPE
 from worker.adapters.input import read_records
 from worker.compose import build_processor
 from worker.model import ChunkKind, Outcome
@@ -89,3 +90,25 @@ def test_spec_examples_through_the_whole_chain(
     assert verdict.outcome is outcome
     assert (verdict.code or verdict.reason) == detail
     assert processor.flush() == []
+
+
+def test_a_result_under_the_key_and_id_of_an_open_call_leaves_the_call_alone() -> None:
+    """README, "How a vendor stream's calls are named": a JSON-RPC id names a result, never a
+    call (the class: tests/native/test_assembler.py)."""
+    call = [
+        orjson.dumps({"stream_id": "s1", "call_id": "1", "kind": "tool_call", "seq": seq, **piece})
+        for seq, piece in enumerate([{"tool": "t", "delta": "{"}, {"delta": "}", "final": True}])
+    ]
+    message = orjson.dumps({"jsonrpc": "2.0", "id": 1, "result": {"content": []}})
+    mixed = [
+        *records(ENVELOPE, call[:1]),
+        *records(FMT, [message], "s1", headers={"tool": TOOL}),
+        *records(ENVELOPE, call[1:]),
+    ]
+    mixed = [record._replace(offset=i, key=b"s1") for i, record in enumerate(mixed)]
+    dec, asm = decoder(), assembler()
+    out = list(asm.feed_records("in", 0, mixed, dec.decode)) + list(asm.flush())
+    assert [(c.channel, c.call_id, c.incomplete, c.assembly_error, c.arguments) for c in out] == [
+        ("mcp_result", "1", None, None, message),
+        ("tool_call", "1", None, None, b"{}"),
+    ]

@@ -725,3 +725,106 @@ def test_a_vendor_chunk_carries_its_principal_bounded_like_any_identifier() -> N
     (call,) = a.feed_chunks("t", 0, 1, 0, [long])
     assert outcome(call) == "malformed_record"
     assert "principal is longer than 40 bytes" in (call.assembly_detail or "")
+
+
+# --- MCP results: their own slot, whatever calls share their key and id ------------------------
+
+MCP = (("content-format", b"mcp.result"),)
+
+
+def mcp_result(stream: str, call: str, text: str) -> bytes:
+    """An MCP result record's value, as this test's stand-in for the MCP adapter reads it."""
+    return orjson.dumps({"stream": stream, "call": call, "text": text})
+
+
+def mcp_adapter(rename: Callable[[str], str] = str) -> Callable[[Record, str], list[Chunk]]:
+    """The MCP adapter's chunk for a record of `mcp_result`, its call id renamed by `rename`."""
+
+    def adapter(record: Record, fmt: str) -> list[Chunk]:
+        assert fmt == "mcp.result"
+        body = orjson.loads(record.value or b"")
+        call = rename(body["call"])
+        return [Chunk(body["stream"], "mcp_result", call, tool="r", delta=body["text"], final=True)]
+
+    return adapter
+
+
+@st.composite
+def calls_and_results(draw: st.DrawFn) -> list[Record]:
+    """Envelope traffic with MCP results (copies and different ones too) under its keys and its
+    calls' ids, at any place in it."""
+    recs = draw(traffic())
+    for _ in range(draw(st.integers(1, 12))):
+        at = draw(st.integers(0, len(recs)))
+        stream = draw(st.sampled_from(STREAMS))
+        value = mcp_result(stream, draw(st.sampled_from(CALLS)), draw(st.sampled_from(["a", "b"])))
+        timestamp = recs[at - 1].timestamp if at > 0 else 0
+        recs.insert(at, Record(0, timestamp, stream.encode(), value, MCP))
+    return [record._replace(offset=i) for i, record in enumerate(recs)]
+
+
+def apart(call_id: str) -> str:
+    """A result's id made unlike any call's of the traffic."""
+    return f"result-{call_id}"
+
+
+def decided(calls: Sequence[AssembledCall], rename: Callable[[str], str] = str) -> list[Any]:
+    """What was decided of each call, results' ids renamed back (the event id names the id)."""
+    return [(c.channel, c.stream_id, rename(c.call_id), *summary([c])[0][3:]) for c in calls]
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(data=st.data())
+def test_a_result_and_a_call_under_one_key_and_id_end_as_they_would_apart(
+    data: st.DataObject,
+) -> None:
+    recs = data.draw(calls_and_results())
+    shared = assembler()
+    out = feed(shared, recs, mcp_adapter()) + list(shared.flush())
+    separate = assembler()
+    expected = feed(separate, recs, mcp_adapter(apart)) + list(separate.flush())
+    assert decided(out) == decided(expected, lambda c: c.removeprefix("result-"))
+    ids = [c.event_id for c in out]
+    assert len(ids) == len(set(ids))
+    # nothing lost: every result record is a result, or a copy of one already judged
+    results = {(c.stream_id, c.call_id) for c in out if c.channel == "mcp_result"}
+    sent = {(r.key.decode(), orjson.loads(r.value or b"")["call"]) for r in recs if r.headers}
+    assert results == sent
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(data=st.data())
+def test_a_restored_partition_keeps_results_apart_from_calls(data: st.DataObject) -> None:
+    recs = data.draw(calls_and_results())
+    whole = assembler()
+    expected = summary(feed(whole, recs, mcp_adapter()) + list(whole.flush()))
+    live = assembler()
+    out: list[Any] = []
+    position = 0
+    for stop in [*cuts(data.draw, len(recs)), len(recs)]:
+        out.extend(feed(live, recs[position:stop], mcp_adapter()))
+        position = stop
+        restored = assembler()
+        restored.restore("t", 0, [live.snapshot("t", 0)])
+        live = restored
+    out.extend(live.flush())
+    assert summary(out) == expected
+
+
+def test_a_result_under_an_open_calls_id_is_judged_alone_and_the_call_goes_on() -> None:
+    a = assembler()
+    out = feed(
+        a,
+        [
+            Record(0, 0, b"s", envelope("s", "7", 0, "{", tool="t")),
+            Record(1, 0, b"s", mcp_result("s", "7", '{"result":{}}'), MCP),
+            Record(2, 0, b"s", envelope("s", "7", 1, "}", final=True)),
+            Record(3, 0, b"s", mcp_result("s", "7", '{"result":{}}'), MCP),
+        ],
+        mcp_adapter(),
+    )
+    assert [(c.channel, c.call_id, outcome(c), c.arguments) for c in out] == [
+        ("mcp_result", "7", "complete", b'{"result":{}}'),
+        ("tool_call", "7", "complete", b"{}"),
+    ]
+    assert a.duplicate_chunks == 1  # the result's copy

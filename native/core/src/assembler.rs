@@ -30,6 +30,10 @@
 //!   source naming it is refused (a call's piece or an end: the caller rejects its record as
 //!   one that cannot be placed; an adapter's abort: dropped), and nothing of the stream changes,
 //!   so a call never takes pieces of two sources and one's end never ends the other's calls.
+//! - An MCP result is a whole call in one final piece, of no stream, and its id is its JSON-RPC
+//!   client's, not the model's: it has its own slot ([`CallKey::result`]), is closed at once
+//!   and never held, so it never joins, ends, evicts or reuses a call under its key and id (nor
+//!   a call it); a copy of a result remembered is dropped, another result is a reuse.
 //! - Past `max_call_bytes` or `max_call_chunks` the text is dropped and the call, when it ends,
 //!   is rejected `too_large` / `too_many_chunks`. Each of its pieces is held from then on as a
 //!   hash of its text and `final` (8 bytes), so a retransmission is told as before; a call that
@@ -339,10 +343,26 @@ pub struct Closed {
     pub busy_ns: u64,
 }
 
+/// A call's slot: its stream and id, and whether it is an MCP result. A result's id is its
+/// JSON-RPC request's (or its record's `call-id`), of another id space than the calls of a
+/// stream: a call and a result never share a slot, so a result never joins, ends or reuses a
+/// call under its key and id, open or remembered, nor a call a result.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CallKey {
     pub stream_id: Arc<str>,
     pub call_id: Arc<str>,
+    pub result: bool,
+}
+
+impl CallKey {
+    /// The slot of `piece`'s call: a result's (`result`) or a call's.
+    fn of(piece: &CallPiece<'_>, result: bool) -> Self {
+        CallKey {
+            stream_id: Arc::from(&*piece.stream_id),
+            call_id: Arc::from(&*piece.call_id),
+            result,
+        }
+    }
 }
 
 /// A call's tool and version: held once per partition, however many open calls name it.
@@ -796,6 +816,7 @@ impl Partition {
         Some(CallKey {
             stream_id: stream.clone(),
             call_id: state.calls.id(call_id)?.clone(),
+            result: false,
         })
     }
 
@@ -931,6 +952,7 @@ impl Assembler {
                 .map(|(stream, call, _)| CallKey {
                     stream_id: stream.clone(),
                     call_id: call.clone(),
+                    result: false,
                 })
                 .collect();
             let mut out = Vec::new();
@@ -1017,6 +1039,7 @@ impl<'a> PartitionFeed<'a> {
             expired.extend(state.calls.ids().map(|call| CallKey {
                 stream_id: stream.clone(),
                 call_id: call.clone(),
+                result: false,
             }));
         }
         for key in expired {
@@ -1105,6 +1128,7 @@ impl<'a> PartitionFeed<'a> {
                 let key = CallKey {
                     stream_id: Arc::from(&**stream_id),
                     call_id: Arc::from(&**call_id),
+                    result: false,
                 };
                 if self.touch_last_offset(&key, offset) {
                     self.close(&key, Ending::Incomplete(*reason), out);
@@ -1126,6 +1150,7 @@ impl<'a> PartitionFeed<'a> {
                 stream.calls.ids().map(|call| CallKey {
                     stream_id: id.clone(),
                     call_id: call.clone(),
+                    result: false,
                 })
             })
             .collect();
@@ -1169,6 +1194,7 @@ impl<'a> PartitionFeed<'a> {
             let ended = CallKey {
                 stream_id: Arc::from(&**stream_id),
                 call_id: Arc::from(""),
+                result: false,
             };
             let remembered = ClosedCall {
                 complete: true,
@@ -1191,6 +1217,7 @@ impl<'a> PartitionFeed<'a> {
         let key = CallKey {
             stream_id: Arc::from(stream_id),
             call_id: Arc::from(call_id),
+            result: false,
         };
         self.part.closed.contains_key(&key)
     }
@@ -1211,6 +1238,7 @@ impl<'a> PartitionFeed<'a> {
         let key = CallKey {
             stream_id: Arc::from(stream_id),
             call_id: Arc::from(call_id),
+            result: false,
         };
         if self.touch_last_offset(&key, offset) {
             self.close(&key, Ending::Incomplete(Incomplete::StreamCorrupt), out);
@@ -1250,6 +1278,7 @@ impl<'a> PartitionFeed<'a> {
             .map(|id| CallKey {
                 stream_id: stream.clone(),
                 call_id: id.clone(),
+                result: false,
             })
             .collect()
     }
@@ -1285,6 +1314,9 @@ impl<'a> PartitionFeed<'a> {
         envelope: bool,
         out: &mut Vec<Closed>,
     ) {
+        if piece.channel == Channel::McpResult {
+            return self.take_result(offset, piece, out);
+        }
         let lifetime = self.shared.limits.max_call_lifetime_ms;
         let Partition {
             streams,
@@ -1320,35 +1352,9 @@ impl<'a> PartitionFeed<'a> {
             return;
         }
         // the ids are allocated only for a piece that does not continue an open call
-        let key = CallKey {
-            stream_id: Arc::from(&*piece.stream_id),
-            call_id: Arc::from(&*piece.call_id),
-        };
-        let reused = match self
-            .part
-            .closed
-            .get(&key)
-            .map(|closed| late_piece(closed, piece))
-        {
-            Some(Late::Retransmission) => {
-                self.shared.counters.duplicate_chunks += 1;
-                return;
-            }
-            Some(Late::Tail) => {
-                self.shared.counters.late_chunks += 1;
-                return;
-            }
-            Some(Late::AfterEarly) => {
-                self.shared.counters.early_dropped_chunks += 1;
-                return;
-            }
-            Some(Late::Reuse) => true,
-            None if piece.opens => false,
-            None => {
-                // the continuation of a call judged and forgotten
-                self.shared.counters.late_chunks += 1;
-                return;
-            }
+        let key = CallKey::of(piece, false);
+        let Some(reused) = self.opens(&key, piece) else {
+            return;
         };
         self.open_call(&key, piece, offset, reused, envelope, out);
         let Partition { streams, tools, .. } = &mut *self.part;
@@ -1359,6 +1365,52 @@ impl<'a> PartitionFeed<'a> {
         if let Some(ending) = self.shared.append(tools, call, offset, piece, envelope) {
             self.close(&key, ending, out);
         }
+    }
+
+    /// Whether a piece that continues no open call opens one under `key`, and whether that
+    /// call reuses the id of one remembered (`Some(true)`); `None` when it is dropped, counted:
+    /// a retransmission, the tail of a call judged, the continuation of one forgotten.
+    fn opens(&mut self, key: &CallKey, piece: &CallPiece<'_>) -> Option<bool> {
+        let counters = &mut *self.shared.counters;
+        match self
+            .part
+            .closed
+            .get(key)
+            .map(|closed| late_piece(closed, piece))
+        {
+            Some(Late::Retransmission) => counters.duplicate_chunks += 1,
+            Some(Late::Tail) => counters.late_chunks += 1,
+            Some(Late::AfterEarly) => counters.early_dropped_chunks += 1,
+            Some(Late::Reuse) => return Some(true),
+            None if piece.opens => return Some(false),
+            // the continuation of a call judged and forgotten
+            None => counters.late_chunks += 1,
+        }
+        None
+    }
+
+    /// An MCP result: a whole call of its own, in one final piece, of no stream. It takes its
+    /// own slot ([`CallKey::result`]), closed at once and never held open: it neither joins,
+    /// ends, evicts nor keeps active a call under its key and id. A copy of a result
+    /// remembered is dropped, another result under its id is `call_id_reused`, as any call's.
+    fn take_result(&mut self, offset: i64, piece: &mut CallPiece<'_>, out: &mut Vec<Closed>) {
+        let key = CallKey::of(piece, true);
+        let Some(reused) = self.opens(&key, piece) else {
+            return;
+        };
+        let mut call = OpenCall::opened(
+            piece.channel,
+            reused,
+            offset,
+            self.part.clock,
+            first_seq(reused, piece),
+        );
+        let ending = self
+            .shared
+            .append(&mut self.part.tools, &mut call, offset, piece, false)
+            // a result is whole: a piece of one that is not final cannot be a result
+            .unwrap_or(Ending::Incomplete(Incomplete::StreamCorrupt));
+        self.finish(key, call, ending, None, out);
     }
 
     fn open_call(
@@ -1375,6 +1427,7 @@ impl<'a> PartitionFeed<'a> {
                 state.calls.ids().next().map(|call| CallKey {
                     stream_id: stream.clone(),
                     call_id: call.clone(),
+                    result: false,
                 })
             })
         } else {
@@ -1385,9 +1438,13 @@ impl<'a> PartitionFeed<'a> {
         }
         let part = &mut *self.part;
         let clock = part.clock;
-        // a reused id is judged as its own call whatever its numbering
-        let next_seq = if reused { piece.seq.unwrap_or(0) } else { 0 };
-        let call = OpenCall::opened(piece.channel, reused, offset, clock, next_seq);
+        let call = OpenCall::opened(
+            piece.channel,
+            reused,
+            offset,
+            clock,
+            first_seq(reused, piece),
+        );
         match part.streams.get_mut(&*key.stream_id) {
             Some(stream) => stream.calls.push(key.call_id.clone(), call),
             None => {
@@ -1418,6 +1475,22 @@ impl<'a> PartitionFeed<'a> {
             return;
         };
         *self.shared.open -= 1;
+        if part.tracking {
+            part.removed.push(key.clone());
+        }
+        self.finish(key.clone(), call, ending, envelope.map(Source::of), out);
+    }
+
+    /// A call taken out (or never held: a result) ends as `ending` says: remembered, and out
+    /// as closed. `source` is its stream's (none: a result's).
+    fn finish(
+        &mut self,
+        key: CallKey,
+        call: OpenCall,
+        ending: Ending,
+        source: Option<Source>,
+        out: &mut Vec<Closed>,
+    ) {
         *self.shared.buffered -= call.body.text().len();
         // only a final piece completes a call: it is the last piece taken
         let last_final = matches!(ending, Ending::Complete);
@@ -1440,15 +1513,9 @@ impl<'a> PartitionFeed<'a> {
             hashes: piece_hashes(&call, last_final),
             early: matches!(ending, Ending::Early(_)),
             cut: cut_at_bound,
-            source: match call.channel {
-                Channel::McpResult => None,
-                _ => envelope.map(Source::of),
-            },
+            source,
         };
         let remembered = numbered_from(remembered, call.next_seq, self.shared.limits);
-        if part.tracking {
-            part.removed.push(key.clone());
-        }
         self.remember(key.clone(), remembered);
         let (tool, tool_version) = match call.tool {
             Some(tool) => (tool.name.clone(), tool.version.clone()),
@@ -1645,6 +1712,16 @@ impl Shared<'_> {
         }
         let rejection = rejection?;
         Some(Ending::Early(Box::new(Verdict { rejection, offset })))
+    }
+}
+
+/// The number a call's first piece takes: 0, but a reused id is judged as its own call
+/// whatever its numbering, from the number it came with.
+fn first_seq(reused: bool, piece: &CallPiece<'_>) -> u32 {
+    if reused {
+        piece.seq.unwrap_or(0)
+    } else {
+        0
     }
 }
 

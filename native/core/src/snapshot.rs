@@ -9,7 +9,8 @@
 //! then its deltas in order rebuilds the state exactly, activity order included, so a restored
 //! partition decides what the original would have decided.
 //!
-//! Format: the 4 bytes `CGA7` (callgate assembler, version 7: a closed call remembers its
+//! Format: the 4 bytes `CGA8` (callgate assembler, version 8: a call's key says whether it is
+//! an MCP result, held apart from the calls; version 7: a closed call remembers its
 //! stream's source, envelopes or a vendor's; version 6: a stream says whether its calls
 //! came in envelopes; version 5: a call past its bound holds the
 //! hash of each piece, written whole with it, and a closed call remembers a hash of every piece
@@ -30,9 +31,11 @@ use crate::assembler::{
 };
 use crate::origin::Origin;
 
-const TAG: &[u8; 4] = b"CGA7";
+const TAG: &[u8; 4] = b"CGA8";
 /// The tags of the versions before this one.
-const OLDER: [&[u8; 4]; 6] = [b"CGA1", b"CGA2", b"CGA3", b"CGA4", b"CGA5", b"CGA6"];
+const OLDER: [&[u8; 4]; 7] = [
+    b"CGA1", b"CGA2", b"CGA3", b"CGA4", b"CGA5", b"CGA6", b"CGA7",
+];
 
 #[derive(Serialize, Deserialize)]
 enum Frame {
@@ -424,6 +427,7 @@ fn key(stream: &Arc<str>, call: &Arc<str>) -> CallKey {
     CallKey {
         stream_id: stream.clone(),
         call_id: call.clone(),
+        result: false,
     }
 }
 
@@ -591,21 +595,21 @@ mod tests {
         let older = restore(&mut assembler, &scope, &[b"CGA1\x00".to_vec()]);
         assert_eq!(
             older.unwrap_err(),
-            "a snapshot written by an older callgate (CGA1); this one reads CGA7"
+            "a snapshot written by an older callgate (CGA1); this one reads CGA8"
         );
         // version 4 held no hashes of a call past its bound (nor all of a closed call's), version
-        // 5 no stream's kind, version 6 no closed call's source: a frame of any is refused, named,
-        // never read as this version's
+        // 5 no stream's kind, version 6 no closed call's source, version 7 no key's slot (a
+        // result's or a call's): a frame of any is refused, named, never read as this version's
         let mut live = Assembler::new(limits());
         run(&mut live, &scope, &workload());
         let mut frame = write_base(&mut live, &scope);
         assert!(restore(&mut assembler, &scope, &[frame.clone()]).is_ok());
-        for older in [b"CGA4", b"CGA5", b"CGA6"] {
+        for older in [b"CGA4", b"CGA5", b"CGA6", b"CGA7"] {
             frame[..4].copy_from_slice(older);
             assert_eq!(
                 restore(&mut assembler, &scope, &[frame.clone()]).unwrap_err(),
                 format!(
-                    "a snapshot written by an older callgate ({}); this one reads CGA7",
+                    "a snapshot written by an older callgate ({}); this one reads CGA8",
                     String::from_utf8_lossy(older)
                 )
             );
