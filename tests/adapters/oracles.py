@@ -42,7 +42,7 @@ from strands.event_loop.streaming import process_stream
 from strands.types.events import ModelStopReason
 
 from tests.datafiles import data_path
-from tests.reference.vendor import named_call, unnamed_call
+from tests.reference.vendor import approval_call, named_call, unnamed_call
 from worker._native import AssembledCall, Assembler, Chunk
 from worker.adapters.decoder import ENVELOPE, Decoder
 from worker.compose import build_processor, build_registry
@@ -196,7 +196,7 @@ def _responses_view(items: Iterable[Any]) -> dict[str, Call]:
             calls[named_call(str(item.call_id))] = Call(item.name, item.input, kind)
         elif kind == "mcp_approval_request":
             tool = f"{item.server_label}.{item.name}"
-            calls[named_call(str(item.id))] = Call(tool, item.arguments, kind)
+            calls[approval_call(str(item.id))] = Call(tool, item.arguments, kind)
         elif kind in _BUILT_IN and (kind != "shell_call" or _local(item)):
             tool, field = _BUILT_IN[kind]
             calls[named_call(str(item.call_id))] = Call(tool, _as_json(getattr(item, field)), kind)

@@ -31,7 +31,13 @@ from tests.adapters.oracles import (
     assemble,
     encode,
 )
-from tests.reference.vendor import error_call, named_call, refusal_call, unnamed_call
+from tests.reference.vendor import (
+    approval_call,
+    error_call,
+    named_call,
+    refusal_call,
+    unnamed_call,
+)
 from worker._native import AssembledCall
 from worker.adapters import naming
 
@@ -47,6 +53,7 @@ _NAMED = st.one_of(
     st.tuples(st.just("unnamed"), _TEXT, _OUTPUT, _OUTPUT),
     st.tuples(st.just("refusal"), _TEXT, _OUTPUT, st.just(0)),
     st.tuples(st.just("error"), _TEXT, st.just(0), st.just(0)),
+    st.tuples(st.just("approval"), _TEXT.filter(bool), st.just(0), st.just(0)),
 )
 
 
@@ -58,6 +65,8 @@ def _name(named: tuple[str, str, int, int]) -> str:
         return naming.unnamed_call(base, output, position)
     if kind == "refusal":
         return naming.refusal(base, output)
+    if kind == "approval":
+        return naming.approval_request(base)
     return naming.error(base)
 
 
@@ -70,6 +79,8 @@ def _readme(named: tuple[str, str, int, int]) -> str:
         return unnamed_call(base, output, position)
     if kind == "refusal":
         return refusal_call(base, output)
+    if kind == "approval":
+        return approval_call(base)
     return error_call(base)
 
 
@@ -334,3 +345,86 @@ def test_a_vendor_id_from_the_derived_namespace_names_its_own_call(
     assert {name: trapped[name] for name in names} == {
         name: alone[plain_name] for name, plain_name in zip(names, plain_names, strict=True)
     }
+
+
+# -- OpenAI Responses: a function call's `call_id` and an approval request's item `id` -----------
+
+#: ids a function call and an approval request may both carry (no item id of a function call's)
+_SHARED = ("x", "y", "x#approval", "x##approval", "#", "#approval", "mcpr_1", "call_1")
+
+
+@st.composite
+def _calls_and_approvals(draw: st.DrawFn) -> list[tuple[bool, str]]:
+    """A response's client calls in output order: (an approval request?, its vendor id), the
+    function calls' ids distinct, the requests' ids distinct, the two sharing any."""
+    out: list[tuple[bool, str]] = []
+    for approval in draw(st.lists(st.booleans(), min_size=1, max_size=6)):
+        used = {vendor_id for kind, vendor_id in out if kind == approval}
+        out.append((approval, draw(_fresh(st.sampled_from(_SHARED), used))))
+    return out
+
+
+def _responses_with_approvals(calls: list[tuple[bool, str]]) -> list[Event]:
+    """The stream of `calls`, each finished, the response completed with all of them."""
+
+    def item(index: int, approval: bool, vendor_id: str, status: str) -> Event:
+        if approval:
+            return {
+                "id": vendor_id,
+                "type": "mcp_approval_request",
+                "arguments": _args(index),
+                "name": f"tool{index}",
+                "server_label": "srv",
+            }
+        return {
+            "id": f"fc_{index}",
+            "type": "function_call",
+            "status": status,
+            "arguments": _args(index) if status == "completed" else "",
+            "call_id": vendor_id,
+            "name": f"tool{index}",
+        }
+
+    def response(status: str, output: list[Event]) -> Event:
+        return {"id": "resp_1", "object": "response", "status": status, "output": output}
+
+    events: list[Event] = [
+        {"type": "response.created", "response": response("in_progress", [])},
+    ]
+    for index, (approval, vendor_id) in enumerate(calls):
+        added = item(index, approval, vendor_id, "in_progress")
+        events.append({"type": "response.output_item.added", "output_index": index, "item": added})
+        if not approval:
+            text = {"output_index": index, "item_id": f"fc_{index}"}
+            events.append(
+                {"type": "response.function_call_arguments.delta", **text, "delta": _args(index)}
+            )
+            events.append(
+                {"type": "response.function_call_arguments.done", **text, "arguments": _args(index)}
+            )
+        done = item(index, approval, vendor_id, "completed")
+        events.append({"type": "response.output_item.done", "output_index": index, "item": done})
+    output = [
+        item(i, approval, vendor_id, "completed") for i, (approval, vendor_id) in enumerate(calls)
+    ]
+    return [*events, {"type": "response.completed", "response": response("completed", output)}]
+
+
+@settings(max_examples=150)
+@given(calls=_calls_and_approvals())
+def test_a_function_call_and_an_approval_request_of_one_id_are_two_calls(
+    calls: list[tuple[bool, str]],
+) -> None:
+    apart = [
+        (approval, f"mcpr_{i}" if approval else f"call_{i}")
+        for i, (approval, _) in enumerate(calls)
+    ]
+
+    def names(of: list[tuple[bool, str]]) -> list[str]:
+        return [approval_call(v) if approval else named_call(v) for approval, v in of]
+
+    alone = _ended(assemble(RESPONSES, encode(_responses_with_approvals(apart))))
+    assert not [o for o in alone.values() if o[3] is not None or o[4] is not None]
+    shared = _ended(assemble(RESPONSES, encode(_responses_with_approvals(calls))))
+    assert set(shared) == set(names(calls))  # none merged, none lost, none made up
+    assert [shared[name] for name in names(calls)] == [alone[name] for name in names(apart)]

@@ -443,7 +443,7 @@ CLIENT_KINDS = {
     ),
     "vercel_mcp_approval_request.jsonl": (
         "mcp_approval_request",
-        "mcpr_04a97b4fce127879006949a83ac9308195a7f7b69ea82e91fe",
+        "mcpr_04a97b4fce127879006949a83ac9308195a7f7b69ea82e91fe#approval",
         "zip1.create_short_url",
         '{"alias":"","description":"Shortened link for ai-sdk.dev","max_clicks":100,'
         '"password":"","url":"https://ai-sdk.dev/"}',

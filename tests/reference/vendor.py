@@ -32,6 +32,11 @@ def error_call(stream_id: str) -> str:
     return _call_id(stream_id, "error")
 
 
+def approval_call(item_id: str) -> str:
+    """An OpenAI Responses MCP approval request, named by its item's `id`."""
+    return _call_id(item_id, "approval")
+
+
 def vendor_error(stream_id: str) -> Expected:
     """A vendor error's own event (README, "Vendor formats"): it ends the stream."""
     call_id = error_call(stream_id)

@@ -7,7 +7,9 @@ a single `#` and a word or number that holds no `#` (stream `s1` in the examples
 - the same in output k > 0 (a Chat choice, a Gemini candidate): its id, `#k` (`call_1#2`);
 - output k's call n (from 0) that the vendor did not name: the stream id, `#k#n` (`s1#0#0`);
 - output k's refusal: the stream id, `#refusal`, then `#k` if k > 0 (`s1#refusal`);
-- the vendor's error: the stream id, `#error` (`s1#error`).
+- the vendor's error: the stream id, `#error` (`s1#error`);
+- an MCP approval request (OpenAI Responses) the vendor named by its item's id: that id,
+  `#approval` (`mcpr_1#approval`), since item ids and function calls' `call_id`s are two spaces.
 
 An id is read back from its left: `##` is a `#` of the base, and the first lone `#` starts the
 tags. So an id names one (base, tags) and the naming is injective: two different calls of a
@@ -55,3 +57,9 @@ def refusal(stream_id: str, output: int = 0) -> str:
 def error(stream_id: str) -> str:
     """The vendor error that ended the stream."""
     return _tagged(stream_id, "error")
+
+
+def approval_request(item_id: str) -> str:
+    """The MCP approval request whose item is `item_id` (a function call's `call_id` may be
+    the same text: it names another call)."""
+    return _tagged(item_id, "approval")

@@ -38,7 +38,8 @@ chunk (`call_kind`, `worker.model.CallKind`):
   the gate judges;
 - `mcp_approval_request`: a remote MCP tool's call that waits for the client's approval; its
   `arguments` text is the call's, its tool `<server_label>.<name>` (as an MCP tools file names
-  it), its call id the item's id (what the approval answers).
+  it), its call id the item's id (what the approval answers) tagged `#approval`
+  (`naming.approval_request`: a function call's `call_id` may be the same text).
 
 Each is released at the END like a function call, its final text checked against the final
 response's item. Items the vendor runs itself (`VENDOR_RUN`: web and file search, code
@@ -198,7 +199,7 @@ def _call_names(item: Mapping[str, Any], spec: _Kind, where: str) -> tuple[str, 
     """A judged item's call id and the tool it names."""
     if spec.call_kind is CallKind.MCP_APPROVAL_REQUEST:
         server = f.string(item, "server_label", where)
-        call_id = naming.vendor_call(f.string(item, "id", where))
+        call_id = naming.approval_request(f.string(item, "id", where))
         return call_id, f"{server}.{f.string(item, 'name', where)}"
     call_id = naming.vendor_call(f.string(item, "call_id", where))
     return call_id, spec.tool if spec.tool is not None else f.string(item, "name", where)
