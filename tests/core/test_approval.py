@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,9 +22,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.support import published
+from tests.support.numbers import admitted, number_texts
 from worker._native import AssembledCall, ParseError, parse_json
 from worker.compose import build_key_store, build_processor
 from worker.core.approval import (
+    APPROVAL_RESERVE,
     CALLGATE,
     CLOCK_KEY,
     PENDING_OUTCOME,
@@ -36,8 +39,10 @@ from worker.core.approval import (
     decision_record,
     fingerprint,
 )
+from worker.core.events import encode_written, read_idempotency_request
 from worker.core.idempotency import resolve
-from worker.core.processor import Processor, Route
+from worker.core.pipeline import passed_on
+from worker.core.processor import Processor, Route, promised_event_bytes
 from worker.model import Code, Outcome, SchemaRef
 from worker.published import Document
 from worker.published.model import Accepted, PendingApproval, Rejected, parse_event
@@ -662,3 +667,142 @@ def test_a_pending_event_whose_fingerprint_is_not_its_arguments_is_never_held(
         Refusal.UNKNOWN_CALL,
         None,
     )
+
+
+# --- every event of a held call carries the text judged ----------------------------------------
+
+#: a keyed contract and an unkeyed one that require approval, taking any arguments
+HELD_CONTRACTS = {
+    "keyed": {"requires_approval": True, "idempotency_key_argument": "key"},
+    "unkeyed": {"requires_approval": True},
+}
+
+
+@functools.cache
+def held_processor(directory: str) -> Processor:
+    root = Path(directory) / "held"
+    root.mkdir(parents=True, exist_ok=True)
+    for name, meta in HELD_CONTRACTS.items():
+        schema = {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "x-callgate": meta,
+            "type": "object",
+        }
+        (root / f"{name}.v1.schema.json").write_bytes(orjson.dumps(schema))
+    return build_processor(Settings(schemas={"dir": Path(directory)}))
+
+
+def _escaped(text: str, rng: random.Random) -> str:
+    """`text` as a JSON string, each character as it is or (at random) as its `\\u` escape
+    (a pair of them beyond the BMP), and `/` or a quote in their short escapes."""
+    out = []
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char == "/" and rng.random() < 0.5:
+            out.append("\\/")
+        elif ord(char) < 0x20 or rng.random() < 0.3:
+            encoded = char.encode("utf-16-be")
+            out += [f"\\u{int.from_bytes(encoded[i : i + 2], 'big'):04X}" for i in (0, 2)][
+                : len(encoded) // 2
+            ]
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+@st.composite
+def judged_texts(draw: st.DrawFn) -> str:
+    """The text of an object of arguments without insignificant whitespace: numbers in every
+    JSON spelling the gate admits (exponents, `-0`, `1E+2`, integers near and past 2^53 and
+    2^64, long fractions), strings with escapes and unicode, nested."""
+    rng = random.Random(draw(st.integers(0, 2**16)))
+    number = number_texts().filter(lambda t: admitted(t) is not None)
+    string = st.text(max_size=10).map(lambda t: _escaped(t, rng))
+    leaf = number | string | st.sampled_from(["-0", "1E+2", "1e15", "-0.0", "true", "null"])
+    value = st.recursive(
+        leaf,
+        lambda inner: (
+            st.lists(inner, max_size=3).map(lambda items: "[" + ",".join(items) + "]")
+            | st.lists(st.tuples(st.text(max_size=4), inner), max_size=3).map(
+                lambda pairs: (
+                    "{" + ",".join(f"{_escaped(k, rng)}:{v}" for k, v in dict(pairs).items()) + "}"
+                )
+            )
+        ),
+        max_leaves=8,
+    )
+    names = st.text(max_size=6).filter(lambda n: n not in {"key", "arguments"})
+    members = draw(st.dictionaries(names, value, min_size=1, max_size=5))
+    return ",".join(f"{orjson.dumps(name).decode()}:{text}" for name, text in members.items())
+
+
+def _top_members(event: bytes) -> list[str]:
+    return list(orjson.loads(event))
+
+
+@settings(derandomize=True, deadline=None, print_blob=True, max_examples=200)
+@given(
+    members=judged_texts(),
+    keyed=st.booleans(),
+    by=st.sampled_from(["ana", "\x01" * 256]),
+    caller=st.sampled_from([None, '{"type":"program","at":1E+2,"id":"\\u0041"}']),
+)
+def test_every_event_of_a_held_call_carries_the_arguments_judged_byte_for_byte(
+    tmp_path_factory: pytest.TempPathFactory,
+    members: str,
+    keyed: bool,
+    by: str,
+    caller: str | None,
+) -> None:
+    """Held, then approved, denied or expired: the pending and approved events carry the
+    accepted event's argument text byte for byte (`1e15` was written again as
+    `1000000000000000.0`, `-0` as `0`), the denied and expired ones none; the approved event is
+    at most the accepted one and APPROVAL_RESERVE (a decider's name at its longest, escaped),
+    and every event within the bound promised for the call's arguments. A caller (embedded as
+    given) keeps its text in every event too."""
+    directory = str(tmp_path_factory.getbasetemp())
+    processor = held_processor(directory)
+    tool = "keyed" if keyed else "unkeyed"
+    text = ('{"key":"k",' if keyed else "{") + members + "}"
+    parsed = parse_json(text.encode(), 64)
+    assume(not isinstance(parsed, ParseError))
+    call = AssembledCall("s", "c", f"held.{tool}", text.encode(), principal="p", caller=caller)
+    emission = processor.emit(call)
+    if keyed:
+        assert emission.route is Route.IDEMPOTENCY, orjson.loads(emission.value)
+        accepted = read_idempotency_request(emission.value).event
+        resolution = resolve(build_key_store(SETTINGS), emission.value, 1, 4096)
+        assert resolution.pending
+        pending = resolution.event
+    else:
+        assert emission.route is Route.PENDING_APPROVAL, orjson.loads(emission.value)
+        (accepted, _), pending = (
+            encode_written(call, emission.verdict, processor.limits),
+            (emission.value),
+        )
+    judged = passed_on(text.encode(), parsed)
+    # the accepted text, once, as the event's member (the generated names are never "arguments")
+    assert accepted.count(b'"arguments":' + judged) == 1
+    limits = SETTINGS.limits
+    schema = SchemaRef(f"held.{tool}", "1")
+    bound = len(judged) + promised_event_bytes(limits.max_id_bytes, limits.event_limits(), schema)
+    found = fingerprint(schema, orjson.loads(judged))
+    decisions = [(Decision.APPROVE, 1_000), (Decision.DENY, 1_000), (Decision.EXPIRE, 10**9)]
+    events = {"pending": pending}
+    for what, at_ms in decisions:
+        s = store()
+        s.hold(call.event_id, pending, 1)
+        ruled = s.decide(decision_record(call.event_id, found, what, by), None, 5, at_ms)
+        assert ruled.event is not None, ruled
+        events[what.value] = checked(ruled).event  # type: ignore[assignment]
+    for name in ("pending", "approve"):
+        assert events[name].count(b'"arguments":' + judged) == 1, (name, events[name], judged)
+    for name in ("deny", "expire"):
+        assert "arguments" not in _top_members(events[name])
+    if caller is not None:
+        for name, event in events.items():
+            assert event.count(b'"caller":' + caller.encode()) == 1, name
+    assert len(events["approve"]) <= len(accepted) + APPROVAL_RESERVE
+    for name, event in events.items():
+        assert len(event) <= bound, name

@@ -205,7 +205,7 @@ def test_every_reader_of_an_event_reads_the_number_judged_and_one_identity(
     pending, found = pending_event(request.event)
     assert found == gate, text
     decided = Decided(Decision.APPROVE, offset=0, at_ms=1, by="ops")
-    approved = _accepted(approved_event(orjson.loads(pending), decided))
+    approved = _accepted(approved_event(pending, decided))
     assert approved.arguments == {"n": value, "key": "k"}, text
     assert contract.approval_refusal(approved, contract_requires=True) is None
     assert contract.digest_of(approved) == gate

@@ -582,7 +582,7 @@ def test_the_fixed_messages_of_later_events_fit_the_least_message_bound() -> Non
     accepted = Verdict(Outcome.ACCEPTED, schema=SchemaRef("s", "1"), arguments_json=b"{}")
     value = encode_event(AssembledCall("s", "c", "t"), accepted, 1 << 20)
     assert value is not None
-    pending = orjson.loads(pending_event(value)[0])
+    pending, _ = pending_event(value)
     events = [idempotency_rejection(value, code, "0" * 32, MAX_FEEDBACK)[0] for code in KEYED]
     events += [ended_event(pending, code, MAX_FEEDBACK) for code in ENDED]
     for later in events:

@@ -120,7 +120,7 @@ class Judge:
         `worker.core.approval`); `fingerprint`: the one its approval states instead (forged)."""
         pending, _ = pending_event(self.accepted(tool, arguments, call_id=call_id))
         decided = Decided(Decision.APPROVE, offset=0, at_ms=1, by="ops")
-        event = orjson.loads(approved_event(orjson.loads(pending), decided))
+        event = orjson.loads(approved_event(pending, decided))
         if fingerprint is not None:
             event["approval"]["fingerprint"] = fingerprint
         return orjson.dumps(event)

@@ -52,7 +52,7 @@ from typing import Any
 import orjson
 
 from worker.core.canonical import request_digest
-from worker.core.feedback import build_feedback
+from worker.core.events import derive_event, final_rejection
 from worker.model import Code, Outcome, Phase, SchemaRef, Violation
 
 #: what a pending event's record carries in its `outcome` header
@@ -66,9 +66,15 @@ CALLGATE = "callgate"
 #: the bounds of a decision's members (the published approval-decision schema's)
 MAX_BY_CHARS = 256
 MAX_REASON_CHARS = 1024
-#: the bytes an approved event may add to its pending event: the longest `decided_by` (each of
-#: its characters escaped as six bytes), its time and the members' names
-APPROVAL_RESERVE = 6 * MAX_BY_CHARS + 64
+#: the bytes an approved event may add to the accepted event the call was held as (every other
+#: member keeps its text: `approved_event`): its `approval` member with its fingerprint, the
+#: longest `decided_by` (each of its characters escaped as six bytes) and the widest time
+APPROVAL_RESERVE = (
+    len(b',"approval":{"fingerprint":"","decided_by":"","decided_at_ms":}')
+    + 32
+    + 6 * MAX_BY_CHARS
+    + len(str(-(2**63)))
+)
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 
@@ -114,14 +120,15 @@ def event_fingerprint(fields: dict[str, Any]) -> str:
 
 def pending_event(accepted: bytes) -> tuple[bytes, str]:
     """The pending event of an accepted event whose contract requires approval, and its
-    fingerprint. Every member keeps its value and place; `outcome`, `phase` and `approval`
-    say it waits."""
-    fields = orjson.loads(accepted)
-    found = event_fingerprint(fields)
-    fields["outcome"] = PENDING_OUTCOME
-    fields["phase"] = Phase.APPROVAL.value
-    fields["approval"] = {"fingerprint": found}
-    return orjson.dumps(fields), found
+    fingerprint. Every member keeps its value and place, the arguments their very text
+    (`worker.core.events.derive_event`); `outcome`, `phase` and `approval` say it waits."""
+    found = event_fingerprint(orjson.loads(accepted))
+    changes = {
+        "outcome": PENDING_OUTCOME,
+        "phase": Phase.APPROVAL.value,
+        "approval": {"fingerprint": found},
+    }
+    return derive_event(accepted, changes), found
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,7 +459,7 @@ class ApprovalStore:
         schema = SchemaRef(fields["schema"]["id"], fields["schema"]["version"])
         if decided.decision is Decision.APPROVE:
             event, outcome, code, ruling = (
-                approved_event(fields, decided),
+                approved_event(held.event, decided),
                 Outcome.ACCEPTED,
                 None,
                 Ruling.APPROVED,
@@ -460,7 +467,7 @@ class ApprovalStore:
         else:
             denied = decided.decision is Decision.DENY
             code = Code.APPROVAL_DENIED if denied else Code.APPROVAL_EXPIRED
-            event = ended_event(fields, code, self._max_feedback_bytes)
+            event = ended_event(held.event, code, self._max_feedback_bytes)
             outcome, ruling = Outcome.REJECTED, Ruling.DENIED if denied else Ruling.EXPIRED
         return Ruled(
             ruling,
@@ -529,17 +536,20 @@ def _key_id(key: bytes | None) -> str | None:
     return text if _HEX32.fullmatch(text) else None
 
 
-def approved_event(pending: dict[str, Any], decided: Decided) -> bytes:
-    """The accepted event of a call approved: its pending event, accepted, with the decision."""
-    fields = dict(pending)
-    fields["outcome"] = Outcome.ACCEPTED.value
-    fields["phase"] = None
-    fields["approval"] = {
-        "fingerprint": pending["approval"]["fingerprint"],
-        "decided_by": decided.by,
-        "decided_at_ms": decided.at_ms,
+def approved_event(pending: bytes, decided: Decided) -> bytes:
+    """The accepted event of a call approved: its pending event, accepted, with the decision;
+    every other member as the pending event has it, the arguments their very text."""
+    fields = orjson.loads(pending)
+    changes = {
+        "outcome": Outcome.ACCEPTED.value,
+        "phase": None,
+        "approval": {
+            "fingerprint": fields["approval"]["fingerprint"],
+            "decided_by": decided.by,
+            "decided_at_ms": decided.at_ms,
+        },
     }
-    return orjson.dumps(fields)
+    return derive_event(pending, changes)
 
 
 _ENDINGS = {
@@ -548,23 +558,11 @@ _ENDINGS = {
 }
 
 
-def ended_event(pending: dict[str, Any], code: Code, max_feedback_bytes: int) -> bytes:
+def ended_event(pending: bytes, code: Code, max_feedback_bytes: int) -> bytes:
     """The final rejection of a call denied or expired: its pending event, rejected in phase
-    `approval`, without its arguments (what the decider wrote is never shown)."""
-    fields = dict(pending)
-    schema = fields["schema"]
-    ref = SchemaRef(schema["id"], schema["version"])
+    `approval`, without its arguments (what the decider wrote is never shown); every other
+    member as the pending event has it."""
     violations = (Violation("", "approval", _ENDINGS[code]),)
-    fields["outcome"] = Outcome.REJECTED.value
-    fields["phase"] = Phase.APPROVAL.value
-    fields["error_code"] = code.value
-    fields["violations"] = [
-        {"path": v.path, "keyword": v.keyword, "message": v.message} for v in violations
-    ]
-    fields["retry_feedback"] = build_feedback(
-        code, ref, violations, retryable=False, budget_exhausted=False, max_bytes=max_feedback_bytes
-    ).fields
-    fields["retryable"] = False
-    for name in ("arguments", "requires_approval", "approval"):
-        fields.pop(name, None)
-    return orjson.dumps(fields)
+    fields = orjson.loads(pending)
+    changes = final_rejection(fields, Phase.APPROVAL, code, violations, max_feedback_bytes)
+    return derive_event(pending, changes, ("arguments", "requires_approval", "approval"))

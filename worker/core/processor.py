@@ -108,7 +108,7 @@ def _derived_lengths(
             owners, _ = idempotency_rejection(value, code, _AN_EVENT_ID, max_feedback_bytes)
             lengths.append(len(owners))
     if held:
-        pending = orjson.loads(pending_event(value)[0])
+        pending, _ = pending_event(value)
         for code in (Code.APPROVAL_DENIED, Code.APPROVAL_EXPIRED):
             lengths.append(len(ended_event(pending, code, max_feedback_bytes)))
     return lengths
@@ -141,9 +141,8 @@ def _derived_growth() -> int:
     a keyed and held call of empty identifiers judged by a schema of empty id and version, with
     the shortest arguments (`{}`: they are always an object) and `requires_approval` true (the
     shorter value of the member a derived event drops). Every other member of an accepted event
-    is carried over as it is (re-written by orjson, which escapes strings as the event writer
-    does and writes a caller, which is orjson's own text, as it was); the feedback with its
-    bound is never longer than without one."""
+    is carried over as its very text (`worker.core.events.derive_event`); the feedback with
+    its bound is never longer than without one."""
     call = AssembledCall("", "", "", b"", idempotency_key="")
     template = Verdict(
         Outcome.ACCEPTED,
