@@ -50,7 +50,7 @@ import orjson
 
 from worker.core.approval import fingerprint
 from worker.core.canonical import request_digest, scoped_key
-from worker.model import Phase
+from worker.model import CLIENT_RUN_KINDS, Phase
 from worker.model import SchemaRef as CoreSchemaRef
 from worker.published.model import Accepted, ResultError, ResultStatus, SchemaRef, ToolResult
 from worker.runtime.topics import legal_topic_name
@@ -62,10 +62,22 @@ DONE = "done"
 ANSWERED = "answered"
 
 
+def not_to_run(event: Accepted) -> str | None:
+    """Why an accepted event is no call for an executor to run (None: it is one): an MCP tool
+    result the gate accepted (judged in phase `tool_output_validation`) is an answer, not a
+    request; a call of a kind the client does not run (`worker.model.CLIENT_RUN_KINDS`: a
+    remote MCP tool's approval request, which its MCP server runs once the client approved it,
+    or a kind callgate does not know) is not the client's to run."""
+    if Phase.TOOL_OUTPUT_VALIDATION.value in event.metrics.phases_us:
+        return "an accepted MCP tool result, an answer and not a request"
+    if event.call_kind not in CLIENT_RUN_KINDS:
+        return f"a call of kind {event.call_kind[:64]!r}, which the client does not run"
+    return None
+
+
 def is_call(event: Accepted) -> bool:
-    """Whether an accepted event is a call to run: not an MCP tool result the gate accepted
-    (judged in phase `tool_output_validation`), which is an answer, not a request."""
-    return Phase.TOOL_OUTPUT_VALIDATION.value not in event.metrics.phases_us
+    """Whether an accepted event is a call for an executor to run (`not_to_run`)."""
+    return not_to_run(event) is None
 
 
 def unreadable(event: Accepted) -> str | None:
@@ -80,6 +92,11 @@ def unreadable(event: Accepted) -> str | None:
 
 
 NO_HANDLER = ResultError(type="no_handler", message="no executor runs this tool")
+NO_CONTRACT = ResultError(
+    type="no_contract",
+    message="the executor has no contract of this call's schema version to hold it to (its "
+    "allow list, its approval, its output schema)",
+)
 APPROVAL_MISSING = ResultError(
     type="approval_missing", message="this tool requires an approval, and the call has none"
 )
@@ -115,19 +132,24 @@ def refusal(
     event: Accepted,
     *,
     handled: bool,
+    contracted: bool,
     contract_requires_approval: bool,
     allowed_principals: frozenset[str] | None,
     argument_error: ResultError | None,
 ) -> ResultError | None:
-    """Why a call may not run at all, first reason first: no handler (`handled` false), its
-    principal not on the executor's contract's allow list (`allowed_principals`, None: no list
-    or no contract; the gate's own rule, `worker.schemas.contract.principal_refusal`: an event
-    of a gate under another contract, or written by another writer of the topic, is not taken
-    at its word), its approval (`approval_refusal`, with whether the executor's contract of the
+    """Why a call may not run at all, first reason first: no handler (`handled` false), no
+    contract of the call's schema id and version in the executor's own registry (`contracted`
+    false: nothing to hold the run to, as for a schema id it does not know), its principal not
+    on the executor's contract's allow list (`allowed_principals`, None: no list or no
+    contract; the gate's own rule, `worker.schemas.contract.principal_refusal`: an event of a
+    gate under another contract, or written by another writer of the topic, is not taken at
+    its word), its approval (`approval_refusal`, with whether the executor's contract of the
     call requires one), its arguments refused by the handler's type (`argument_error`); None
     when it may run."""
     if not handled:
         return NO_HANDLER
+    if not contracted:
+        return NO_CONTRACT
     if principal_refusal(allowed_principals, event.principal) is not None:
         return UNAUTHORIZED
     approval = approval_refusal(event, contract_requires=contract_requires_approval)

@@ -6,6 +6,9 @@ Two stages in one consumer group, so that one member owns each execution key:
    written to `<group>.requests` keyed by its execution key (`contract.execution_key`), and
    the validated offset committed with it. An accepted MCP tool result (judged in phase
    `tool_output_validation`) is not a call: it is passed over.
+   A call of a kind the client does not run (an approved `mcp_approval_request`: its remote MCP
+   server runs it) is passed over alike, logged and counted `passed_over`, with no result
+   (`contract.not_to_run`).
 2. *Execute.* Partition N of the requests topic is owned by one member, which holds the latest
    record of each of its keys, restored from partition N of `<group>.executions` (compacted)
    when it is assigned. For each request, in order, `contract.answer` says what to do, then:
@@ -14,9 +17,9 @@ Two stages in one consumer group, so that one member owns each execution key:
       runs; the handler runs within its deadline (`handlers.run_handler`); then the records
       the handler emitted, the `done` record, the call's result and the request's offset are
       written: under exactly_once in one transaction, else each acknowledged before the next.
-   b. REPLAY, CONFLICT, INTERRUPTED, REFUSED (no handler, a principal the contract does not
-      allow, no approval or one naming other arguments, arguments the handler's type refuses:
-      `contract.refusal`): the call's
+   b. REPLAY, CONFLICT, INTERRUPTED, REFUSED (no handler, no contract of the call's schema
+      version, a principal the contract does not allow, no approval or one naming other
+      arguments, arguments the handler's type refuses: `contract.refusal`): the call's
       records (an `answered` record holding its answer; an interruption's `done`), then its
       result and the offset, written alike.
    c. ALREADY_DONE (a call answered before, delivered again): the answer it got. Under
@@ -414,7 +417,7 @@ class Executor:
         """Stage 1: each accepted call to the requests topic, keyed by its execution key."""
         routed: list[tuple[bytes, bytes, list[tuple[str, bytes]]]] = []
         for record in records:
-            event = _accepted(record)
+            event = self._call(record)
             if event is not None:
                 key = contract.execution_key(event).encode()
                 routed.append((key, record.value, list(record.headers or ())))
@@ -425,20 +428,11 @@ class Executor:
     async def _execute(self, owned: _Partition, record: Any) -> None:
         """Stage 2 for one request (the module docstring's steps)."""
         offset = record.offset + 1
-        event = _accepted(record)
+        event = self._call(record)
         if event is None:
             await self._write(owned, [], offset)
             return
-        spec = self._handlers.find(event)
-        typed = typed_arguments(spec, event) if spec is not None else None
-        found = self._contract(event)
-        refusal = contract.refusal(
-            event,
-            handled=spec is not None,
-            contract_requires_approval=found is not None and found.meta.requires_approval,
-            allowed_principals=found.meta.allowed_principals if found is not None else None,
-            argument_error=typed if isinstance(typed, ResultError) else None,
-        )
+        spec, typed, refusal = self._judged(event)
         retry_safe = spec is not None and spec.retry_safe
         answer = contract.answer(event, owned.state, refusal=refusal, retry_safe=retry_safe)
         if answer.step is Step.RUN:
@@ -457,6 +451,25 @@ class Executor:
         else:
             await self._finish(owned, event, result, offset, records=answer.records)
         self._count(event, _STATS[answer.step])
+
+    def _judged(
+        self, event: Accepted
+    ) -> tuple[HandlerSpec | None, BaseModel | ResultError | None, ResultError | None]:
+        """The handler of a call (None: none), its arguments as the handler's type reads them
+        (or why they cannot be), and why the call may not run (`contract.refusal`, held to the
+        executor's own contract of the call's schema id and version: None when it may)."""
+        spec = self._handlers.find(event)
+        typed = typed_arguments(spec, event) if spec is not None else None
+        found = self._contract(event)
+        refusal = contract.refusal(
+            event,
+            handled=spec is not None,
+            contracted=found is not None,
+            contract_requires_approval=found is not None and found.meta.requires_approval,
+            allowed_principals=found.meta.allowed_principals if found is not None else None,
+            argument_error=typed if isinstance(typed, ResultError) else None,
+        )
+        return spec, typed, refusal
 
     async def _run(
         self,
@@ -515,6 +528,27 @@ class Executor:
                 f"{owned.tp.topic}-{owned.tp.partition}: no longer this member's, a run not "
                 f"recorded: {exc!r}"
             ) from exc
+
+    def _call(self, record: Any) -> Accepted | None:
+        """The call a record holds, to answer; None (logged) for a record that holds none
+        (`_accepted`) or an accepted event that is no call to run (`contract.not_to_run`: an MCP
+        tool result, a call of a kind the client does not run), which is counted `passed_over`
+        and gets no result."""
+        event = _accepted(record)
+        if event is None:
+            return None
+        why = contract.not_to_run(event)
+        if why is None:
+            return event
+        log.info(
+            "executor: %s-%d offset %d is %s; passed over, with no result",
+            record.topic,
+            record.partition,
+            record.offset,
+            why,
+        )
+        self._count(event, "passed_over")
+        return None
 
     def _count(self, event: Accepted, outcome: str) -> None:
         self.stats[outcome] += 1
@@ -643,8 +677,6 @@ def _accepted(record: Any) -> Accepted | None:
             record.offset,
             event.outcome,
         )
-        return None
-    if not contract.is_call(event):
         return None
     why = contract.unreadable(event)
     if why is not None:

@@ -53,7 +53,9 @@ NO_LABEL = "_none"
 #: what an approval owner did: a call held, or a decision's ruling (`worker.core.approval.Ruling`)
 APPROVAL_RESULTS = ("held", "approved", "denied", "expired", "refused")
 #: what came of a call at an executor (`callgate_executor`): its handler's run (succeeded, failed,
-#: timed_out), or an answer without one; redelivered: a call answered before, delivered again
+#: timed_out), or an answer without one; redelivered: a call answered before, delivered again;
+#: passed_over: an accepted event that is no call to run (an MCP tool result, a call of a kind
+#: the client does not run), which gets no result
 EXECUTOR_OUTCOMES = (
     "succeeded",
     "failed",
@@ -63,6 +65,7 @@ EXECUTOR_OUTCOMES = (
     "conflict",
     "refused",
     "redelivered",
+    "passed_over",
 )
 #: the `kind` of a checkpoint: the whole state of a partition, or what changed since the last
 CHECKPOINT_KINDS = ("full", "delta")
@@ -319,7 +322,8 @@ class Metrics:
             PREFIX + "executor_calls",
             "Calls an executor answered, by tool and outcome: its handler's run (succeeded, "
             "failed, timed_out), interrupted, replayed (an equal request's recorded result), "
-            "conflict, refused, or redelivered (answered before, delivered again).",
+            "conflict, refused, redelivered (answered before, delivered again), or passed_over "
+            "(no call to run: an MCP tool result, a call of a kind the client does not run).",
             ("tool", "outcome"),
             registry=registry,
         )

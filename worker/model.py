@@ -162,6 +162,12 @@ class CallKind(StrEnum):
     MCP_APPROVAL_REQUEST = "mcp_approval_request"
 
 
+#: The kinds of call the client runs itself, the only ones an executor runs: a remote MCP tool's
+#: approval request is approved by the client and run by OpenAI (the remote MCP server), never by
+#: the client (a kind not named here, one callgate does not know, is not the client's either).
+CLIENT_RUN_KINDS: frozenset[str] = frozenset(CallKind) - {CallKind.MCP_APPROVAL_REQUEST}
+
+
 class ChunkKind(StrEnum):
     """The `kind` of a chunk: an envelope's kinds, and those only adapters make."""
 

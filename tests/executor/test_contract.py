@@ -218,6 +218,7 @@ def test_a_refusal_is_the_calls_answer_for_good_and_leaves_its_key_free() -> Non
         refusal=contract.refusal(
             forged,
             handled=True,
+            contracted=True,
             contract_requires_approval=True,
             allowed_principals=None,
             argument_error=None,
@@ -234,6 +235,7 @@ def test_a_refusal_is_the_calls_answer_for_good_and_leaves_its_key_free() -> Non
         refusal = contract.refusal(
             forged,
             handled=handled,
+            contracted=True,
             contract_requires_approval=True,
             allowed_principals=None,
             argument_error=None,
@@ -359,6 +361,7 @@ class Member:
         refusal = contract.refusal(
             event,
             handled=handled,
+            contracted=True,
             contract_requires_approval=_requires_approval(event),
             allowed_principals=None,
             argument_error=None,
@@ -595,6 +598,7 @@ def test_a_call_its_contract_requires_an_approval_for_never_runs_without_one(
     refusal = contract.refusal(
         event,
         handled=True,
+        contracted=True,
         contract_requires_approval=_requires_approval(event),
         allowed_principals=None,
         argument_error=None,
@@ -629,6 +633,7 @@ def test_a_call_whose_principal_its_contract_does_not_allow_never_runs(
     refusal = contract.refusal(
         event,
         handled=handled,
+        contracted=True,
         contract_requires_approval=_requires_approval(event),
         allowed_principals=allowed,
         argument_error=None,

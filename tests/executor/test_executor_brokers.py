@@ -9,7 +9,8 @@ needs an approval and has none, or one whose approval's fingerprint was forged, 
 handler's emitted record is written with its result. Then an executor stopped while two
 handlers run (one safe to retry, one not), and a new one that restores the executions topic:
 the first runs again (attempt 2), the second is `interrupted`, and an equal repeat of an
-earlier call still gets its recorded result.
+earlier call still gets its recorded result. On tansu: an approved `mcp_approval_request` is
+never run, and a call with no contract of its version is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
@@ -319,3 +321,60 @@ def _accepted(value: bytes) -> Accepted:
     event = parse_event(value)
     assert isinstance(event, Accepted)
     return event
+
+
+@pytest.mark.asyncio
+async def test_what_the_client_does_not_run_or_no_contract_holds_never_runs_on_tansu(
+    kafka_broker: Any,
+) -> None:
+    """On the validated topic: an approved `mcp_approval_request` for a tool the executor has a
+    handler for (OpenAI's MCP server runs it, not the client) is passed over, with no result,
+    counted `passed_over`; a call of a schema version no contract of the executor's holds, with
+    a handler for any version, is refused `no_contract`; a plain call beside them runs."""
+    broker = str(kafka_broker.bootstrap_servers)
+    run = uuid.uuid4().hex[:8]
+    settings = _settings(broker, run, "at_least_once")
+    await Kafka(settings).ensure_topics(
+        [TopicSpec(settings.topics.accepted, PARTITIONS, compacted=False)]
+    )
+    judge = Judge()
+    approved = orjson.loads(
+        judge.approved("wire", {"amount_minor": 5, "idempotency_key": "m1"}, call_id=f"{run}-mcp")
+    )
+    approved["call_kind"] = "mcp_approval_request"
+    unversioned = orjson.loads(judge.accepted("lookup", {"sku": "v2"}, call_id=f"{run}-v2"))
+    unversioned["schema"]["version"] = "2"
+    events = [
+        orjson.dumps(approved),
+        orjson.dumps(unversioned),
+        judge.accepted("lookup", {"sku": "ok"}, call_id=f"{run}-ok"),
+    ]
+    tail = ResultTail(broker, f"results-{run}", read_committed=False)
+    shop = Shop(f"ledger-{run}")
+    executor = shop.executor(settings)
+    task = await _running(executor)
+    try:
+        await tail.start(PARTITIONS)
+        await _produce(broker, settings.topics.accepted, events)
+        await tail.wait_for([f"{run}-v2", f"{run}-ok"], timeout_s=WAIT_S)
+        await until(
+            lambda: executor.stats["passed_over"] == 1,
+            "the approval request passed over",
+            timeout_s=WAIT_S,
+        )
+    finally:
+        await _stopped(executor, task)
+        await tail.drain(timeout_s=WAIT_S)
+        await tail.stop()
+    assert shop.runs["wire"] == 0
+    assert f"{run}-mcp" not in tail.by_call
+    refused = tail.only(f"{run}-v2")
+    assert (refused["status"], refused["error"]["type"]) == ("refused", "no_contract")
+    assert shop.runs["v2"] == 0
+    assert tail.only(f"{run}-ok")["status"] == "succeeded"
+    assert (
+        executor.metrics.registry.get_sample_value(
+            "callgate_executor_calls_total", {"tool": "wire", "outcome": "passed_over"}
+        )
+        == 1
+    )

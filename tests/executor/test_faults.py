@@ -163,6 +163,7 @@ def test_whatever_an_argument_model_raises_refuses_the_call(exc: BaseException) 
     refused = contract.refusal(
         EVENT,
         handled=True,
+        contracted=True,
         contract_requires_approval=False,
         allowed_principals=None,
         argument_error=refusal,

@@ -65,6 +65,7 @@ def test_every_record_is_a_call_the_executor_answers_or_none(
     refusal = contract.refusal(
         event,
         handled=handled,
+        contracted=True,
         contract_requires_approval=True,
         allowed_principals=None,
         argument_error=None,
