@@ -246,7 +246,8 @@ FORMATS = (
 
 
 @st.composite
-def _shapes(draw: st.DrawFn, form: Format) -> Shape:
+def shapes(draw: st.DrawFn, form: Format) -> Shape:
+    """A stream of `form` to build: its outputs, their calls, refusals, a vendor error."""
     count = draw(st.integers(min_value=1, max_value=form.outputs))
     error = draw(st.booleans())
     refuses = form.refusal and not (error and form.refusal_ends)
@@ -322,7 +323,7 @@ def _ended(calls: Sequence[AssembledCall]) -> dict[str, tuple[Any, ...]]:
 def test_a_vendor_id_from_the_derived_namespace_names_its_own_call(
     form: Format, data: st.DataObject, rng: random.Random
 ) -> None:
-    shape = data.draw(_shapes(form))
+    shape = data.draw(shapes(form))
     stream_id = data.draw(st.sampled_from(_STREAMS))
     ids = data.draw(_traps(form, shape, stream_id))
     # the same stream under ids that name nothing else: each call alone

@@ -421,14 +421,21 @@ pub fn call_event_id(
     ])
 }
 
-/// The event id of a record that could not be read (a call of its own): where it is.
-pub fn record_event_id(topic: &str, partition: i32, offset: i64) -> String {
-    event_id(&[
-        topic.as_bytes(),
-        partition.to_string().as_bytes(),
-        offset.to_string().as_bytes(),
-        b"record",
-    ])
+/// The event id of the `nth` call (from 0) a record that could not be read, or not all of it,
+/// made of its own (a rejection at the record): where it is, and which of its rejections.
+///
+/// One record can make several (a Gemini record whose candidates each end malformed, a record
+/// whose chunks name two calls each malformed): each names one event. The first keeps the id
+/// the record always had; a later one's tag holds a byte no UTF-8 text holds, so its id is never
+/// the id of a call (whose parts are all text) nor of another record's rejection.
+pub fn record_event_id(topic: &str, partition: i32, offset: i64, nth: u32) -> String {
+    let (partition, offset) = (partition.to_string(), offset.to_string());
+    let place = [topic.as_bytes(), partition.as_bytes(), offset.as_bytes()];
+    if nth == 0 {
+        return event_id(&[place[0], place[1], place[2], b"record"]);
+    }
+    let nth = nth.to_string();
+    event_id(&[place[0], place[1], place[2], b"record\xff", nth.as_bytes()])
 }
 
 #[cfg(test)]
@@ -609,9 +616,20 @@ mod tests {
         // the NUL after each part: moving a byte across a boundary changes the id
         assert_ne!(id, call_event_id("t", 0, 5, "sc", ""));
         assert_ne!(
-            record_event_id("t", 0, 5),
+            record_event_id("t", 0, 5, 0),
             call_event_id("t", 0, 5, "record", "")
         );
+    }
+
+    #[test]
+    fn each_rejection_at_a_record_has_an_id_of_its_own() {
+        let ids: Vec<String> = (0..4).map(|nth| record_event_id("t", 0, 5, nth)).collect();
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(*id, record_event_id("t", 0, 5, i as u32));
+            assert!(ids[..i].iter().all(|earlier| earlier != id));
+            assert_ne!(*id, record_event_id("t", 0, 51, 0));
+            assert_ne!(*id, call_event_id("t", 0, 5, "record", &i.to_string()));
+        }
     }
 
     fn string(text: &str) -> String {

@@ -2,8 +2,9 @@
 //! code its adapter names): its stream and call are the ones it names when they could be read
 //! (an envelope's `stream_id` and `call_id`, so the agent waiting for that call hears of it),
 //! else its stream is the record's key (cut to the identifier bound) and its call id names the
-//! record's place; its event id always names the record's place (no other event has it), and its
-//! detail is cut to the detail bound. An envelope that cannot be read ends every call it could
+//! record's place; its event id names the record's place and which of the record's rejections it
+//! is, its first, second, ... (no other event has it: [`record_event_id`]), and its detail is cut
+//! to the detail bound. An envelope that cannot be read ends every call it could
 //! belong to ([`abort_unreadable`]): without a stream it names or a key, every envelope call of
 //! its partition.
 
@@ -25,17 +26,19 @@ pub struct RecordCall {
     pub detail: String,
 }
 
-/// The call of the unreadable record at `offset` of `scope`, with key `key`, naming the stream
-/// and call it could be read to name (`named`, each within `max_id_bytes`).
+/// The `nth` call (from 0) the unreadable record at `offset` of `scope` makes (`at`: offset and
+/// nth), with key `key`, naming the stream and call it could be read to name (`named`, each
+/// within `max_id_bytes`).
 pub fn record_call(
     scope: &Scope,
-    offset: i64,
+    at: (i64, u32),
     key: Option<&[u8]>,
     named: (Option<&str>, Option<&str>),
     detail: &str,
     max_id_bytes: usize,
     max_detail_bytes: usize,
 ) -> RecordCall {
+    let (offset, nth) = at;
     let stream = match named.0 {
         Some(stream) => Cow::Borrowed(stream),
         None => String::from_utf8_lossy(key.unwrap_or_default()),
@@ -46,7 +49,7 @@ pub fn record_call(
             Some(call) if named.0.is_some() => cut(call, max_id_bytes).to_owned(),
             _ => format!("record:{}:{}:{}", scope.0, scope.1, offset),
         },
-        event_id: record_event_id(&scope.0, scope.1, offset),
+        event_id: record_event_id(&scope.0, scope.1, offset, nth),
         detail: cut(detail, max_detail_bytes).to_owned(),
     }
 }
@@ -97,11 +100,19 @@ mod tests {
     #[test]
     fn identifiers_and_detail_are_cut_at_a_character_boundary() {
         let scope = (Arc::from("in"), 3);
-        let call = record_call(&scope, 7, Some("aé".as_bytes()), (None, None), "déjà", 2, 3);
+        let call = record_call(
+            &scope,
+            (7, 0),
+            Some("aé".as_bytes()),
+            (None, None),
+            "déjà",
+            2,
+            3,
+        );
         assert_eq!(call.stream_id, "a");
         assert_eq!(call.detail, "d\u{e9}");
         assert_eq!(call.call_id, "record:in:3:7");
-        assert_eq!(call.event_id, record_event_id("in", 3, 7));
+        assert_eq!(call.event_id, record_event_id("in", 3, 7, 0));
         assert_eq!(call.event_id.len(), 32);
     }
 
@@ -109,7 +120,7 @@ mod tests {
     fn a_key_that_is_not_utf8_is_read_lossily() {
         let call = record_call(
             &(Arc::from("t"), 0),
-            0,
+            (0, 0),
             Some(b"\xffk"),
             (None, None),
             "",
@@ -117,17 +128,36 @@ mod tests {
             64,
         );
         assert_eq!(call.stream_id, "\u{fffd}k");
-        let none = record_call(&(Arc::from("t"), 0), 0, None, (None, None), "", 64, 64);
+        let none = record_call(&(Arc::from("t"), 0), (0, 0), None, (None, None), "", 64, 64);
         assert_eq!(none.stream_id, "");
     }
 
     #[test]
     fn a_record_is_named_by_the_stream_and_call_it_names() {
         let scope = (Arc::from("t"), 0);
-        let named = record_call(&scope, 5, Some(b"k"), (Some("s"), Some("c")), "", 64, 64);
+        let named = record_call(
+            &scope,
+            (5, 0),
+            Some(b"k"),
+            (Some("s"), Some("c")),
+            "",
+            64,
+            64,
+        );
         assert_eq!((&*named.stream_id, &*named.call_id), ("s", "c"));
-        assert_eq!(named.event_id, record_event_id("t", 0, 5));
-        let stream_only = record_call(&scope, 5, Some(b"k"), (Some("s"), None), "", 64, 64);
+        assert_eq!(named.event_id, record_event_id("t", 0, 5, 0));
+        // the record's second rejection, naming another call: another event, another id
+        let second = record_call(
+            &scope,
+            (5, 1),
+            Some(b"k"),
+            (Some("s"), Some("d")),
+            "",
+            64,
+            64,
+        );
+        assert_ne!(second.event_id, named.event_id);
+        let stream_only = record_call(&scope, (5, 0), Some(b"k"), (Some("s"), None), "", 64, 64);
         assert_eq!(
             (&*stream_only.stream_id, &*stream_only.call_id),
             ("s", "record:t:0:5")

@@ -280,10 +280,11 @@ impl Batch<'_, '_> {
     }
 
     /// A record that could not be read: a rejected call of its own, under the stream and call
-    /// it names (`named`) when they could be read.
+    /// it names (`named`) when they could be read; `at` is its offset and which of the record's
+    /// rejections this is (from 0), each an event of its own.
     fn malformed(
         &self,
-        offset: i64,
+        at: (i64, u32),
         key: Option<&[u8]>,
         named: (Option<&str>, Option<&str>),
         code: &str,
@@ -292,14 +293,14 @@ impl Batch<'_, '_> {
         let (py, scope) = (self.py, self.scope);
         let call = record_call(
             scope,
-            offset,
+            at,
             key,
             named,
             detail,
             self.max_id_bytes,
             self.max_detail_bytes,
         );
-        let call = Py::new(py, AssembledCall::record(py, scope, offset, code, call))?;
+        let call = Py::new(py, AssembledCall::record(py, scope, at.0, code, call))?;
         self.out.append(call)
     }
 
@@ -307,6 +308,7 @@ impl Batch<'_, '_> {
     /// one whose pieces a stream of envelopes refuses (once, however many it refuses).
     fn feed_fed(&mut self, offset: i64, key: Option<&[u8]>, fed: Vec<Fed<'_>>) -> PyResult<()> {
         let mut refused = false;
+        let mut rejections = 0; // the record's rejections so far: each has its own event id
         for item in fed {
             match item {
                 Fed::Piece(mut piece) => {
@@ -314,7 +316,14 @@ impl Batch<'_, '_> {
                     if let (Err(bad), false) = (taken, refused) {
                         refused = true;
                         let named = (bad.stream_id.as_deref(), bad.call_id.as_deref());
-                        self.malformed(offset, key, named, MALFORMED_RECORD, &bad.message)?;
+                        self.malformed(
+                            (offset, rejections),
+                            key,
+                            named,
+                            MALFORMED_RECORD,
+                            &bad.message,
+                        )?;
+                        rejections += 1;
                     }
                 }
                 Fed::Malformed {
@@ -323,7 +332,8 @@ impl Batch<'_, '_> {
                     named,
                 } => {
                     let named = named.map_or((None, None), |(s, c)| (Some(s), Some(c)));
-                    self.malformed(offset, key, named, &code, &detail)?
+                    self.malformed((offset, rejections), key, named, &code, &detail)?;
+                    rejections += 1;
                 }
             }
         }
@@ -337,7 +347,7 @@ impl Batch<'_, '_> {
         bad: Malformed,
     ) -> PyResult<()> {
         let named = (bad.stream_id.as_deref(), bad.call_id.as_deref());
-        self.malformed(offset, key, named, MALFORMED_RECORD, &bad.message)?;
+        self.malformed((offset, 0), key, named, MALFORMED_RECORD, &bad.message)?;
         record::abort_unreadable(&mut self.feed, offset, key, bad, &mut self.closed);
         self.emit()
     }
