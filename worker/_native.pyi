@@ -313,3 +313,8 @@ class Verdict:
 
 def encode_event(call: AssembledCall, verdict: Verdict, max_bytes: int) -> bytes | None:
     """The event of `call` judged as `verdict`, None past `max_bytes`."""
+
+def event_members(event: bytes) -> list[tuple[str, int, int]]:
+    """The members of the JSON object `event`, in order: each one's name and where its text
+    starts (its name's quote) and ends (after its value). ValueError when `event` is not one
+    JSON object or names a member twice."""

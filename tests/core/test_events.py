@@ -10,12 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker._native import AssembledCall, encode_event
+from worker._native import AssembledCall, encode_event, event_members
 from worker.compose import contract_event_bytes, event_limits
 from worker.core.canonical import scoped_key
 from worker.core.events import (
     MAX_TOPIC_BYTES,
     EventLimits,
+    derive_event,
     encode,
     encode_written,
     idempotency_rejection,
@@ -595,3 +596,117 @@ def test_a_calls_kind_and_caller_are_read_back_by_the_published_model() -> None:
         )
     )
     assert (plain.call_kind, plain.caller) == ("function_call", None)
+
+
+# --- events derived from events: the members' spans -------------------------------------------
+
+#: numbers as a model may spell them, which orjson never writes: kept as they are written
+_SPELT_NUMBERS = ("1e15", "-0", "1E+2", str(2**70), "-0.0", "1.5e-7", str(-(2**70)) + ".25E+3")
+_SPACES = st.sampled_from(["", " ", "\n\t ", "\r\n"])
+_JSON: st.SearchStrategy[Any] = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@st.composite
+def _value_texts(draw: st.DrawFn) -> bytes:
+    """A value's JSON text: orjson's, or a spelt number alone or inside a container."""
+    kind = draw(st.sampled_from(["orjson", "number", "nested"]))
+    if kind == "orjson":
+        return orjson.dumps(draw(_JSON))
+    number = draw(st.sampled_from(_SPELT_NUMBERS)).encode()
+    if kind == "number":
+        return number
+    inside = orjson.dumps(draw(_JSON))
+    return (
+        b'{"n":['
+        + number
+        + b","
+        + inside
+        + b"],"
+        + orjson.dumps(draw(st.text().filter(lambda name: name != "n")))
+        + b":"
+        + inside
+        + b"}"
+    )
+
+
+@st.composite
+def _objects(draw: st.DrawFn) -> tuple[bytes, list[bytes]]:
+    """An object's text, space around its brackets and separators, and its members' texts."""
+    names = draw(st.lists(st.text(max_size=6), unique=True, max_size=6))
+    members = [
+        orjson.dumps(name)
+        + draw(_SPACES).encode()
+        + b":"
+        + draw(_SPACES).encode()
+        + draw(_value_texts())
+        for name in names
+    ]
+    text = draw(_SPACES).encode() + b"{" + draw(_SPACES).encode()
+    for index, member in enumerate(members):
+        if index:
+            text += draw(_SPACES).encode() + b"," + draw(_SPACES).encode()
+        text += member
+    return text + draw(_SPACES).encode() + b"}" + draw(_SPACES).encode(), members
+
+
+@FIXED
+@given(drawn=_objects(), data=st.data())
+def test_an_events_members_are_cut_exactly_and_a_derived_event_keeps_the_others_text(
+    drawn: tuple[bytes, list[bytes]], data: st.DataObject
+) -> None:
+    """The spans cut an object into exactly its members, each member's value text reads as the
+    whole object's member does, and a derived event holds what it should: every member it does
+    not change or drop as its text was, byte for byte."""
+    text, members = drawn
+    whole: dict[str, Any] = orjson.loads(text)
+    spans = event_members(text)
+    assert [name for name, _, _ in spans] == list(whole)
+    assert [text[start:end] for _, start, end in spans] == members
+    between = [0, *(edge for _, start, end in spans for edge in (start, end)), len(text)]
+    gaps = [b"".join(text[between[i] : between[i + 1]].split()) for i in range(0, len(between), 2)]
+    assert gaps == ([b"{}"] if not spans else [b"{", *[b","] * (len(spans) - 1), b"}"])
+    for name, start, end in spans:
+        value = text[start:end][len(orjson.dumps(name)) :].lstrip().removeprefix(b":")
+        assert orjson.loads(value) == whole[name]
+
+    names = list(whole)
+    changes: dict[str, Any] = data.draw(
+        st.dictionaries(st.sampled_from(names) | st.text(max_size=6), _JSON, max_size=4)
+        if names
+        else st.dictionaries(st.text(max_size=6), _JSON, max_size=4)
+    )
+    dropped = data.draw(st.sets(st.sampled_from(names), max_size=3) if names else st.just(set()))
+    derived = derive_event(text, changes, dropped)
+    expected = {
+        name: changes.get(name, value) for name, value in whole.items() if name not in dropped
+    }
+    expected |= {
+        name: value for name, value in changes.items() if name not in whole and name not in dropped
+    }
+    assert orjson.loads(derived) == expected
+    assert list(orjson.loads(derived)) == list(expected)
+    kept = {name: text[start:end] for name, start, end in spans}
+    for name, start, end in event_members(derived):
+        if name not in changes:
+            assert derived[start:end] == kept[name]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"", b"[]", b"1", b'"a"', b"{", b'{"a":1,}', b'{"a":1} x', b'{"a":1}{}', b'{"a":1,"a":2}'],
+)
+def test_an_event_that_is_not_one_object_or_names_a_member_twice_has_no_members(
+    text: bytes,
+) -> None:
+    with pytest.raises(ValueError, match="an event"):
+        event_members(text)
+    with pytest.raises(ValueError, match="an event"):
+        derive_event(text, {"outcome": "approved"})

@@ -21,7 +21,6 @@ shows every field). This module adds what surrounds it:
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from worker._native import AssembledCall, encode_event
+from worker._native import AssembledCall, encode_event, event_members
 from worker.core.canonical import scoped_key
 from worker.core.feedback import build_feedback
 from worker.logs import call_fields
@@ -446,121 +445,18 @@ def _key_violations(code: Code) -> tuple[Violation, ...]:
 
 # -- events derived from events -------------------------------------------------------------------
 
-_SPACE = b" \t\n\r"
-#: a run of a JSON value's text up to its next bracket or (`_RUN_TOP`) comma: whole strings
-#: (escapes and all) and every other byte
-_RUN_TOP = re.compile(rb'(?:[^"\[\]{},]+|"(?:[^"\\]+|\\.)*")*', re.S)
-_RUN_NESTED = re.compile(rb'(?:[^"\[\]{}]+|"(?:[^"\\]+|\\.)*")*', re.S)
-_NAME = re.compile(rb'"(?:[^"\\]+|\\.)*"', re.S)
-#: a number, `true`, `false` or `null`: up to the comma, brace or space after it
-_SCALAR = re.compile(rb"[^,}\s]*")
-
-
-def _skip_space(text: bytes, at: int) -> int:
-    while at < len(text) and text[at] in _SPACE:
-        at += 1
-    return at
-
-
-#: how many places where the next member's name is written a value's end is looked for at, each
-#: read by orjson, before its text is scanned instead (a name the value itself holds, as a key)
-_GUESSES = 4
-
-
-def _members(event: bytes) -> list[tuple[str, int, int]]:
-    """The members of the JSON object `event`, in order: each one's name and where its text
-    starts (its name's quote) and ends (after its value). ValueError if `event` is no object.
-
-    A string ends at its closing quote and any other value but an object or array at the first
-    comma, brace or space. A container ends where the next member's name is written
-    (`,"name":`, as the event writer and orjson write it) and what lies before is one JSON
-    value (orjson reads it, at C speed): the first such place is the end, since no JSON
-    container ends before its closing bracket, and no string holds an unescaped quote. Where
-    the name is not found so, or only inside the value after `_GUESSES` tries, the text is
-    scanned (`_scanned_end`)."""
-    fields = orjson.loads(event)
-    if not isinstance(fields, dict):
-        raise ValueError("an event is a JSON object")
-    names = list(fields)
-    keys = [orjson.dumps(name) + b":" for name in names]
-    at = _skip_space(event, 0) + 1
-    members: list[tuple[str, int, int]] = []
-    for index, expected in enumerate(names):
-        at = _skip_space(event, at)
-        if event.startswith(keys[index], at):
-            start = _skip_space(event, at + len(keys[index]))
-        else:  # a name spelt otherwise, or space around its colon
-            name = _NAME.match(event, at)
-            if name is None or orjson.loads(name.group()) != expected:
-                raise ValueError("an event's member has no name")
-            start = _skip_space(event, _skip_space(event, name.end()) + 1)
-        first = event[start : start + 1]
-        if first == b'"':
-            string = _NAME.match(event, start)
-            if string is None:
-                raise ValueError("an event holds a string that never ends")
-            stop = string.end()
-        elif first not in (b"{", b"["):
-            stop = _SCALAR.match(event, start).end()  # type: ignore[union-attr]
-        else:
-            following = keys[index + 1] if index + 1 < len(keys) else None
-            stop = _guessed_end(event, start, following) or _scanned_end(event, start)
-            while event[stop - 1] in _SPACE:
-                stop -= 1
-        members.append((expected, at, stop))
-        at = _skip_space(event, stop) + 1  # past the comma (or the closing brace)
-    return members
-
-
-def _guessed_end(event: bytes, start: int, following: bytes | None) -> int | None:
-    """Where the container at `start` ends, found by the next member's name as `_members`
-    writes it (`following`: its JSON and the colon)."""
-    if following is None:
-        return None
-    needle = b"," + following
-    at = event.find(needle, start)
-    for _ in range(_GUESSES):
-        if at < 0:
-            return None
-        try:
-            orjson.loads(event[start:at])
-        except orjson.JSONDecodeError:
-            at = event.find(needle, at + 1)
-            continue
-        return at
-    return None
-
-
-def _scanned_end(event: bytes, start: int) -> int:
-    """Where the value at `start` ends (at the comma or brace after it), its text scanned."""
-    end, depth = start, 0
-    while True:
-        run = (_RUN_NESTED if depth else _RUN_TOP).match(event, end)
-        assert run is not None  # it matches the empty text at least
-        end = run.end()
-        if end >= len(event):
-            raise ValueError("an event ends inside a member")
-        byte = event[end]
-        if byte in b"[{":
-            depth += 1
-        elif byte in b"]}" and depth:
-            depth -= 1
-        elif byte in b"]}" or byte == ord(","):
-            return end
-        elif byte == ord('"'):
-            raise ValueError("an event holds a string that never ends")
-        end += 1
-
 
 def derive_event(event: bytes, changes: Mapping[str, Any], dropped: Collection[str] = ()) -> bytes:
     """The event written later from `event`: each member of `changes` given its value (in its
     place, or last when `event` has none), each member `dropped` left out, and every other member
     kept as its text was, byte for byte: the arguments as judged (`1e15`, `-0`, escapes) and a
     caller as given are never read and written again, so every event of a call carries the text
-    that was judged, and is longer than `event` only by what changed."""
+    that was judged, and is longer than `event` only by what changed. Its members' spans are the
+    native core's (`event_members`); ValueError when `event` is not one JSON object or names a
+    member twice."""
     out: list[bytes] = []
     placed = set()
-    for name, start, stop in _members(event):
+    for name, start, stop in event_members(event):
         if name in dropped:
             continue
         if name in changes:

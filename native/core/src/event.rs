@@ -438,9 +438,171 @@ pub fn record_event_id(topic: &str, partition: i32, offset: i64, nth: u32) -> St
     event_id(&[place[0], place[1], place[2], b"record\xff", nth.as_bytes()])
 }
 
+/// A written event's top-level member: its name, where its text starts (its name's opening quote)
+/// and where it ends (just past its value), as byte offsets into the event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub start: usize,
+    pub end: usize,
+}
+
+/// Why [`members`] refused a text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MembersError {
+    /// Not UTF-8, not JSON, not an object, or followed by more than whitespace.
+    NotAnObject(String),
+    /// A name written twice (the gate never writes one).
+    Duplicate(String),
+}
+
+impl std::fmt::Display for MembersError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MembersError::NotAnObject(why) => write!(f, "an event is one JSON object: {why}"),
+            MembersError::Duplicate(name) => write!(f, "an event names {name:?} twice"),
+        }
+    }
+}
+
+/// The members of `event`, one JSON object, in order: the spans a later event is derived from,
+/// each member's text kept byte for byte. Values are skipped by jiter, never built, so a number
+/// no double or 64-bit integer holds is kept as it is written.
+pub fn members(event: &[u8]) -> Result<Vec<Member>, MembersError> {
+    let not_json = |error: jiter::JiterError| MembersError::NotAnObject(error.to_string());
+    std::str::from_utf8(event).map_err(|error| MembersError::NotAnObject(error.to_string()))?;
+    let mut jiter = jiter::Jiter::new(event);
+    if jiter.peek().map_err(not_json)? != jiter::Peek::Object {
+        return Err(MembersError::NotAnObject("not an object".to_owned()));
+    }
+    let mut found: Vec<Member> = Vec::new();
+    let mut seen = hashbrown::HashSet::new();
+    // jiter stands on the `{` or just past the previous value: only whitespace and one `{` or `,`
+    // come before the name's quote, so the first quote from here is where the member starts
+    let mut from = jiter.current_index();
+    let mut name = jiter.known_object().map_err(not_json)?.map(str::to_owned);
+    while let Some(key) = name {
+        let start = from
+            + event[from..]
+                .iter()
+                .position(|&byte| byte == b'"')
+                .expect("jiter read a name from here");
+        jiter.next_skip().map_err(not_json)?;
+        let end = jiter.current_index();
+        if !seen.insert(key.clone()) {
+            return Err(MembersError::Duplicate(key));
+        }
+        found.push(Member {
+            name: key,
+            start,
+            end,
+        });
+        from = end;
+        name = jiter.next_key().map_err(not_json)?.map(str::to_owned);
+    }
+    jiter.finish().map_err(not_json)?;
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spans(event: &str) -> Vec<(String, &str)> {
+        members(event.as_bytes())
+            .expect("an object")
+            .into_iter()
+            .map(|m| (m.name, &event[m.start..m.end]))
+            .collect()
+    }
+
+    fn owned<'a>(pairs: &[(&str, &'a str)]) -> Vec<(String, &'a str)> {
+        pairs
+            .iter()
+            .map(|&(name, text)| (name.to_owned(), text))
+            .collect()
+    }
+
+    #[test]
+    fn members_are_cut_at_their_names_and_values() {
+        let event = r#"{"a":1,"b":"x","c":{"d":[1,{"e":null}]},"f":[],"g":true}"#;
+        assert_eq!(
+            spans(event),
+            owned(&[
+                ("a", r#""a":1"#),
+                ("b", r#""b":"x""#),
+                ("c", r#""c":{"d":[1,{"e":null}]}"#),
+                ("f", r#""f":[]"#),
+                ("g", r#""g":true"#),
+            ])
+        );
+        assert_eq!(spans("{}"), vec![]);
+        assert_eq!(spans(" \n{ } \t"), vec![]);
+    }
+
+    #[test]
+    fn members_keep_escapes_and_whitespace_inside_and_leave_it_outside() {
+        let event = " {\n \"a\\\"b\" : \"x\\\"}\\u00e9,\" , \"\\u00e9\":[ 1 , {\"k\" : \"}\"} ] \r\n, \"z\":false } ";
+        assert_eq!(
+            spans(event),
+            owned(&[
+                ("a\"b", "\"a\\\"b\" : \"x\\\"}\\u00e9,\""),
+                ("\u{e9}", "\"\\u00e9\":[ 1 , {\"k\" : \"}\"} ]"),
+                ("z", "\"z\":false"),
+            ])
+        );
+    }
+
+    #[test]
+    fn members_keep_numbers_as_written_even_past_64_bits() {
+        let event = r#"{"a":1e15,"b":-0,"c":1E+2,"d":1180591620717411303424,"e":[-123456789012345678901234567890.5e-3],"f":0.1}"#;
+        assert_eq!(
+            spans(event),
+            owned(&[
+                ("a", r#""a":1e15"#),
+                ("b", r#""b":-0"#),
+                ("c", r#""c":1E+2"#),
+                ("d", r#""d":1180591620717411303424"#),
+                ("e", r#""e":[-123456789012345678901234567890.5e-3]"#),
+                ("f", r#""f":0.1"#),
+            ])
+        );
+    }
+
+    #[test]
+    fn members_refuse_what_is_not_one_object_or_names_a_member_twice() {
+        for text in [
+            "",
+            "[]",
+            "1",
+            "\"a\"",
+            "{",
+            "{\"a\":1",
+            "{\"a\":1,}",
+            "{\"a\"}",
+            "{\"a\":1} x",
+            "{\"a\":1}{}",
+            "{\"a\":[1,}",
+            "{a:1}",
+            "{\"a\":01}",
+            "{\"a\":NaN}",
+        ] {
+            assert!(
+                matches!(members(text.as_bytes()), Err(MembersError::NotAnObject(_))),
+                "{text:?}"
+            );
+        }
+        assert!(matches!(
+            members(b"{\"a\":\"\xff\"}"),
+            Err(MembersError::NotAnObject(_))
+        ));
+        assert_eq!(
+            members(br#"{"a":1,"b":2,"\u0061":3}"#),
+            Err(MembersError::Duplicate("a".to_owned()))
+        );
+        // a name a nested object repeats is the nested object's
+        assert_eq!(spans(r#"{"a":{"a":1}}"#), owned(&[("a", r#""a":{"a":1}"#)]));
+    }
 
     fn call() -> Call<'static> {
         Call {

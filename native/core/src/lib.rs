@@ -11,7 +11,7 @@
 //! - [`assembler`]: pieces of interleaved streams in, closed calls out;
 //! - [`record`]: a record that cannot be read, as a call of its own;
 //! - [`snapshot`]: a partition's reassembly state written out and restored;
-//! - [`event`]: the outcome event's bytes and the event ids;
+//! - [`event`]: the outcome event's bytes, its members' spans and the event ids;
 //! - [`partition`]: Kafka's default partitioner;
 //! - `fuzzing` (feature `fuzzing`): the fuzz targets' checks.
 

@@ -9,7 +9,7 @@
 //! - `call`: `AssembledCall`, the call the reassembler hands the judge;
 //! - `early`: `EarlySchema`, `EarlyRules` and `EarlyRejection`, the early judge's;
 //! - `assembler`: `Chunk` in, `AssembledCall`s out, `Assembler` in between;
-//! - `verdict`: `Verdict` and `encode_event`;
+//! - `verdict`: `Verdict`, `encode_event` and `event_members`;
 //! - `partition`: `partition_for_key`.
 
 use pyo3::prelude::*;

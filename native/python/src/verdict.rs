@@ -1,8 +1,10 @@
 //! `Verdict`, the chain's decision for one call (`worker.model.Verdict`), a native value made once
-//! per call; and `encode_event`, which reads a call and its verdict out into the core's event
-//! encoder (`callgate_core::event`), field by field rather than attribute by attribute.
+//! per call; `encode_event`, which reads a call and its verdict out into the core's event
+//! encoder (`callgate_core::event`), field by field rather than attribute by attribute; and
+//! `event_members`, a written event's member spans (for an event derived from it).
 
 use callgate_core::event::{self, Schema, Violation};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 use smallvec::SmallVec;
@@ -241,8 +243,24 @@ pub fn encode_event<'py>(
     Ok(event::encode(&call.fields(py)?, &fields, max_bytes).map(|bytes| PyBytes::new(py, &bytes)))
 }
 
+/// The members of the JSON object `event`, in order: each one's name and where its text starts
+/// (its name's quote) and ends (after its value). ValueError when `event` is not one JSON object
+/// or names a member twice.
+#[pyfunction]
+pub fn event_members(event: &[u8]) -> PyResult<Vec<(String, usize, usize)>> {
+    event::members(event)
+        .map(|members| {
+            members
+                .into_iter()
+                .map(|member| (member.name, member.start, member.end))
+                .collect()
+        })
+        .map_err(|error| PyValueError::new_err(error.to_string()))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Verdict>()?;
     m.add_function(wrap_pyfunction!(encode_event, m)?)?;
+    m.add_function(wrap_pyfunction!(event_members, m)?)?;
     Ok(())
 }
