@@ -461,10 +461,14 @@ def derive_event(event: bytes, changes: Mapping[str, Any], dropped: Collection[s
             continue
         if name in changes:
             placed.add(name)
-            out.append(orjson.dumps(name) + b":" + orjson.dumps(changes[name]))
+            out.append(_member(name, changes[name]))
         else:
             out.append(event[start:stop])
     for name, value in changes.items():
         if name not in placed and name not in dropped:
-            out.append(orjson.dumps(name) + b":" + orjson.dumps(value))
+            out.append(_member(name, value))
     return b"{" + b",".join(out) + b"}"
+
+
+def _member(name: str, value: Any) -> bytes:
+    return orjson.dumps(name) + b":" + orjson.dumps(value)
